@@ -1,0 +1,95 @@
+"""Read campaign specs from TOML, YAML or JSON files, with errors that name the field."""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.spec import CampaignSpec
+
+SPEC_SUFFIXES = (".toml", ".yaml", ".yml", ".json")
+MAX_SPEC_BYTES = 1 << 20
+
+
+class SpecError(ValueError):
+    """A spec file that cannot be read or does not validate.
+
+    ``problems`` holds one ``(field path, reason)`` pair per error; the field
+    path is dotted (``focal_plane.detectors.0.name``) and empty for a file-level
+    problem.
+    """
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: " + (f"{loc}: {msg}" if loc else msg) for loc, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+def format_location(loc: tuple[Any, ...]) -> str:
+    """Dotted field path from a pydantic error location, without union tags."""
+    return ".".join(str(part) for part in loc if part not in ("satellite", "ground", "cmb", "map", "none"))
+
+
+def validation_problems(error: ValidationError) -> list[tuple[str, str]]:
+    return [(format_location(item["loc"]), item["msg"]) for item in error.errors()]
+
+
+def parse_spec_text(text: str, suffix: str, source: str = "<spec>") -> CampaignSpec:
+    """Parse and validate spec text in the format given by ``suffix`` (".toml", ".yaml", ".json")."""
+    data = _parse(text, suffix.lower(), source)
+    return spec_from_data(data, source)
+
+
+def spec_from_data(data: Any, source: str = "<spec>") -> CampaignSpec:
+    if not isinstance(data, dict):
+        raise SpecError(source, [("", "the spec must be a table/mapping at the top level")])
+    try:
+        return CampaignSpec.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(source, validation_problems(error)) from None
+
+
+def load_spec(path: str | Path) -> CampaignSpec:
+    """Read and validate one spec file; raise :class:`SpecError` naming the file and field."""
+    path = Path(path)
+    if path.suffix.lower() not in SPEC_SUFFIXES:
+        raise SpecError(str(path), [("", f"unknown spec format {path.suffix!r}; use one of {', '.join(SPEC_SUFFIXES)}")])
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise SpecError(str(path), [("", f"cannot read the file: {error.strerror or error}")]) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(str(path), [("", f"file is larger than {MAX_SPEC_BYTES} bytes")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(str(path), [("", "file is not UTF-8 text")]) from None
+    return parse_spec_text(text, path.suffix, str(path))
+
+
+def _parse(text: str, suffix: str, source: str) -> Any:
+    try:
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        if suffix in (".yaml", ".yml"):
+            import yaml
+
+            return yaml.safe_load(text)
+        if suffix == ".json":
+            return json.loads(text)
+    except Exception as error:  # TOMLDecodeError, JSONDecodeError, yaml.YAMLError
+        raise SpecError(source, [("", f"not valid {suffix.lstrip('.').upper()}: {error}")]) from None
+    raise SpecError(source, [("", f"unknown spec format {suffix!r}")])
+
+
+def example_spec_path(name: str) -> Path:
+    """Path of a bundled example spec (``demo``, ``satellite``, ``ground``)."""
+    path = Path(__file__).with_name("examples") / f"{name}.toml"
+    if not path.is_file():
+        available = sorted(p.stem for p in path.parent.glob("*.toml"))
+        raise FileNotFoundError(f"no bundled example {name!r}; available: {', '.join(available)}")
+    return path

@@ -1,0 +1,86 @@
+"""What one realisation reports when it finishes: ``result.json`` beside its maps.
+
+The record is complete enough to reproduce the realisation: the spec hash,
+the RNG key of every random stream, the package versions, and the rank and
+thread counts. Times are seconds; sizes are bytes.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RESULT_FORMAT_VERSION = 1
+
+
+class ResultModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Spread(ResultModel):
+    """A per-rank quantity summarised over ranks."""
+
+    max: float
+    mean: float
+
+
+class TimingSplit(ResultModel):
+    """Wall-clock split of the whole realisation, per rank, summarised over ranks (seconds)."""
+
+    calc: Spread
+    comm: Spread
+    io: Spread
+    total: float = Field(description="Wall time of the realisation on rank 0, start to finish")
+
+
+class CommunicationStats(ResultModel):
+    """Traffic of the per-iteration pixel reduction, per rank per reduction call."""
+
+    strategy: Literal["allreduce", "alltoallv", "butterfly"]
+    requested: Literal["auto", "allreduce", "alltoallv", "butterfly"]
+    bytes_per_iteration: Spread = Field(description="Bytes sent by one rank in one reduction")
+    messages_per_iteration: Spread = Field(description="Messages sent by one rank in one reduction")
+    reductions: int = Field(description="Reduction calls made in the whole run")
+    bytes_counted: str = Field(description="How bytes are counted for this strategy")
+
+
+class RngStream(ResultModel):
+    """The key of one counter-based (Philox) random stream used by the run."""
+
+    stream: Literal["noise", "sky"]
+    key: list[int] = Field(description="Philox 128-bit key as two uint64 words")
+    detector: str | None = None
+    interval: int | None = None
+
+
+class ProductFile(ResultModel):
+    name: str = Field(description="Role of the file: iqu, hits, rcond, spectra, result ...")
+    path: str = Field(description="Path relative to the realisation's product folder")
+    sha256: str
+    size_bytes: int
+
+
+class RealizationResult(ResultModel):
+    format_version: int = RESULT_FORMAT_VERSION
+    realization: int
+    spec_hash: str
+    scan_key: str
+    ranks: int
+    threads_per_rank: int
+    samples: int
+    observed_pixels: int = Field(description="Pixels hit by at least one sample")
+    cut_pixels: int = Field(description="Observed pixels left out by the rcond cut")
+    iterations: int
+    converged: bool
+    residual_history: list[float] = Field(description="||r_k|| / ||b|| for k = 0 .. iterations")
+    timing: TimingSplit
+    communication: CommunicationStats
+    peak_memory_mb: Spread = Field(description="Peak resident memory per rank (MiB)")
+    rng_streams: list[RngStream] = Field(default_factory=list, description="One entry per distinct stream family")
+    rng_scheme: str = Field(description="How stream keys derive from (seed, realisation, detector, interval)")
+    plan_checksum: str | None = None
+    versions: dict[str, str]
+    products: list[ProductFile] = Field(default_factory=list)
+    spectra: dict[str, list[float]] | None = Field(
+        None, description="Pseudo-spectra TT, EE, BB, TE, EB, TB (K^2) per ell, when products are computed"
+    )

@@ -1,0 +1,382 @@
+"""The campaign specification: what a user submits and what every part reads.
+
+Units are in the field names: ``_deg`` degrees, ``_arcmin`` arcminutes,
+``_s`` seconds, ``_hz`` hertz, ``_k_sqrt_s`` kelvin times square-root second
+(noise-equivalent temperature). Angles are converted to radians only inside
+``mapmaker``.
+
+Two hashes name what a spec fixes:
+
+* :func:`scan_key` hashes everything that fixes the pointing and the data
+  decomposition (scan pattern, focal-plane geometry, sampling, chunking,
+  pixelisation). The overlap preprocessing is keyed by it and the rank count.
+* :func:`spec_hash` hashes the whole spec, defaults included, so two specs
+  that differ only by an omitted default hash the same.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCAN_KEY_VERSION = 1
+
+MAX_REALIZATIONS = 100_000
+MAX_RANKS = 65_536
+MAX_DETECTORS = 10_000
+MAX_NSIDE = 8192
+
+# Printable text without control characters; names are shown in terminals and web pages.
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_DETECTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")
+
+
+class StrictModel(BaseModel):
+    """Base for every spec model: unknown fields are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+# --------------------------------------------------------------------------- scan patterns
+
+
+class SatelliteScan(StrictModel):
+    """Spin + precession + drift, as flown by WMAP, Planck, LiteBIRD.
+
+    The anti-Sun direction moves along the ecliptic at ``drift_deg_per_day``;
+    the spin axis precesses around it at ``precession_angle_deg`` with period
+    ``precession_period_s``; the boresight spins around the spin axis at
+    ``spin_angle_deg`` with period ``spin_period_s``. Map frame: ecliptic.
+    """
+
+    kind: Literal["satellite"] = "satellite"
+    duration_s: float = Field(86_400.0, gt=0, le=5 * 365.25 * 86_400, description="Length of the observation")
+    chunk_s: float = Field(3_600.0, gt=0, description="Length of one data chunk, the unit of the MPI decomposition")
+    spin_period_s: float = Field(60.0, gt=0, le=86_400)
+    spin_angle_deg: float = Field(50.0, gt=0, lt=180, description="Boresight angle from the spin axis")
+    precession_period_s: float = Field(3_600.0, gt=0, le=365.25 * 86_400)
+    precession_angle_deg: float = Field(45.0, ge=0, lt=180, description="Spin-axis angle from the anti-Sun direction")
+    drift_deg_per_day: float = Field(360.0 / 365.25, ge=0, le=3_600, description="Motion of the anti-Sun direction")
+    start_longitude_deg: float = Field(0.0, ge=-360, le=360, description="Ecliptic longitude of the anti-Sun direction at t=0")
+
+    @model_validator(mode="after")
+    def _chunk_fits(self) -> "SatelliteScan":
+        _check_chunk(self.chunk_s, self.duration_s)
+        return self
+
+
+class GroundScan(StrictModel):
+    """Constant-elevation scans: azimuth sweeps back and forth at fixed elevation.
+
+    The sky drifts through the scan as the Earth rotates (``earth_rotation``).
+    Map frame: equatorial (RA, Dec) at the start of the observation.
+    """
+
+    kind: Literal["ground"] = "ground"
+    duration_s: float = Field(86_400.0, gt=0, le=5 * 365.25 * 86_400)
+    chunk_s: float = Field(3_600.0, gt=0, description="Length of one data chunk, the unit of the MPI decomposition")
+    site_latitude_deg: float = Field(-22.96, ge=-90, le=90, description="Geodetic latitude of the telescope")
+    elevation_deg: float = Field(50.0, gt=0, lt=90)
+    azimuth_min_deg: float = Field(-30.0, ge=-360, le=360)
+    azimuth_max_deg: float = Field(30.0, ge=-360, le=360)
+    azimuth_rate_deg_s: float = Field(1.0, gt=0, le=30, description="Scan speed in azimuth")
+    earth_rotation: bool = True
+    start_lst_deg: float = Field(0.0, ge=0, lt=360, description="Local sidereal time at t=0")
+
+    @model_validator(mode="after")
+    def _azimuth_range(self) -> "GroundScan":
+        span = self.azimuth_max_deg - self.azimuth_min_deg
+        if span <= 0:
+            raise ValueError("azimuth_max_deg must be greater than azimuth_min_deg")
+        if span > 360:
+            raise ValueError("the azimuth range may span at most 360 degrees")
+        _check_chunk(self.chunk_s, self.duration_s)
+        return self
+
+
+def _check_chunk(chunk_s: float, duration_s: float) -> None:
+    if chunk_s > duration_s:
+        raise ValueError("chunk_s must not exceed duration_s")
+    if duration_s / chunk_s > 10_000_000:
+        raise ValueError("duration_s / chunk_s gives more than 10 million chunks per detector")
+
+
+ScanSpec = Annotated[Union[SatelliteScan, GroundScan], Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- focal plane
+
+
+class Detector(StrictModel):
+    """One detector: its offset from the boresight and its polarisation angle."""
+
+    name: str = Field(description="Unique within the focal plane; letters, digits and _.:+-")
+    offset_x_deg: float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane x axis")
+    offset_y_deg: float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane y axis")
+    pol_angle_deg: float = Field(0.0, ge=-360, le=360, description="Polarisation angle in the focal plane, from the x axis")
+    net_k_sqrt_s: float | None = Field(None, gt=0, lt=1, description="Override of the noise NET for this detector")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_safe(cls, value: str) -> str:
+        if not _DETECTOR_NAME.match(value):
+            raise ValueError("detector names are 1-64 characters of letters, digits and _.:+-, starting with a letter or digit")
+        return value
+
+
+class FocalPlane(StrictModel):
+    sample_rate_hz: float = Field(20.0, gt=0, le=10_000)
+    detectors: list[Detector] = Field(min_length=1, max_length=MAX_DETECTORS)
+
+    @field_validator("detectors")
+    @classmethod
+    def _unique_names(cls, detectors: list[Detector]) -> list[Detector]:
+        seen: set[str] = set()
+        for detector in detectors:
+            if detector.name in seen:
+                raise ValueError(f"detector name {detector.name!r} appears more than once")
+            seen.add(detector.name)
+        return detectors
+
+
+# --------------------------------------------------------------------------- pixelisation, sky
+
+
+class Pixelization(StrictModel):
+    """HEALPix pixelisation in RING ordering."""
+
+    nside: int = Field(64, ge=1, le=MAX_NSIDE)
+
+    @field_validator("nside")
+    @classmethod
+    def _power_of_two(cls, nside: int) -> int:
+        if nside & (nside - 1):
+            raise ValueError(f"nside must be a power of two (1, 2, 4, ... {MAX_NSIDE}), got {nside}")
+        return nside
+
+    @property
+    def npix(self) -> int:
+        return 12 * self.nside * self.nside
+
+
+def _check_relative_path(value: str) -> str:
+    """Refuse paths that could leave the folder they are resolved in."""
+    if not value or len(value) > 255:
+        raise ValueError("path must be 1-255 characters")
+    if _CONTROL_CHARS.search(value) or "\\" in value:
+        raise ValueError("path must not contain control characters or backslashes")
+    path = PurePosixPath(value)
+    if path.is_absolute() or value.startswith("~"):
+        raise ValueError("path must be relative to the sky-map folder, not absolute")
+    if any(part in ("..", ".") for part in path.parts):
+        raise ValueError("path must not contain '.' or '..' components")
+    if not value.lower().endswith((".fits", ".fit", ".fits.gz")):
+        raise ValueError("path must name a FITS file (.fits, .fit or .fits.gz)")
+    return value
+
+
+class CmbSky(StrictModel):
+    """A Gaussian CMB realisation drawn (synfast) from the bundled fiducial C_l."""
+
+    kind: Literal["cmb"] = "cmb"
+    cls: Literal["fiducial"] = "fiducial"
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the sky realisation")
+    fwhm_arcmin: float = Field(0.0, ge=0, le=10_800, description="Gaussian beam full width at half maximum")
+    lmax: int | None = Field(None, ge=2, le=6000, description="Default: 3 nside - 1, at most 6000")
+
+
+class MapSky(StrictModel):
+    """A user-supplied IQU FITS map, relative to the sky-map folder of the site."""
+
+    kind: Literal["map"] = "map"
+    path: str
+    fwhm_arcmin: float = Field(0.0, ge=0, le=10_800, description="Extra Gaussian smoothing applied to the map")
+
+    @field_validator("path")
+    @classmethod
+    def _path_is_safe(cls, value: str) -> str:
+        return _check_relative_path(value)
+
+
+class NoSky(StrictModel):
+    """No sky signal (the TOD is noise only)."""
+
+    kind: Literal["none"] = "none"
+
+
+SkySpec = Annotated[Union[CmbSky, MapSky, NoSky], Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- noise, solver, resources
+
+
+class NoiseSpec(StrictModel):
+    """Piecewise-stationary noise with PSD  sigma^2 (1 + (f_knee / max(f, f_min))^alpha).
+
+    sigma^2 = NET^2 * sample_rate is the white-noise variance per sample.
+    ``enabled = False`` (or the string "off") simulates no noise; the solve
+    still weights samples by the white level.
+    """
+
+    enabled: bool = True
+    net_k_sqrt_s: float = Field(50e-6, gt=0, lt=1, description="White-noise level of every detector without an override")
+    f_knee_hz: float = Field(0.0, ge=0, le=1_000, description="Knee frequency; 0 gives white noise")
+    alpha: float = Field(1.0, gt=0, le=5, description="Slope of the 1/f part")
+    f_min_hz: float = Field(1e-4, gt=0, le=100, description="Below this frequency the PSD is flat")
+    interval_s: float | None = Field(
+        None, gt=0, description="Length of a stationary interval; default: the scan's chunk_s. Chunks are cut into intervals."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _off(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value.strip().lower() == "off":
+                return {"enabled": False}
+            raise ValueError('noise must be an object or the string "off"')
+        return value
+
+    @model_validator(mode="after")
+    def _f_min_below_knee(self) -> "NoiseSpec":
+        if self.f_knee_hz > 0 and self.f_min_hz >= self.f_knee_hz:
+            raise ValueError("f_min_hz must be below f_knee_hz")
+        return self
+
+
+Reduction = Literal["auto", "allreduce", "alltoallv", "butterfly"]
+
+
+class SolverSpec(StrictModel):
+    tol: float = Field(1e-6, gt=0, lt=1, description="Relative residual ||r|| / ||b|| at which PCG stops")
+    max_iter: int = Field(200, ge=1, le=10_000)
+    rcond_min: float = Field(1e-2, ge=0, lt=1, description="Pixels whose 3x3 hit matrix has a smaller rcond are cut")
+    reduction: Reduction = "auto"
+    allreduce_buffer_pixels: int = Field(
+        1 << 16, ge=1, le=1 << 28, description="Pixels per buffered Allreduce call (the paper's n_b)"
+    )
+
+
+class ResourceSpec(StrictModel):
+    ranks: int = Field(2, ge=1, le=MAX_RANKS, description="MPI ranks per realisation")
+    threads_per_rank: int = Field(1, ge=1, le=256)
+    ranks_per_node: int | None = Field(None, ge=1, le=1024, description="Default: all ranks on one node")
+    walltime_s: float = Field(3_600.0, ge=1, le=7 * 86_400, description="Wall-time limit of one attempt")
+    memory_mb_per_rank: int | None = Field(None, ge=16, le=4_194_304)
+
+    @property
+    def nodes(self) -> int:
+        per_node = self.ranks_per_node or self.ranks
+        return math.ceil(self.ranks / per_node)
+
+
+class ProductSpec(StrictModel):
+    """Monte Carlo products: pseudo-spectra binning and the analysis mask."""
+
+    ell_bin_width: int = Field(8, ge=1, le=1_000)
+    lmax: int | None = Field(None, ge=2, le=24_576, description="Default: 2 nside")
+    apodization_deg: float = Field(5.0, ge=0, le=90, description="Apodisation scale of the hit/rcond mask")
+    min_hits: int = Field(3, ge=1, description="Pixels with fewer hits are masked")
+
+
+CampaignKind = Literal["signal+noise", "noise-only", "signal-only"]
+
+
+# --------------------------------------------------------------------------- campaign
+
+
+class CampaignSpec(StrictModel):
+    """Everything that defines a Monte Carlo campaign."""
+
+    name: str = Field(min_length=1, max_length=200)
+    description: str = Field("", max_length=4_000)
+    kind: CampaignKind = "signal+noise"
+    realizations: int = Field(1, ge=1, le=MAX_REALIZATIONS)
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Campaign seed: keys every random stream")
+    priority: int = Field(0, ge=-1_000, le=1_000, description="Higher runs first")
+    max_attempts: int = Field(3, ge=1, le=50)
+    scan: ScanSpec = Field(default_factory=SatelliteScan)
+    focal_plane: FocalPlane
+    pixelization: Pixelization = Field(default_factory=Pixelization)
+    sky: SkySpec = Field(default_factory=CmbSky)
+    noise: NoiseSpec = Field(default_factory=NoiseSpec)
+    solver: SolverSpec = Field(default_factory=SolverSpec)
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    products: ProductSpec = Field(default_factory=ProductSpec)
+
+    @field_validator("name", "description")
+    @classmethod
+    def _no_control_chars(cls, value: str) -> str:
+        if _CONTROL_CHARS.search(value.replace("\n", "").replace("\t", "")):
+            raise ValueError("must not contain control characters")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CampaignSpec":
+        if self.kind == "noise-only" and not self.noise.enabled:
+            raise ValueError("a noise-only campaign needs noise.enabled = true")
+        if self.kind == "signal-only" and isinstance(self.sky, NoSky):
+            raise ValueError("a signal-only campaign needs a sky (sky.kind 'cmb' or 'map')")
+        samples_per_chunk = self.scan.chunk_s * self.focal_plane.sample_rate_hz
+        if samples_per_chunk < 2:
+            raise ValueError("scan.chunk_s * focal_plane.sample_rate_hz must give at least 2 samples per chunk")
+        if self.noise.interval_s is not None and self.noise.interval_s * self.focal_plane.sample_rate_hz < 2:
+            raise ValueError("noise.interval_s * focal_plane.sample_rate_hz must give at least 2 samples per interval")
+        return self
+
+    # ----------------------------------------------------------------- derived quantities
+
+    @property
+    def samples_per_detector(self) -> int:
+        return int(round(self.scan.duration_s * self.focal_plane.sample_rate_hz))
+
+    @property
+    def total_samples(self) -> int:
+        return self.samples_per_detector * len(self.focal_plane.detectors)
+
+    @property
+    def simulates_signal(self) -> bool:
+        return self.kind != "noise-only" and not isinstance(self.sky, NoSky)
+
+    @property
+    def simulates_noise(self) -> bool:
+        return self.kind != "signal-only" and self.noise.enabled
+
+
+# --------------------------------------------------------------------------- hashes
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal data give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def pointing_fingerprint(spec: CampaignSpec) -> dict[str, Any]:
+    """The part of a spec that fixes the pointing and the decomposition into chunks."""
+    focal_plane = spec.focal_plane.model_dump(mode="json")
+    for detector in focal_plane["detectors"]:
+        detector.pop("net_k_sqrt_s", None)  # noise, not pointing
+    return {
+        "version": SCAN_KEY_VERSION,
+        "scan": spec.scan.model_dump(mode="json"),
+        "focal_plane": focal_plane,
+        "nside": spec.pixelization.nside,
+    }
+
+
+def scan_key(spec: CampaignSpec) -> str:
+    """Stable hash of everything that fixes the pointing (64 hex characters)."""
+    return _sha256(pointing_fingerprint(spec))
+
+
+def spec_hash(spec: CampaignSpec) -> str:
+    """Stable hash of the whole spec, defaults included (64 hex characters)."""
+    return _sha256(spec.model_dump(mode="json"))
