@@ -9,7 +9,7 @@ Two families:
 Times are timezone-aware UTC datetimes; durations are seconds; sizes are bytes.
 
 Task ids are strings the service makes: ``realize-<attempt id>`` for a
-realisation attempt and ``preprocess-<plan id>-<build attempt>`` for one
+realisation attempt and ``preprocess-<plan id>-<build number>`` for one
 build of an overlap plan. A worker passes them back verbatim.
 """
 from __future__ import annotations
@@ -210,7 +210,7 @@ class PlanInfo(ApiModel):
     build_time_s: float | None = None
     size_bytes: int | None = None
     uses: int = Field(description="Realisations that succeeded with this plan")
-    build_attempts: int
+    build_attempts: int = Field(description="Builds used from the current budget (max_plan_builds)")
     last_error: str | None = None
     lease_holder: str | None = None
     lease_expires_at: datetime | None = None
@@ -266,7 +266,7 @@ class PreprocessTask(ApiModel):
     kind: Literal["preprocess"] = "preprocess"
     task_id: str
     plan_id: int
-    build_attempt: int
+    build_attempt: int = Field(description="Build number of this plan, from 1; part of the task id")
     scan_key: str
     ranks: int
     site: str

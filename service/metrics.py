@@ -34,7 +34,7 @@ class QueueCollector:
             plans = dict(session.execute(select(PreprocessingPlan.state, func.count())
                                          .group_by(PreprocessingPlan.state)).all())
             realize_claims = session.scalar(select(func.count()).select_from(Attempt)) or 0
-            build_claims = session.scalar(select(func.coalesce(func.sum(PreprocessingPlan.build_attempts), 0))) or 0
+            build_claims = session.scalar(select(func.coalesce(func.sum(PreprocessingPlan.build_number), 0))) or 0
             expiries = dict(session.execute(
                 select(Event.plan_id.is_(None), func.count()).where(Event.kind == "lease_expired")
                 .group_by(Event.plan_id.is_(None))

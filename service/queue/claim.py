@@ -63,8 +63,8 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
         if plan is not None:
             spec = specs.setdefault(campaign_id, _spec(session, campaign_id))
             tasks.append(PreprocessTask(
-                task_id=preprocess_task_id(plan.id, plan.build_attempts), plan_id=plan.id,
-                build_attempt=plan.build_attempts, scan_key=key, ranks=ranks, site=worker.site,
+                task_id=preprocess_task_id(plan.id, plan.build_number), plan_id=plan.id,
+                build_attempt=plan.build_number, scan_key=key, ranks=ranks, site=worker.site,
                 campaign_id=campaign_id, spec=spec, lease_expires_at=expires,
             ))
 

@@ -47,7 +47,7 @@ def take_build(
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     inserted = session.execute(
         insert(PreprocessingPlan)
-        .values(scan_key=scan_key, ranks=ranks, site=site, state="building", uses=0, build_attempts=1,
+        .values(scan_key=scan_key, ranks=ranks, site=site, state="building", uses=0, build_attempts=1, build_number=1,
                 campaign_id=campaign_id, lease_holder_id=worker.id, lease_expires_at=expires, created_at=now)
         .on_conflict_do_nothing(index_elements=["scan_key", "ranks", "site"])
         .returning(PreprocessingPlan.id)
@@ -70,7 +70,8 @@ def take_build(
         update(PreprocessingPlan)
         .where(PreprocessingPlan.id == plan.id, PreprocessingPlan.state == "failed",
                PreprocessingPlan.build_attempts == plan.build_attempts)
-        .values(state="building", build_attempts=attempts + 1, campaign_id=campaign_id, lease_holder_id=worker.id,
+        .values(state="building", build_attempts=attempts + 1, build_number=PreprocessingPlan.build_number + 1,
+                campaign_id=campaign_id, lease_holder_id=worker.id,
                 lease_expires_at=expires)
         .execution_options(synchronize_session=False)
     ).rowcount
@@ -84,16 +85,16 @@ def take_build(
 def _announce_build(session: Session, plan: PreprocessingPlan, worker: Worker) -> None:
     record_event(session, "plan", state="building", plan_id=plan.id,
                  data={"scan_key": plan.scan_key, "ranks": plan.ranks, "site": plan.site,
-                       "build_attempt": plan.build_attempts, "worker": worker.name})
+                       "build": plan.build_number, "build_attempt": plan.build_attempts, "worker": worker.name})
 
 
-def locked_build(*, session: Session, plan_id: int, build_attempt: int, worker_id: int) -> PreprocessingPlan:
-    """The plan row, locked, if this worker still holds this build; else LeaseLost/PlanNotFound."""
+def locked_build(*, session: Session, plan_id: int, build: int, worker_id: int) -> PreprocessingPlan:
+    """The plan row, locked, if this worker still holds build number ``build``; else LeaseLost/PlanNotFound."""
     plan = session.scalar(select(PreprocessingPlan).where(PreprocessingPlan.id == plan_id).with_for_update())
     if plan is None:
         raise PlanNotFound(f"plan {plan_id} not found")
-    if plan.state != "building" or plan.build_attempts != build_attempt or plan.lease_holder_id != worker_id:
-        raise LeaseLost(f"build {build_attempt} of plan {plan_id} is no longer this worker's (plan is {plan.state})")
+    if plan.state != "building" or plan.build_number != build or plan.lease_holder_id != worker_id:
+        raise LeaseLost(f"build {build} of plan {plan_id} is no longer this worker's (plan is {plan.state})")
     return plan
 
 

@@ -59,7 +59,7 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
                 continue
             holder = session.scalar(select(Worker.name).where(Worker.id == plan.lease_holder_id))
             record_event(session, "lease_expired", state="failed", plan_id=plan.id,
-                         data={"task": "preprocess", "worker": holder, "build_attempt": plan.build_attempts})
+                         data={"task": "preprocess", "worker": holder, "build": plan.build_number})
             report_build_failed(database=database, session=session, plan=plan,
                                 cause=f"lost_worker: the build lease of worker {holder!r} expired",
                                 max_builds=settings.max_plan_builds)

@@ -96,7 +96,7 @@ def report_started(*, session: Session, task_id: str, principal: Principal, repo
                    settings: Settings) -> str:
     kind, ident, build = _parse(task_id)
     if kind == "preprocess":
-        plan = locked_build(session=session, plan_id=ident, build_attempt=build or 0,
+        plan = locked_build(session=session, plan_id=ident, build=build or 0,
                             worker_id=_plan_worker(session, ident, principal, task_id))
         plan.lease_expires_at = lease_expiry(settings.lease_s)
         session.commit()
@@ -154,7 +154,7 @@ def report_failed(*, database: Database, session: Session, task_id: str, princip
                   settings: Settings) -> str:
     kind, ident, build = _parse(task_id)
     if kind == "preprocess":
-        plan = locked_build(session=session, plan_id=ident, build_attempt=build or 0,
+        plan = locked_build(session=session, plan_id=ident, build=build or 0,
                             worker_id=_plan_worker(session, ident, principal, task_id))
         cause = f"{report.failure_class}" + (f" (exit code {report.exit_code})" if report.exit_code is not None else "")
         if report.message:
@@ -210,7 +210,7 @@ def report_plan_built(*, session: Session, task_id: str, principal: Principal, r
     kind, plan_id, build = _parse(task_id)
     if kind != "preprocess":
         raise WrongTaskKind(f"task {task_id} is a realize task; report it with succeeded or failed")
-    plan = locked_build(session=session, plan_id=plan_id, build_attempt=build or 0,
+    plan = locked_build(session=session, plan_id=plan_id, build=build or 0,
                         worker_id=_plan_worker(session, plan_id, principal, task_id))
     report_built(session=session, plan=plan, report=report)
     return plan.state
@@ -262,7 +262,7 @@ def heartbeat(*, session: Session, worker: Worker, running: list[str], settings:
         )}
         for plan_id, (build, task_id) in builds.items():
             plan = plans.get(plan_id)
-            if plan is not None and plan.state == "building" and plan.build_attempts == build \
+            if plan is not None and plan.state == "building" and plan.build_number == build \
                     and plan.lease_holder_id == worker.id:
                 plan.lease_expires_at = expires
                 extended.append(task_id)

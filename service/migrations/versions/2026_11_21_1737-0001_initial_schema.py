@@ -112,6 +112,7 @@ def upgrade() -> None:
     sa.Column('size_bytes', sa.BigInteger(), nullable=True),
     sa.Column('uses', sa.Integer(), nullable=False),
     sa.Column('build_attempts', sa.Integer(), nullable=False),
+    sa.Column('build_number', sa.Integer(), nullable=False),
     sa.Column('last_error', sa.Text(), nullable=True),
     sa.Column('campaign_id', sa.BigInteger(), nullable=True),
     sa.Column('lease_holder_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=True),
