@@ -41,7 +41,8 @@ class Realization(Base):
     __tablename__ = "realizations"
     __table_args__ = (
         UniqueConstraint("campaign_id", "index"),
-        Index("ix_realizations_campaign_id_state", "campaign_id", "state"),
+        # The claim walks this index: a campaign's queued realisations in index order.
+        Index("ix_realizations_campaign_id_state_index", "campaign_id", "state", "index"),
         Index("ix_realizations_state_lease_expires_at", "state", "lease_expires_at"),
     )
 

@@ -143,7 +143,7 @@ def upgrade() -> None:
     sa.UniqueConstraint('campaign_id', 'index', name=op.f('uq_realizations_campaign_id_index'))
     )
     with op.batch_alter_table('realizations', schema=None) as batch_op:
-        batch_op.create_index('ix_realizations_campaign_id_state', ['campaign_id', 'state'], unique=False)
+        batch_op.create_index('ix_realizations_campaign_id_state_index', ['campaign_id', 'state', 'index'], unique=False)
         batch_op.create_index('ix_realizations_state_lease_expires_at', ['state', 'lease_expires_at'], unique=False)
 
     op.create_table('attempts',
@@ -183,7 +183,7 @@ def downgrade() -> None:
     op.drop_table('attempts')
     with op.batch_alter_table('realizations', schema=None) as batch_op:
         batch_op.drop_index('ix_realizations_state_lease_expires_at')
-        batch_op.drop_index('ix_realizations_campaign_id_state')
+        batch_op.drop_index('ix_realizations_campaign_id_state_index')
 
     op.drop_table('realizations')
     op.drop_table('preprocessing_plans')
