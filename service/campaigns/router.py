@@ -20,6 +20,7 @@ from schemas.api import (
 from schemas.spec import CampaignKind, CampaignSpec
 from service.campaigns import service
 from service.deps import CurrentUser, ReadSessionDep, SessionDep, SettingsDep
+from service.workers.artifacts import ArtifactStore
 
 router = APIRouter(prefix="/campaigns", tags=["campaigns"],
                    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}})
@@ -70,6 +71,7 @@ def cancel_campaign(campaign_id: int, user: CurrentUser, session: SessionDep, se
                     body: CancelRequest | None = None) -> CampaignDetail:
     reason = (body or CancelRequest()).reason
     campaign = service.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
+    ArtifactStore(settings.products_dir).discard(campaign_id=campaign.id)  # uploads of attempts that will not finish
     return service.detail(session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s)
 
 

@@ -330,7 +330,8 @@ def fail_unfinished(*, session: Session, campaign: Campaign, state: str, failure
     """Move every unfinished realisation of a locked campaign to ``state`` and close its open attempts."""
     ids = list(session.scalars(
         select(Realization.id).where(Realization.campaign_id == campaign.id,
-                                     Realization.state.in_(UNFINISHED_REALIZATION_STATES)).with_for_update()
+                                     Realization.state.in_(UNFINISHED_REALIZATION_STATES))
+        .order_by(Realization.id).with_for_update()  # by id, like every multi-row lock: no deadlock
     ))
     if not ids:
         return 0

@@ -21,6 +21,7 @@ from service.events.service import record_event
 from service.queue.models import PreprocessingPlan
 from service.queue.plans import report_build_failed
 from service.queue.tasks import end_attempt
+from service.workers.artifacts import ArtifactStore
 from service.workers.models import Worker
 
 log = logging.getLogger("mapcampaign.reaper")
@@ -44,9 +45,13 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
             select(PreprocessingPlan.id).where(PreprocessingPlan.state == "building",
                                                PreprocessingPlan.lease_expires_at < now)
         ))
+    store = ArtifactStore(settings.products_dir)
     for campaign_id in campaign_ids:
         with database.session() as session:
-            reaped.realizations += _reap_campaign(session, campaign_id)
+            ended = _reap_campaign(session, campaign_id)
+        for attempt_id in ended:
+            store.discard(campaign_id=campaign_id, attempt_id=attempt_id)
+        reaped.realizations += len(ended)
     for plan_id in plan_ids:
         with database.session() as session:
             plan = session.scalar(
@@ -69,10 +74,11 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
     return reaped
 
 
-def _reap_campaign(session: Session, campaign_id: int) -> int:
+def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
+    """Requeue (or fail) the campaign's expired tasks; return the ids of the attempts ended."""
     campaign = session.scalar(select(Campaign).where(Campaign.id == campaign_id).with_for_update(skip_locked=True))
     if campaign is None:
-        return 0  # locked by another writer (or deleted): the next round takes it
+        return []  # locked by another writer (or deleted): the next round takes it
     realizations = list(session.scalars(
         select(Realization)
         .where(Realization.campaign_id == campaign_id, Realization.state.in_(("claimed", "running")),
@@ -80,6 +86,7 @@ def _reap_campaign(session: Session, campaign_id: int) -> int:
         .order_by(Realization.id)
         .with_for_update(skip_locked=True)
     ))
+    ended: list[int] = []
     for realization in realizations:
         attempt = session.get(Attempt, realization.current_attempt_id) if realization.current_attempt_id else None
         holder = session.scalar(select(Worker.name).where(Worker.id == realization.lease_holder_id))
@@ -92,8 +99,9 @@ def _reap_campaign(session: Session, campaign_id: int) -> int:
         end_attempt(session=session, campaign=campaign, realization=realization, attempt=attempt,
                     failure_class="lost_worker", exit_code=None,
                     log_tail=f"lease expired: worker {holder!r} stopped sending heartbeats", worker_name=holder)
+        ended.append(attempt.id)
     session.commit()
-    return len(realizations)
+    return ended
 
 
 async def run_reaper(database: Database, settings: Settings, stop: asyncio.Event) -> None:

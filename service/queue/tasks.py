@@ -172,6 +172,10 @@ def report_failed(*, database: Database, session: Session, task_id: str, princip
     return held.realization.state
 
 
+def campaign_of_attempt(*, session: Session, attempt_id: int) -> int | None:
+    return session.scalar(select(Attempt.campaign_id).where(Attempt.id == attempt_id))
+
+
 def end_attempt(*, session: Session, campaign: Campaign, realization: Realization, attempt: Attempt,
                 failure_class: str, exit_code: int | None, log_tail: str | None, worker_name: str | None) -> None:
     """A failed attempt: back to the queue while attempts remain, else the realisation fails."""

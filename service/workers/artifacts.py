@@ -139,5 +139,8 @@ class ArtifactStore:
 
         return undo
 
-    def discard(self, *, campaign_id: int, attempt_id: int) -> None:
-        shutil.rmtree(self.staging_dir(campaign_id, attempt_id), ignore_errors=True)
+    def discard(self, *, campaign_id: int, attempt_id: int | None = None) -> None:
+        """Drop the uploads of one ended attempt, or of every attempt of the campaign."""
+        folder = self.staging_dir(campaign_id, attempt_id) if attempt_id is not None else (
+            self.realizations_dir(campaign_id) / ".staging")
+        shutil.rmtree(folder, ignore_errors=True)

@@ -21,6 +21,7 @@ from schemas.api import (
     TaskSucceeded,
     WorkerInfo,
     WorkerRegistration,
+    parse_task_id,
 )
 from service.campaigns.hooks import run_result_hooks
 from service.db import get_database
@@ -89,6 +90,11 @@ def failed(task_id: str, report: TaskFailed, principal: CurrentWorker, session: 
            database: DatabaseDep) -> TaskAnswer:
     state = tasks.report_failed(database=database, session=session, task_id=task_id, principal=principal,
                                 report=report, settings=settings)
+    kind, attempt_id, _ = parse_task_id(task_id) or ("", 0, None)
+    if kind == "realize":
+        campaign_id = tasks.campaign_of_attempt(session=session, attempt_id=attempt_id)
+        if campaign_id is not None:
+            ArtifactStore(settings.products_dir).discard(campaign_id=campaign_id, attempt_id=attempt_id)
     return TaskAnswer(task_id=task_id, state=state)
 
 

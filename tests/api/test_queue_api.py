@@ -239,3 +239,18 @@ def test_every_state_change_is_an_event_in_order(api):
     campaign_states = [e.state for e in events if e.kind == "campaign"]
     assert campaign_states == ["queued", "running", "succeeded"]
     assert [e.state for e in events if e.kind == "plan"] == ["building", "ready"]
+
+
+def test_uploads_of_a_failed_attempt_are_discarded(api):
+    campaign = api.create(realizations=1, max_attempts=2)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    payload = b"partial map"
+    upload = api.request("PUT", f"/tasks/{task['task_id']}/artifacts/iqu.fits", api.alice_worker, content=payload,
+                         headers={"X-Content-SHA256": sha256(payload)})
+    assert upload.status_code == 201
+    staging = api.settings.products_dir / str(campaign["id"]) / "realizations" / ".staging"
+    assert any(staging.iterdir())
+    assert api.fail(task["task_id"], "walltime", None).status_code == 200
+    assert not any(staging.iterdir())
