@@ -12,6 +12,7 @@ Prints:
 PostgreSQL: a fresh database on 127.0.0.1:5432 (user postgres), dropped at the end.
 Figures include the Python HTTP client; one machine runs client and server.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,15 +74,19 @@ def main() -> None:
                 create_s = time.perf_counter() - start
                 builder = worker.post("/workers", json={"name": "builder", "site": "local", "host": "h"}).json()["id"]
                 task = worker.post(f"/workers/{builder}/claim", json={"max_tasks": 1}).json()["tasks"][0]
-                worker.post(f"/tasks/{task['task_id']}/plan-built",
-                            json={"path": "/p", "checksum": "c", "size_bytes": 1, "build_time_s": 1}).raise_for_status()
+                worker.post(
+                    f"/tasks/{task['task_id']}/plan-built",
+                    json={"path": "/p", "checksum": "c", "size_bytes": 1, "build_time_s": 1},
+                ).raise_for_status()
                 user.get(f"/campaigns/{campaign['id']}")  # warm up
                 queued = read_latencies(user, campaign["id"], options.reads)
 
                 start = time.perf_counter()
                 with multiprocessing.get_context("spawn").Pool(options.claimers) as pool:
-                    results = pool.map(claimer, [(service.api_url, service.worker_token, f"bench-{n}")
-                                                 for n in range(options.claimers)])
+                    results = pool.map(
+                        claimer,
+                        [(service.api_url, service.worker_token, f"bench-{n}") for n in range(options.claimers)],
+                    )
                 claim_s = time.perf_counter() - start
                 handed_out = [index for result in results for index in result]
                 assert sorted(handed_out) == list(range(options.realizations)), "a realisation was handed out twice"
@@ -95,8 +100,10 @@ def main() -> None:
     print(f"create campaign ({options.realizations} realisations): {create_s * 1e3:.0f} ms")
     print(f"status read, all queued:  p50 {queued[0]:.1f} ms  p99 {queued[1]:.1f} ms  ({options.reads} reads)")
     print(f"status read, all claimed: p50 {claimed[0]:.1f} ms  p99 {claimed[1]:.1f} ms  ({options.reads} reads)")
-    print(f"claims: {len(handed_out)} in {claim_s:.1f} s = {len(handed_out) / claim_s:.0f} claims/s "
-          f"({options.claimers} processes, 1 realisation per claim, each handed out once)")
+    print(
+        f"claims: {len(handed_out)} in {claim_s:.1f} s = {len(handed_out) / claim_s:.0f} claims/s "
+        f"({options.claimers} processes, 1 realisation per claim, each handed out once)"
+    )
 
 
 if __name__ == "__main__":

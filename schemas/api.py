@@ -12,11 +12,12 @@ Task ids are strings the service makes: ``realize-<attempt id>`` for a
 realisation attempt and ``preprocess-<plan id>-<build number>`` for one
 build of an overlap plan. A worker passes them back verbatim.
 """
+
 from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -289,7 +290,7 @@ class RealizeTask(ApiModel):
     lease_expires_at: datetime
 
 
-Task = Annotated[Union[PreprocessTask, RealizeTask], Field(discriminator="kind")]
+Task = Annotated[PreprocessTask | RealizeTask, Field(discriminator="kind")]
 
 
 class ClaimAnswer(ApiModel):

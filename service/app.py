@@ -3,6 +3,7 @@
 Run it with ``mapcampaign serve`` (which migrates and checks first), or with
 ``uvicorn --factory service.app:create_app``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,8 +54,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.database = database
         stop = asyncio.Event()
         reaper = asyncio.create_task(run_reaper(database, settings, stop), name="mapcampaign-reaper")
-        log.info("service ready: database %s at revision %s, reaper every %.1f s",
-                 database.engine.url.render_as_string(hide_password=True), revision, settings.reaper_interval_s)
+        log.info(
+            "service ready: database %s at revision %s, reaper every %.1f s",
+            database.engine.url.render_as_string(hide_password=True),
+            revision,
+            settings.reaper_interval_s,
+        )
         try:
             yield
         finally:
@@ -95,8 +100,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             body, status = Health(status="unavailable", database=database.dialect), 503
         return JSONResponse(body.model_dump(mode="json"), status_code=status)
 
-    @app.get("/metrics", tags=["operations"], response_class=Response,
-             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+    )
     async def prometheus_metrics() -> Response:
         payload = await anyio.to_thread.run_sync(generate_latest, metrics.registry)
         return Response(payload, media_type=CONTENT_TYPE_LATEST)

@@ -3,6 +3,7 @@
 The default is the embedded deployment: a SQLite file in the data folder and
 the API on the loopback interface only.
 """
+
 from __future__ import annotations
 
 import os
@@ -93,7 +94,7 @@ class Settings(BaseSettings):
         # psycopg 3 is the installed driver; plain postgresql:// would ask for psycopg2.
         for prefix in ("postgresql://", "postgres://"):
             if url.startswith(prefix):
-                return "postgresql+psycopg://" + url[len(prefix):]
+                return "postgresql+psycopg://" + url[len(prefix) :]
         return url
 
     @property

@@ -6,6 +6,7 @@ lock at the start of their transaction instead of failing half-way through.
 Reads start a plain deferred transaction and never wait for writers.
 PostgreSQL uses row locks (``FOR UPDATE``, ``SKIP LOCKED``) where work is shared.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,4 +1,5 @@
 """The dependencies routers use, declared once."""
+
 from __future__ import annotations
 
 from typing import Annotated

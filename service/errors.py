@@ -3,6 +3,7 @@
 Services raise subclasses of :class:`DomainError`; the kind of the base class
 decides the status code. Nothing else in the service builds an error response.
 """
+
 from __future__ import annotations
 
 import logging
@@ -94,9 +95,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     async def _database_busy(request: Request, error: OperationalError) -> JSONResponse:
-        log.warning("database unavailable during %s %s: %s", request.method, request.url.path, type(error.orig).__name__)
-        return error_response(503, "the database is busy or unreachable; try again", "database_unavailable",
-                              {"Retry-After": "1"})
+        log.warning(
+            "database unavailable during %s %s: %s", request.method, request.url.path, type(error.orig).__name__
+        )
+        return error_response(
+            503, "the database is busy or unreachable; try again", "database_unavailable", {"Retry-After": "1"}
+        )
 
     @app.exception_handler(Exception)
     async def _catch_all(request: Request, error: Exception) -> JSONResponse:

@@ -3,6 +3,7 @@
 A body whose Content-Length is over the limit is refused before it is read;
 a body without one is counted as it arrives and refused when it passes it.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,15 @@ class BodyLimitMiddleware:
 
 async def _refuse(send: Send, limit: int) -> None:
     body = json.dumps({"detail": f"request body larger than the limit of {limit} bytes", "code": "too_large"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -4,6 +4,7 @@ Queue figures (realisations by state, claims, lease expiries) are read from the
 database at scrape time, so they are right with several API processes and
 across restarts. The request-latency histogram is per process.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,14 +32,18 @@ class QueueCollector:
         with self.database.session(write=False) as session:
             by_state = dict(session.execute(select(Realization.state, func.count()).group_by(Realization.state)).all())
             campaigns = dict(session.execute(select(Campaign.state, func.count()).group_by(Campaign.state)).all())
-            plans = dict(session.execute(select(PreprocessingPlan.state, func.count())
-                                         .group_by(PreprocessingPlan.state)).all())
+            plans = dict(
+                session.execute(select(PreprocessingPlan.state, func.count()).group_by(PreprocessingPlan.state)).all()
+            )
             realize_claims = session.scalar(select(func.count()).select_from(Attempt)) or 0
             build_claims = session.scalar(select(func.coalesce(func.sum(PreprocessingPlan.build_number), 0))) or 0
-            expiries = dict(session.execute(
-                select(Event.plan_id.is_(None), func.count()).where(Event.kind == "lease_expired")
-                .group_by(Event.plan_id.is_(None))
-            ).all())
+            expiries = dict(
+                session.execute(
+                    select(Event.plan_id.is_(None), func.count())
+                    .where(Event.kind == "lease_expired")
+                    .group_by(Event.plan_id.is_(None))
+                ).all()
+            )
             workers = session.scalar(select(func.count()).select_from(Worker)) or 0
         gauge = GaugeMetricFamily("mapcampaign_realizations", "Realisations by state", labels=["state"])
         for state in REALIZATION_STATES:
@@ -56,8 +61,9 @@ class QueueCollector:
         counter.add_metric(["realize"], realize_claims)
         counter.add_metric(["preprocess"], int(build_claims))
         yield counter
-        counter = CounterMetricFamily("mapcampaign_lease_expiries", "Leases that expired and were reaped",
-                                      labels=["kind"])
+        counter = CounterMetricFamily(
+            "mapcampaign_lease_expiries", "Leases that expired and were reaped", labels=["kind"]
+        )
         counter.add_metric(["realize"], expiries.get(True, 0))
         counter.add_metric(["preprocess"], expiries.get(False, 0))
         yield counter
@@ -68,8 +74,11 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.latency = Histogram(
-            "mapcampaign_http_request_duration_seconds", "Time to answer an HTTP request (this process)",
-            ["method", "route", "status"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            "mapcampaign_http_request_duration_seconds",
+            "Time to answer an HTTP request (this process)",
+            ["method", "route", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
 
         self._collector: QueueCollector | None = None
@@ -106,8 +115,11 @@ class LatencyMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            if template.startswith("/") and scope["path"].startswith(API_PREFIX) and not template.startswith(API_PREFIX):
+            if (
+                template.startswith("/")
+                and scope["path"].startswith(API_PREFIX)
+                and not template.startswith(API_PREFIX)
+            ):
                 template = API_PREFIX + template  # routes of included routers keep their own part only
-            if template.endswith("/events"):
-                return  # a stream's duration is not a latency
-            self.metrics.latency.labels(scope["method"], template, str(status)).observe(time.perf_counter() - start)
+            if not template.endswith("/events"):  # a stream's duration is not a latency
+                self.metrics.latency.labels(scope["method"], template, str(status)).observe(time.perf_counter() - start)

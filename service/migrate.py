@@ -1,4 +1,5 @@
 """Alembic, driven from code: the scripts ship inside the package, so this works from an install."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,7 +58,8 @@ def check_schema(engine: Engine) -> str:
         problem = f"the database {where} is at revision {', '.join(sorted(current))}, newer than this version knows"
         raise SchemaNotCurrent(f"{problem}; upgrade MapCampaign instead of the database")
     else:
-        problem = f"the database {where} is at revision {', '.join(sorted(current))}, not the latest {', '.join(sorted(heads))}"
+        at, latest = ", ".join(sorted(current)), ", ".join(sorted(heads))
+        problem = f"the database {where} is at revision {at}, not the latest {latest}"
     raise SchemaNotCurrent(f"{problem}. Run: {UPGRADE_COMMAND}  (with the same MAPCAMPAIGN_DATABASE_URL)")
 
 

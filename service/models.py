@@ -1,4 +1,5 @@
 """Every table of the service, imported in one place for Alembic and the metadata."""
+
 from service.auth.models import ApiToken, User
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.db import Base

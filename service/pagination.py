@@ -1,4 +1,5 @@
 """Opaque cursors for keyset pagination: base64url of a small JSON object."""
+
 from __future__ import annotations
 
 import base64
@@ -26,8 +27,10 @@ def decode_cursor(cursor: str | None, *, keys: tuple[str, ...]) -> dict[str, Any
         position = json.loads(raw)
     except (binascii.Error, ValueError, UnicodeDecodeError):
         raise BadCursor("cursor: not a cursor this service made; pass next_cursor from the previous page") from None
-    if not isinstance(position, dict) or set(position) != set(keys) or not all(
-        isinstance(position[key], int) and not isinstance(position[key], bool) for key in keys
+    if (
+        not isinstance(position, dict)
+        or set(position) != set(keys)
+        or not all(isinstance(position[key], int) and not isinstance(position[key], bool) for key in keys)
     ):
         raise BadCursor("cursor: not a cursor of this listing; pass next_cursor from the previous page")
     return position

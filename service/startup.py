@@ -1,4 +1,5 @@
 """Getting a database ready to serve: migrations (embedded default only), the schema check, local tokens."""
+
 from __future__ import annotations
 
 import logging

@@ -8,6 +8,7 @@
 * ``live_service``: a real ``mapcampaign serve`` subprocess on a free port with a
   temporary data folder; see tests/support/live_service.py.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -67,8 +68,9 @@ def database_url(database_kind: str, request: pytest.FixtureRequest, tmp_path: P
 
 
 @pytest.fixture
-def make_live_service(database_kind: str, request: pytest.FixtureRequest, tmp_path: Path
-                      ) -> Iterator[Callable[..., LiveService]]:
+def make_live_service(
+    database_kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[..., LiveService]]:
     """Factory: ``make_live_service(env={"MAPCAMPAIGN_LEASE_S": "1"})`` starts a service on the database under test.
 
     SQLite uses the embedded default (tokens made on first start); PostgreSQL uses this

@@ -1,4 +1,5 @@
 """Who may call: ``CurrentUser`` for user endpoints, ``CurrentWorker`` for worker endpoints."""
+
 from __future__ import annotations
 
 from typing import Annotated

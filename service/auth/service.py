@@ -1,4 +1,5 @@
 """Tokens: made, hashed, looked up. A token is never logged or stored in clear."""
+
 from __future__ import annotations
 
 import hashlib

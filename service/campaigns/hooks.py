@@ -11,6 +11,7 @@ function) and quick-look images will register here::
 A hook runs in the request's worker thread after the commit; an exception in a
 hook is logged and does not undo the accepted result.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,5 +52,9 @@ def run_result_hooks(accepted: AcceptedResult) -> None:
         try:
             hook(accepted)
         except Exception:
-            log.exception("result hook %s failed for campaign %d realisation %d", getattr(hook, "__name__", hook),
-                          accepted.campaign_id, accepted.realization)
+            log.exception(
+                "result hook %s failed for campaign %d realisation %d",
+                getattr(hook, "__name__", hook),
+                accepted.campaign_id,
+                accepted.realization,
+            )

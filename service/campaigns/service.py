@@ -1,4 +1,5 @@
 """Campaign logic: create (idempotent), read with progress, cancel, retry, delete, settle the state."""
+
 from __future__ import annotations
 
 import logging
@@ -87,13 +88,25 @@ def create_campaign(
     session.execute(
         Realization.__table__.insert(),
         [
-            {"campaign_id": campaign.id, "index": index, "state": "queued", "attempts": 0, "attempts_total": 0,
-             "updated_at": now}
+            {
+                "campaign_id": campaign.id,
+                "index": index,
+                "state": "queued",
+                "attempts": 0,
+                "attempts_total": 0,
+                "updated_at": now,
+            }
             for index in range(spec.realizations)
         ],
     )
-    record_event(session, "campaign", state="queued", owner_id=owner_id, campaign_id=campaign.id,
-                 data={"name": campaign.name, "realizations": campaign.realizations})
+    record_event(
+        session,
+        "campaign",
+        state="queued",
+        owner_id=owner_id,
+        campaign_id=campaign.id,
+        data={"name": campaign.name, "realizations": campaign.realizations},
+    )
     try:
         session.commit()
     except IntegrityError:
@@ -102,7 +115,9 @@ def create_campaign(
         if existing is None:
             raise
         return _replayed(existing, digest, idempotency_key or ""), False
-    log.info("campaign %d created: %d realisations, scan key %s", campaign.id, campaign.realizations, campaign.scan_key[:12])
+    log.info(
+        "campaign %d created: %d realisations, scan key %s", campaign.id, campaign.realizations, campaign.scan_key[:12]
+    )
     return campaign, True
 
 
@@ -162,7 +177,9 @@ def list_campaigns(
 def state_counts(*, session: Session, campaign_id: int) -> dict[str, int]:
     counts = dict.fromkeys(REALIZATION_STATES, 0)
     rows = session.execute(
-        select(Realization.state, func.count()).where(Realization.campaign_id == campaign_id).group_by(Realization.state)
+        select(Realization.state, func.count())
+        .where(Realization.campaign_id == campaign_id)
+        .group_by(Realization.state)
     )
     for state, count in rows:
         counts[state] = count
@@ -175,25 +192,31 @@ def progress(*, session: Session, campaign: Campaign, window_s: float) -> Campai
     remaining = sum(counts[state] for state in UNFINISHED_REALIZATION_STATES)
     now = utcnow()
     window_start = now - timedelta(seconds=window_s)
-    finished_recently = session.scalar(
-        select(func.count()).where(
-            Realization.campaign_id == campaign.id,
-            Realization.state.in_(("succeeded", "failed")),
-            Realization.finished_at >= window_start,
+    finished_recently = (
+        session.scalar(
+            select(func.count()).where(
+                Realization.campaign_id == campaign.id,
+                Realization.state.in_(("succeeded", "failed")),
+                Realization.finished_at >= window_start,
+            )
         )
-    ) or 0
+        or 0
+    )
     throughput = eta = None
     if finished_recently:
         first_claim = session.scalar(
-            select(func.min(Attempt.claimed_at)).where(Attempt.campaign_id == campaign.id, Attempt.claimed_at >= window_start)
+            select(func.min(Attempt.claimed_at)).where(
+                Attempt.campaign_id == campaign.id, Attempt.claimed_at >= window_start
+            )
         )
         span_start = max(window_start, first_claim or campaign.queued_at)
         hours = max((now - span_start).total_seconds(), 1.0) / 3600
         throughput = finished_recently / hours
         if remaining and campaign.state not in FINISHED:
             eta = remaining / throughput * 3600
-    return CampaignProgress(counts=counts, done=done, total=campaign.realizations, throughput_per_hour=throughput,
-                            eta_seconds=eta)
+    return CampaignProgress(
+        counts=counts, done=done, total=campaign.realizations, throughput_per_hour=throughput, eta_seconds=eta
+    )
 
 
 def owner_name(*, session: Session, owner_id: int) -> str:
@@ -202,10 +225,20 @@ def owner_name(*, session: Session, owner_id: int) -> str:
 
 def summary(campaign: Campaign, owner: str) -> CampaignSummary:
     return CampaignSummary(
-        id=campaign.id, name=campaign.name, owner=owner, kind=campaign.kind, state=campaign.state,
-        priority=campaign.priority, max_attempts=campaign.max_attempts, realizations=campaign.realizations,
-        scan_key=campaign.scan_key, spec_hash=campaign.spec_hash, ranks=campaign.ranks,
-        created_at=campaign.created_at, finished_at=campaign.finished_at, cancel_reason=campaign.cancel_reason,
+        id=campaign.id,
+        name=campaign.name,
+        owner=owner,
+        kind=campaign.kind,
+        state=campaign.state,
+        priority=campaign.priority,
+        max_attempts=campaign.max_attempts,
+        realizations=campaign.realizations,
+        scan_key=campaign.scan_key,
+        spec_hash=campaign.spec_hash,
+        ranks=campaign.ranks,
+        created_at=campaign.created_at,
+        finished_at=campaign.finished_at,
+        cancel_reason=campaign.cancel_reason,
         failure_cause=campaign.failure_cause,
     )
 
@@ -219,7 +252,12 @@ def detail(*, session: Session, campaign: Campaign, owner: str, window_s: float)
 
 
 def list_realizations(
-    *, session: Session, owner_id: int, campaign_id: int, state: str | None = None, cursor: str | None = None,
+    *,
+    session: Session,
+    owner_id: int,
+    campaign_id: int,
+    state: str | None = None,
+    cursor: str | None = None,
     limit: int = 100,
 ) -> tuple[list[RealizationSummary], str | None]:
     get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
@@ -241,8 +279,12 @@ def list_realizations(
 
 def _realization_summary(realization: Realization, worker: str | None) -> RealizationSummary:
     return RealizationSummary(
-        index=realization.index, state=realization.state, attempts=realization.attempts, lease_holder=worker,
-        lease_expires_at=realization.lease_expires_at, finished_at=realization.finished_at,
+        index=realization.index,
+        state=realization.state,
+        attempts=realization.attempts,
+        lease_holder=worker,
+        lease_expires_at=realization.lease_expires_at,
+        finished_at=realization.finished_at,
     )
 
 
@@ -264,16 +306,26 @@ def get_realization(*, session: Session, owner_id: int, campaign_id: int, index:
     )
     history = [
         AttemptInfo(
-            id=attempt.id, task_id=realize_task_id(attempt.id), number=attempt.number, worker=name, host=attempt.host,
-            scheduler_job_id=attempt.scheduler_job_id, claimed_at=attempt.claimed_at, started_at=attempt.started_at,
-            ended_at=attempt.ended_at, exit_code=attempt.exit_code, failure_class=attempt.failure_class,
+            id=attempt.id,
+            task_id=realize_task_id(attempt.id),
+            number=attempt.number,
+            worker=name,
+            host=attempt.host,
+            scheduler_job_id=attempt.scheduler_job_id,
+            claimed_at=attempt.claimed_at,
+            started_at=attempt.started_at,
+            ended_at=attempt.ended_at,
+            exit_code=attempt.exit_code,
+            failure_class=attempt.failure_class,
             log_tail=attempt.log_tail,
         )
         for attempt, name in attempts
     ]
     return RealizationDetail(
-        **_realization_summary(realization, worker).model_dump(), campaign_id=campaign_id,
-        result=realization.result, attempt_history=history,
+        **_realization_summary(realization, worker).model_dump(),
+        campaign_id=campaign_id,
+        result=realization.result,
+        attempt_history=history,
     )
 
 
@@ -300,16 +352,26 @@ def settle_campaign(*, session: Session, campaign: Campaign) -> None:
         campaign.state = "running" if started > 0 else "queued"
         campaign.finished_at = None
     if campaign.state != before:
-        record_event(session, "campaign", state=campaign.state, owner_id=campaign.owner_id, campaign_id=campaign.id,
-                     data={"from": before, "failure_cause": campaign.failure_cause})
+        record_event(
+            session,
+            "campaign",
+            state=campaign.state,
+            owner_id=campaign.owner_id,
+            campaign_id=campaign.id,
+            data={"from": before, "failure_cause": campaign.failure_cause},
+        )
 
 
-def end_open_attempts(*, session: Session, realization_ids: list[int] | None, campaign_id: int, failure_class: str) -> None:
+def end_open_attempts(
+    *, session: Session, realization_ids: list[int] | None, campaign_id: int, failure_class: str
+) -> None:
     """Close attempts still open (no end time) on these realisations, e.g. at cancel."""
     query = update(Attempt).where(Attempt.campaign_id == campaign_id, Attempt.ended_at.is_(None))
     if realization_ids is not None:
         query = query.where(Attempt.realization_id.in_(realization_ids))
-    session.execute(query.values(ended_at=utcnow(), failure_class=failure_class), execution_options={"synchronize_session": False})
+    session.execute(
+        query.values(ended_at=utcnow(), failure_class=failure_class), execution_options={"synchronize_session": False}
+    )
 
 
 def cancel_campaign(*, session: Session, owner_id: int, campaign_id: int, reason: str) -> Campaign:
@@ -320,31 +382,47 @@ def cancel_campaign(*, session: Session, owner_id: int, campaign_id: int, reason
     campaign.state = "cancelled"
     campaign.cancel_reason = reason
     campaign.finished_at = utcnow()
-    record_event(session, "campaign", state="cancelled", owner_id=owner_id, campaign_id=campaign.id,
-                 data={"reason": reason})
+    record_event(
+        session, "campaign", state="cancelled", owner_id=owner_id, campaign_id=campaign.id, data={"reason": reason}
+    )
     session.commit()
     return campaign
 
 
 def fail_unfinished(*, session: Session, campaign: Campaign, state: str, failure_class: str) -> int:
     """Move every unfinished realisation of a locked campaign to ``state`` and close its open attempts."""
-    ids = list(session.scalars(
-        select(Realization.id).where(Realization.campaign_id == campaign.id,
-                                     Realization.state.in_(UNFINISHED_REALIZATION_STATES))
-        .order_by(Realization.id).with_for_update()  # by id, like every multi-row lock: no deadlock
-    ))
+    ids = list(
+        session.scalars(
+            select(Realization.id)
+            .where(Realization.campaign_id == campaign.id, Realization.state.in_(UNFINISHED_REALIZATION_STATES))
+            .order_by(Realization.id)
+            .with_for_update()  # by id, like every multi-row lock: no deadlock
+        )
+    )
     if not ids:
         return 0
     end_open_attempts(session=session, realization_ids=None, campaign_id=campaign.id, failure_class=failure_class)
     session.execute(
         update(Realization)
         .where(Realization.id.in_(ids))
-        .values(state=state, lease_holder_id=None, lease_expires_at=None, current_attempt_id=None,
-                finished_at=utcnow(), updated_at=utcnow()),
+        .values(
+            state=state,
+            lease_holder_id=None,
+            lease_expires_at=None,
+            current_attempt_id=None,
+            finished_at=utcnow(),
+            updated_at=utcnow(),
+        ),
         execution_options={"synchronize_session": False},
     )
-    record_event(session, "realization", state=state, owner_id=campaign.owner_id, campaign_id=campaign.id,
-                 data={"count": len(ids), "bulk": True})
+    record_event(
+        session,
+        "realization",
+        state=state,
+        owner_id=campaign.owner_id,
+        campaign_id=campaign.id,
+        data={"count": len(ids), "bulk": True},
+    )
     return len(ids)
 
 
@@ -356,8 +434,15 @@ def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[
     result = session.execute(
         update(Realization)
         .where(Realization.campaign_id == campaign.id, Realization.state == "failed")
-        .values(state="queued", attempts=0, lease_holder_id=None, lease_expires_at=None, current_attempt_id=None,
-                finished_at=None, updated_at=utcnow()),
+        .values(
+            state="queued",
+            attempts=0,
+            lease_holder_id=None,
+            lease_expires_at=None,
+            current_attempt_id=None,
+            finished_at=None,
+            updated_at=utcnow(),
+        ),
         execution_options={"synchronize_session": False},
     )
     requeued = result.rowcount or 0
@@ -365,8 +450,14 @@ def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[
         campaign.failure_cause = None
         campaign.finished_at = None
         campaign.queued_at = utcnow()
-        record_event(session, "realization", state="queued", owner_id=owner_id, campaign_id=campaign.id,
-                     data={"count": requeued, "bulk": True, "retry": True})
+        record_event(
+            session,
+            "realization",
+            state="queued",
+            owner_id=owner_id,
+            campaign_id=campaign.id,
+            data={"count": requeued, "bulk": True, "retry": True},
+        )
         settle_campaign(session=session, campaign=campaign)
     session.commit()
     return campaign, requeued

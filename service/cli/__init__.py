@@ -2,6 +2,7 @@
 
 Exit codes: 0 success, 1 failed work (e.g. the database is not migrated), 2 bad usage or settings.
 """
+
 from __future__ import annotations
 
 import typer

@@ -1,4 +1,5 @@
 """Helpers every command module shares: settings that fail with a readable message, errors on stderr."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NoReturn
@@ -25,6 +26,7 @@ def load_settings(**overrides: object) -> "Settings":
         return Settings(**{key: value for key, value in overrides.items() if value is not None})
     except ValidationError as error:
         problems = "; ".join(
-            f"MAPCAMPAIGN_{'_'.join(str(part) for part in item['loc']).upper()}: {item['msg']}" for item in error.errors()
+            f"MAPCAMPAIGN_{'_'.join(str(part) for part in item['loc']).upper()}: {item['msg']}"
+            for item in error.errors()
         )
         fail(f"bad settings: {problems}", code=2)

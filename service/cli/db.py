@@ -1,4 +1,5 @@
 """``mapcampaign db``: schema migrations."""
+
 from __future__ import annotations
 
 import typer

@@ -1,4 +1,5 @@
 """``mapcampaign serve``: run the API with uvicorn on the configured host and port."""
+
 from __future__ import annotations
 
 import os
@@ -39,12 +40,15 @@ def serve(
         fail(error.detail)
     except Exception as error:
         where = database.engine.url.render_as_string(hide_password=True)
-        fail(f"cannot open the database {where}: {type(error).__name__}: {str(error).splitlines()[0][:300]}",
-             hint="check MAPCAMPAIGN_DATABASE_URL and that the database server is running")
+        fail(
+            f"cannot open the database {where}: {type(error).__name__}: {str(error).splitlines()[0][:300]}",
+            hint="check MAPCAMPAIGN_DATABASE_URL and that the database server is running",
+        )
     finally:
         database.dispose()
-    typer.echo(f"MapCampaign API on http://{settings.host}:{settings.port}{'/api/v1'}  (data: {settings.data_dir})",
-               err=True)
+    typer.echo(
+        f"MapCampaign API on http://{settings.host}:{settings.port}{'/api/v1'}  (data: {settings.data_dir})", err=True
+    )
     uvicorn.run(
         "service.app:create_app",
         factory=True,

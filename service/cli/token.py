@@ -1,4 +1,5 @@
 """``mapcampaign token``: API tokens, made directly in the database (an admin command on the service host)."""
+
 from __future__ import annotations
 
 from typing import Annotated

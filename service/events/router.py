@@ -6,10 +6,10 @@ kind) and ``data:`` (an :class:`schemas.api.EventInfo` as JSON). Resume with
 the ``Last-Event-ID`` header (browsers send it when they reconnect) or
 ``?after=N``; without either the stream starts with events after "now".
 """
+
 from __future__ import annotations
 
 import asyncio
-
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -30,9 +30,16 @@ router = APIRouter(prefix="/events", tags=["events"], responses={401: {"model": 
 
 
 def event_info(event: Event) -> EventInfo:
-    return EventInfo(id=event.id, kind=event.kind, state=event.state, campaign_id=event.campaign_id,
-                     realization=event.realization, plan_id=event.plan_id, created_at=event.created_at,
-                     data=event.data or {})
+    return EventInfo(
+        id=event.id,
+        kind=event.kind,
+        state=event.state,
+        campaign_id=event.campaign_id,
+        realization=event.realization,
+        plan_id=event.plan_id,
+        created_at=event.created_at,
+        data=event.data or {},
+    )
 
 
 def _start_after(last_event_id: str | None, after: int | None) -> int | None:
@@ -44,10 +51,15 @@ def _start_after(last_event_id: str | None, after: int | None) -> int | None:
     return after
 
 
-@router.get("", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}, "description": "An endless SSE stream"}})
+@router.get(
+    "",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "An endless SSE stream"}},
+)
 async def stream_events(
-    request: Request, user: CurrentUser, settings: SettingsDep,
+    request: Request,
+    user: CurrentUser,
+    settings: SettingsDep,
     campaign_id: int | None = None,
     after: Annotated[int | None, Query(ge=0, description="Start after this event id (0: from the start)")] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
@@ -69,12 +81,23 @@ async def stream_events(
     )
 
 
-async def _sse(request: Request, database: Database, user: Principal, campaign_id: int | None, position: int,
-               poll_s: float, keepalive_s: float) -> AsyncIterator[str]:
+async def _sse(
+    request: Request,
+    database: Database,
+    user: Principal,
+    campaign_id: int | None,
+    position: int,
+    poll_s: float,
+    keepalive_s: float,
+) -> AsyncIterator[str]:
     def fetch(after_id: int) -> list[EventInfo]:
         with database.session(write=False) as session:
-            return [event_info(event) for event in
-                    events_after(session=session, after_id=after_id, owner_id=user.user_id, campaign_id=campaign_id)]
+            return [
+                event_info(event)
+                for event in events_after(
+                    session=session, after_id=after_id, owner_id=user.user_id, campaign_id=campaign_id
+                )
+            ]
 
     yield f"retry: 2000\n: stream of events after id {position}\n\n"
     quiet = 0.0
@@ -95,7 +118,8 @@ async def _sse(request: Request, database: Database, user: Principal, campaign_i
 
 @router.get("/log", response_model=list[EventInfo])
 def event_log(
-    user: CurrentUser, session: ReadSessionDep,
+    user: CurrentUser,
+    session: ReadSessionDep,
     campaign_id: int | None = None,
     after: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -103,8 +127,9 @@ def event_log(
     """The same events as the stream, as a JSON page: ids after ``after``, oldest first."""
     if campaign_id is not None:
         get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
-    return [event_info(event) for event in events_after(session=session, after_id=after, owner_id=user.user_id,
-                                                        campaign_id=campaign_id, limit=limit)]
-
-
-
+    return [
+        event_info(event)
+        for event in events_after(
+            session=session, after_id=after, owner_id=user.user_id, campaign_id=campaign_id, limit=limit
+        )
+    ]

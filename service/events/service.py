@@ -7,6 +7,7 @@ id below N, which is what lets an SSE stream resume from ``Last-Event-ID``
 with ``id > N``. (SQLite has one writer at a time, so its ids are in commit
 order already.)
 """
+
 from __future__ import annotations
 
 from typing import Any

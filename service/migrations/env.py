@@ -1,4 +1,5 @@
 """Alembic environment: the URL comes from the caller (service.migrate) or the settings."""
+
 from __future__ import annotations
 
 from alembic import context

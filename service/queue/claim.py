@@ -13,6 +13,7 @@ claims are serialised.
 Lock order, the same in every transaction that changes realisations:
 campaign row, then plan row, then realisation rows (by id), then the event lock.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -42,9 +43,17 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
     worker.last_heartbeat_at = now
     has_queued = exists().where(Realization.campaign_id == Campaign.id, Realization.state == "queued")
     candidates = [
-        Candidate(*row) for row in session.execute(
-            select(Campaign.id, Campaign.owner_id, Campaign.scan_key, Campaign.ranks, Campaign.state,
-                   Campaign.queued_at, Campaign.spec_hash)
+        Candidate(*row)
+        for row in session.execute(
+            select(
+                Campaign.id,
+                Campaign.owner_id,
+                Campaign.scan_key,
+                Campaign.ranks,
+                Campaign.state,
+                Campaign.queued_at,
+                Campaign.spec_hash,
+            )
             .where(Campaign.state.in_(("queued", "running")), has_queued)
             .order_by(Campaign.priority.desc(), Campaign.created_at, Campaign.id)
         )
@@ -63,46 +72,72 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
             continue
         if len(tasks) >= max_tasks or (plan is not None and plan.state == "building"):
             continue
-        plan = take_build(session=session, scan_key=candidate.scan_key, ranks=candidate.ranks, site=worker.site,
-                          worker=worker, campaign_id=candidate.id, campaign_queued_at=candidate.queued_at,
-                          lease_s=settings.lease_s, max_builds=settings.max_plan_builds)
+        plan = take_build(
+            session=session,
+            scan_key=candidate.scan_key,
+            ranks=candidate.ranks,
+            site=worker.site,
+            worker=worker,
+            campaign_id=candidate.id,
+            campaign_queued_at=candidate.queued_at,
+            lease_s=settings.lease_s,
+            max_builds=settings.max_plan_builds,
+        )
         if plan is not None:
-            tasks.append(PreprocessTask(
-                task_id=preprocess_task_id(plan.id, plan.build_number), plan_id=plan.id,
-                build_attempt=plan.build_number, scan_key=candidate.scan_key, ranks=candidate.ranks,
-                site=worker.site, campaign_id=candidate.id, spec=_spec(session, candidate), lease_expires_at=expires,
-            ))
+            tasks.append(
+                PreprocessTask(
+                    task_id=preprocess_task_id(plan.id, plan.build_number),
+                    plan_id=plan.id,
+                    build_attempt=plan.build_number,
+                    scan_key=candidate.scan_key,
+                    ranks=candidate.ranks,
+                    site=worker.site,
+                    campaign_id=candidate.id,
+                    spec=_spec(session, candidate),
+                    lease_expires_at=expires,
+                )
+            )
 
     runnable = [candidate for candidate in candidates if (candidate.scan_key, candidate.ranks) in ready]
     first_claims = sorted(candidate.id for candidate in runnable if candidate.state == "queued")
     if max_tasks > len(tasks) and first_claims:
         # The campaign goes queued -> running; lock its row first, as every other writer does.
-        session.execute(select(Campaign.id).where(Campaign.id.in_(first_claims)).order_by(Campaign.id).with_for_update())
+        session.execute(
+            select(Campaign.id).where(Campaign.id.in_(first_claims)).order_by(Campaign.id).with_for_update()
+        )
     started: set[int] = set()
     for candidate in runnable:
         slots = max_tasks - len(tasks)
         if slots <= 0:
             break
         # Walks ix_realizations_campaign_id_state_index; concurrent claimers skip each other's rows.
-        realizations = list(session.scalars(
-            select(Realization)
-            .where(Realization.campaign_id == candidate.id, Realization.state == "queued")
-            .order_by(Realization.index)
-            .limit(slots)
-            .with_for_update(skip_locked=True)
-        ))
+        realizations = list(
+            session.scalars(
+                select(Realization)
+                .where(Realization.campaign_id == candidate.id, Realization.state == "queued")
+                .order_by(Realization.index)
+                .limit(slots)
+                .with_for_update(skip_locked=True)
+            )
+        )
         if not realizations:
             continue
         plan = ready[(candidate.scan_key, candidate.ranks)]
         attempts = [
-            Attempt(realization_id=realization.id, campaign_id=candidate.id, number=realization.attempts_total + 1,
-                    worker_id=worker.id, plan_id=plan.id, claimed_at=now)
+            Attempt(
+                realization_id=realization.id,
+                campaign_id=candidate.id,
+                number=realization.attempts_total + 1,
+                worker_id=worker.id,
+                plan_id=plan.id,
+                claimed_at=now,
+            )
             for realization in realizations
         ]
         session.add_all(attempts)
         session.flush()
         spec = _spec(session, candidate)
-        for realization, attempt in zip(realizations, attempts):
+        for realization, attempt in zip(realizations, attempts, strict=True):
             realization.attempts += 1
             realization.attempts_total += 1
             realization.state = "claimed"
@@ -110,22 +145,41 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
             realization.lease_expires_at = expires
             realization.current_attempt_id = attempt.id
             realization.updated_at = now
-            tasks.append(RealizeTask(
-                task_id=realize_task_id(attempt.id), attempt_id=attempt.id, campaign_id=candidate.id,
-                realization=realization.index, attempt=attempt.number, spec=spec,
-                plan=PlanRef(id=plan.id, path=plan.path or "", checksum=plan.checksum or ""), lease_expires_at=expires,
-            ))
-            record_event(session, "realization", state="claimed", owner_id=candidate.owner_id,
-                         campaign_id=candidate.id, realization=realization.index,
-                         data={"attempt": attempt.number, "worker": worker.name})
+            tasks.append(
+                RealizeTask(
+                    task_id=realize_task_id(attempt.id),
+                    attempt_id=attempt.id,
+                    campaign_id=candidate.id,
+                    realization=realization.index,
+                    attempt=attempt.number,
+                    spec=spec,
+                    plan=PlanRef(id=plan.id, path=plan.path or "", checksum=plan.checksum or ""),
+                    lease_expires_at=expires,
+                )
+            )
+            record_event(
+                session,
+                "realization",
+                state="claimed",
+                owner_id=candidate.owner_id,
+                campaign_id=candidate.id,
+                realization=realization.index,
+                data={"attempt": attempt.number, "worker": worker.name},
+            )
         started.add(candidate.id)
     for campaign_id in first_claims:
         if campaign_id in started:
             campaign = session.get(Campaign, campaign_id)
             if campaign is not None and campaign.state == "queued":
                 campaign.state = "running"
-                record_event(session, "campaign", state="running", owner_id=campaign.owner_id,
-                             campaign_id=campaign.id, data={"from": "queued"})
+                record_event(
+                    session,
+                    "campaign",
+                    state="running",
+                    owner_id=campaign.owner_id,
+                    campaign_id=campaign.id,
+                    data={"from": "queued"},
+                )
     session.commit()
     return tasks
 

@@ -1,4 +1,5 @@
 """Lease arithmetic, in one place."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta

@@ -6,6 +6,7 @@ next claim while it has build attempts left; past ``max_plan_builds`` the
 campaigns that need it fail with the cause. A campaign queued (or retried)
 after that failure gets a fresh build budget, so resubmitting is the way out.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from schemas.api import PlanBuilt, PlanInfo, TaskFailed
+from schemas.api import PlanBuilt, PlanInfo
 from service.campaigns.models import Campaign
 from service.campaigns.service import fail_unfinished, settle_campaign
 from service.db import Database, utcnow
@@ -38,8 +39,16 @@ def find_plan(*, session: Session, scan_key: str, ranks: int, site: str) -> Prep
 
 
 def take_build(
-    *, session: Session, scan_key: str, ranks: int, site: str, worker: Worker, campaign_id: int,
-    campaign_queued_at: datetime, lease_s: float, max_builds: int,
+    *,
+    session: Session,
+    scan_key: str,
+    ranks: int,
+    site: str,
+    worker: Worker,
+    campaign_id: int,
+    campaign_queued_at: datetime,
+    lease_s: float,
+    max_builds: int,
 ) -> PreprocessingPlan | None:
     """Give ``worker`` the build of this plan if nobody builds it and it is not ready; else None."""
     now = utcnow()
@@ -47,8 +56,19 @@ def take_build(
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     inserted = session.execute(
         insert(PreprocessingPlan)
-        .values(scan_key=scan_key, ranks=ranks, site=site, state="building", uses=0, build_attempts=1, build_number=1,
-                campaign_id=campaign_id, lease_holder_id=worker.id, lease_expires_at=expires, created_at=now)
+        .values(
+            scan_key=scan_key,
+            ranks=ranks,
+            site=site,
+            state="building",
+            uses=0,
+            build_attempts=1,
+            build_number=1,
+            campaign_id=campaign_id,
+            lease_holder_id=worker.id,
+            lease_expires_at=expires,
+            created_at=now,
+        )
         .on_conflict_do_nothing(index_elements=["scan_key", "ranks", "site"])
         .returning(PreprocessingPlan.id)
     ).scalar()
@@ -68,11 +88,19 @@ def take_build(
     # Optimistic: only one claimer turns this failed row into a build.
     taken = session.execute(
         update(PreprocessingPlan)
-        .where(PreprocessingPlan.id == plan.id, PreprocessingPlan.state == "failed",
-               PreprocessingPlan.build_attempts == plan.build_attempts)
-        .values(state="building", build_attempts=attempts + 1, build_number=PreprocessingPlan.build_number + 1,
-                campaign_id=campaign_id, lease_holder_id=worker.id,
-                lease_expires_at=expires)
+        .where(
+            PreprocessingPlan.id == plan.id,
+            PreprocessingPlan.state == "failed",
+            PreprocessingPlan.build_attempts == plan.build_attempts,
+        )
+        .values(
+            state="building",
+            build_attempts=attempts + 1,
+            build_number=PreprocessingPlan.build_number + 1,
+            campaign_id=campaign_id,
+            lease_holder_id=worker.id,
+            lease_expires_at=expires,
+        )
         .execution_options(synchronize_session=False)
     ).rowcount
     if taken != 1:
@@ -83,9 +111,20 @@ def take_build(
 
 
 def _announce_build(session: Session, plan: PreprocessingPlan, worker: Worker) -> None:
-    record_event(session, "plan", state="building", plan_id=plan.id,
-                 data={"scan_key": plan.scan_key, "ranks": plan.ranks, "site": plan.site,
-                       "build": plan.build_number, "build_attempt": plan.build_attempts, "worker": worker.name})
+    record_event(
+        session,
+        "plan",
+        state="building",
+        plan_id=plan.id,
+        data={
+            "scan_key": plan.scan_key,
+            "ranks": plan.ranks,
+            "site": plan.site,
+            "build": plan.build_number,
+            "build_attempt": plan.build_attempts,
+            "worker": worker.name,
+        },
+    )
 
 
 def locked_build(*, session: Session, plan_id: int, build: int, worker_id: int) -> PreprocessingPlan:
@@ -108,8 +147,13 @@ def report_built(*, session: Session, plan: PreprocessingPlan, report: PlanBuilt
     plan.lease_holder_id = None
     plan.lease_expires_at = None
     plan.ready_at = utcnow()
-    record_event(session, "plan", state="ready", plan_id=plan.id,
-                 data={"scan_key": plan.scan_key, "ranks": plan.ranks, "site": plan.site})
+    record_event(
+        session,
+        "plan",
+        state="ready",
+        plan_id=plan.id,
+        data={"scan_key": plan.scan_key, "ranks": plan.ranks, "site": plan.site},
+    )
     session.commit()
 
 
@@ -123,9 +167,20 @@ def report_build_failed(
     plan.lease_holder_id = None
     plan.lease_expires_at = None
     exhausted = plan.build_attempts >= max_builds
-    record_event(session, "plan", state="failed", plan_id=plan.id,
-                 data={"scan_key": plan.scan_key, "ranks": plan.ranks, "site": plan.site,
-                       "build_attempt": plan.build_attempts, "final": exhausted, "error": plan.last_error[-500:]})
+    record_event(
+        session,
+        "plan",
+        state="failed",
+        plan_id=plan.id,
+        data={
+            "scan_key": plan.scan_key,
+            "ranks": plan.ranks,
+            "site": plan.site,
+            "build_attempt": plan.build_attempts,
+            "final": exhausted,
+            "error": plan.last_error[-500:],
+        },
+    )
     session.commit()
     if exhausted:
         fail_campaigns_needing(database=database, plan=plan)
@@ -139,10 +194,15 @@ def fail_campaigns_needing(*, database: Database, plan: PreprocessingPlan) -> in
     )
     failed = 0
     with database.session() as session:
-        ids = list(session.scalars(
-            select(Campaign.id).where(Campaign.scan_key == plan.scan_key, Campaign.ranks == plan.ranks,
-                                      Campaign.state.in_(("queued", "running")))
-        ))
+        ids = list(
+            session.scalars(
+                select(Campaign.id).where(
+                    Campaign.scan_key == plan.scan_key,
+                    Campaign.ranks == plan.ranks,
+                    Campaign.state.in_(("queued", "running")),
+                )
+            )
+        )
     for campaign_id in sorted(ids):
         # One transaction per campaign, campaign row locked first like every other change.
         with database.session() as session:
@@ -162,10 +222,22 @@ def fail_campaigns_needing(*, database: Database, plan: PreprocessingPlan) -> in
 
 def plan_info(plan: PreprocessingPlan, holder: str | None) -> PlanInfo:
     return PlanInfo(
-        id=plan.id, scan_key=plan.scan_key, ranks=plan.ranks, site=plan.site, state=plan.state, path=plan.path,
-        checksum=plan.checksum, build_time_s=plan.build_time_s, size_bytes=plan.size_bytes, uses=plan.uses,
-        build_attempts=plan.build_attempts, last_error=plan.last_error, lease_holder=holder,
-        lease_expires_at=plan.lease_expires_at, created_at=plan.created_at, ready_at=plan.ready_at,
+        id=plan.id,
+        scan_key=plan.scan_key,
+        ranks=plan.ranks,
+        site=plan.site,
+        state=plan.state,
+        path=plan.path,
+        checksum=plan.checksum,
+        build_time_s=plan.build_time_s,
+        size_bytes=plan.size_bytes,
+        uses=plan.uses,
+        build_attempts=plan.build_attempts,
+        last_error=plan.last_error,
+        lease_holder=holder,
+        lease_expires_at=plan.lease_expires_at,
+        created_at=plan.created_at,
+        ready_at=plan.ready_at,
     )
 
 

@@ -4,6 +4,7 @@ Safe with several API processes: every process runs a reaper; rows are taken
 with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (and under the one write lock on
 SQLite), and a row is re-checked after it is locked, so an expiry is handled once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,14 +38,22 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
     reaped = Reaped()
     now = utcnow()
     with database.session(write=False) as session:
-        campaign_ids = sorted(set(session.scalars(
-            select(Realization.campaign_id).where(Realization.state.in_(("claimed", "running")),
-                                                  Realization.lease_expires_at < now)
-        )))
-        plan_ids = list(session.scalars(
-            select(PreprocessingPlan.id).where(PreprocessingPlan.state == "building",
-                                               PreprocessingPlan.lease_expires_at < now)
-        ))
+        campaign_ids = sorted(
+            set(
+                session.scalars(
+                    select(Realization.campaign_id).where(
+                        Realization.state.in_(("claimed", "running")), Realization.lease_expires_at < now
+                    )
+                )
+            )
+        )
+        plan_ids = list(
+            session.scalars(
+                select(PreprocessingPlan.id).where(
+                    PreprocessingPlan.state == "building", PreprocessingPlan.lease_expires_at < now
+                )
+            )
+        )
     store = ArtifactStore(settings.products_dir)
     for campaign_id in campaign_ids:
         with database.session() as session:
@@ -56,18 +65,30 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
         with database.session() as session:
             plan = session.scalar(
                 select(PreprocessingPlan)
-                .where(PreprocessingPlan.id == plan_id, PreprocessingPlan.state == "building",
-                       PreprocessingPlan.lease_expires_at < utcnow())
+                .where(
+                    PreprocessingPlan.id == plan_id,
+                    PreprocessingPlan.state == "building",
+                    PreprocessingPlan.lease_expires_at < utcnow(),
+                )
                 .with_for_update(skip_locked=True)
             )
             if plan is None:
                 continue
             holder = session.scalar(select(Worker.name).where(Worker.id == plan.lease_holder_id))
-            record_event(session, "lease_expired", state="failed", plan_id=plan.id,
-                         data={"task": "preprocess", "worker": holder, "build": plan.build_number})
-            report_build_failed(database=database, session=session, plan=plan,
-                                cause=f"lost_worker: the build lease of worker {holder!r} expired",
-                                max_builds=settings.max_plan_builds)
+            record_event(
+                session,
+                "lease_expired",
+                state="failed",
+                plan_id=plan.id,
+                data={"task": "preprocess", "worker": holder, "build": plan.build_number},
+            )
+            report_build_failed(
+                database=database,
+                session=session,
+                plan=plan,
+                cause=f"lost_worker: the build lease of worker {holder!r} expired",
+                max_builds=settings.max_plan_builds,
+            )
             reaped.plans += 1
     if reaped.realizations or reaped.plans:
         log.info("reaper: %d realisation leases and %d plan leases expired", reaped.realizations, reaped.plans)
@@ -79,26 +100,45 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
     campaign = session.scalar(select(Campaign).where(Campaign.id == campaign_id).with_for_update(skip_locked=True))
     if campaign is None:
         return []  # locked by another writer (or deleted): the next round takes it
-    realizations = list(session.scalars(
-        select(Realization)
-        .where(Realization.campaign_id == campaign_id, Realization.state.in_(("claimed", "running")),
-               Realization.lease_expires_at < utcnow())
-        .order_by(Realization.id)
-        .with_for_update(skip_locked=True)
-    ))
+    realizations = list(
+        session.scalars(
+            select(Realization)
+            .where(
+                Realization.campaign_id == campaign_id,
+                Realization.state.in_(("claimed", "running")),
+                Realization.lease_expires_at < utcnow(),
+            )
+            .order_by(Realization.id)
+            .with_for_update(skip_locked=True)
+        )
+    )
     ended: list[int] = []
     for realization in realizations:
         attempt = session.get(Attempt, realization.current_attempt_id) if realization.current_attempt_id else None
         holder = session.scalar(select(Worker.name).where(Worker.id == realization.lease_holder_id))
-        record_event(session, "lease_expired", state=None, owner_id=campaign.owner_id, campaign_id=campaign_id,
-                     realization=realization.index, data={"task": "realize", "worker": holder})
+        record_event(
+            session,
+            "lease_expired",
+            state=None,
+            owner_id=campaign.owner_id,
+            campaign_id=campaign_id,
+            realization=realization.index,
+            data={"task": "realize", "worker": holder},
+        )
         if attempt is None:  # cannot happen through the API; keep the realisation moving anyway
             realization.state = "queued"
             realization.lease_holder_id = realization.lease_expires_at = None
             continue
-        end_attempt(session=session, campaign=campaign, realization=realization, attempt=attempt,
-                    failure_class="lost_worker", exit_code=None,
-                    log_tail=f"lease expired: worker {holder!r} stopped sending heartbeats", worker_name=holder)
+        end_attempt(
+            session=session,
+            campaign=campaign,
+            realization=realization,
+            attempt=attempt,
+            failure_class="lost_worker",
+            exit_code=None,
+            log_tail=f"lease expired: worker {holder!r} stopped sending heartbeats",
+            worker_name=holder,
+        )
         ended.append(attempt.id)
     session.commit()
     return ended

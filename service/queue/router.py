@@ -1,4 +1,5 @@
 """HTTP for preprocessing plans (read-only; user tokens). Plans are shared, so every user sees them."""
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -15,7 +16,8 @@ router = APIRouter(prefix="/plans", tags=["plans"], responses={401: {"model": Er
 
 @router.get("", response_model=PlanPage)
 def list_plans(
-    _user: CurrentUser, session: ReadSessionDep,
+    _user: CurrentUser,
+    session: ReadSessionDep,
     state: PlanState | None = None,
     scan_key: Annotated[str | None, Query(max_length=64)] = None,
     site: Annotated[str | None, Query(max_length=128)] = None,
@@ -23,8 +25,14 @@ def list_plans(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> PlanPage:
     position = decode_cursor(cursor, keys=("after_id",))
-    items = plans.list_plans(session=session, state=state, scan_key=scan_key, site=site,
-                             after_id=position["after_id"] if position else None, limit=limit + 1)
+    items = plans.list_plans(
+        session=session,
+        state=state,
+        scan_key=scan_key,
+        site=site,
+        after_id=position["after_id"] if position else None,
+        limit=limit + 1,
+    )
     next_cursor = encode_cursor({"after_id": items[limit - 1].id}) if len(items) > limit else None
     return PlanPage(items=items[:limit], next_cursor=next_cursor)
 

@@ -5,6 +5,7 @@ holds the task's lease (same token as the worker that claimed it) and only
 while the task is current: a reaped, cancelled, reassigned or already
 finished task answers 409 and changes nothing.
 """
+
 from __future__ import annotations
 
 import logging
@@ -92,12 +93,14 @@ def hold_attempt(*, session: Session, task_id: str, principal: Principal, for_re
     return HeldAttempt(attempt=attempt, realization=realization, campaign=campaign, worker=worker)
 
 
-def report_started(*, session: Session, task_id: str, principal: Principal, report: TaskStarted,
-                   settings: Settings) -> str:
+def report_started(
+    *, session: Session, task_id: str, principal: Principal, report: TaskStarted, settings: Settings
+) -> str:
     kind, ident, build = _parse(task_id)
     if kind == "preprocess":
-        plan = locked_build(session=session, plan_id=ident, build=build or 0,
-                            worker_id=_plan_worker(session, ident, principal, task_id))
+        plan = locked_build(
+            session=session, plan_id=ident, build=build or 0, worker_id=_plan_worker(session, ident, principal, task_id)
+        )
         plan.lease_expires_at = lease_expiry(settings.lease_s)
         session.commit()
         return plan.state
@@ -110,17 +113,25 @@ def report_started(*, session: Session, task_id: str, principal: Principal, repo
     if held.realization.state == "claimed":
         held.realization.state = "running"
         held.realization.updated_at = now
-        record_event(session, "realization", state="running", owner_id=held.campaign.owner_id,
-                     campaign_id=held.campaign.id, realization=held.realization.index,
-                     data={"attempt": held.attempt.number, "worker": held.worker.name, "host": held.attempt.host})
+        record_event(
+            session,
+            "realization",
+            state="running",
+            owner_id=held.campaign.owner_id,
+            campaign_id=held.campaign.id,
+            realization=held.realization.index,
+            data={"attempt": held.attempt.number, "worker": held.worker.name, "host": held.attempt.host},
+        )
     session.commit()
     return held.realization.state
 
 
 def check_result(held: HeldAttempt, result: RealizationResult) -> None:
     if result.realization != held.realization.index:
-        raise ResultMismatch(f"result.realization is {result.realization}, but task {realize_task_id(held.attempt.id)} "
-                             f"is realisation {held.realization.index}")
+        raise ResultMismatch(
+            f"result.realization is {result.realization}, but task {realize_task_id(held.attempt.id)} "
+            f"is realisation {held.realization.index}"
+        )
     if result.spec_hash != held.campaign.spec_hash:
         raise ResultMismatch("result.spec_hash does not match the campaign's spec hash")
     if result.scan_key != held.campaign.scan_key:
@@ -141,33 +152,57 @@ def accept_result(*, session: Session, held: HeldAttempt, result: RealizationRes
     realization.lease_holder_id = None
     realization.lease_expires_at = None
     if held.attempt.plan_id is not None:
-        session.execute(update(PreprocessingPlan).where(PreprocessingPlan.id == held.attempt.plan_id)
-                        .values(uses=PreprocessingPlan.uses + 1).execution_options(synchronize_session=False))
-    record_event(session, "realization", state="succeeded", owner_id=held.campaign.owner_id,
-                 campaign_id=held.campaign.id, realization=realization.index,
-                 data={"attempt": held.attempt.number, "worker": held.worker.name,
-                       "iterations": result.iterations, "converged": result.converged})
+        session.execute(
+            update(PreprocessingPlan)
+            .where(PreprocessingPlan.id == held.attempt.plan_id)
+            .values(uses=PreprocessingPlan.uses + 1)
+            .execution_options(synchronize_session=False)
+        )
+    record_event(
+        session,
+        "realization",
+        state="succeeded",
+        owner_id=held.campaign.owner_id,
+        campaign_id=held.campaign.id,
+        realization=realization.index,
+        data={
+            "attempt": held.attempt.number,
+            "worker": held.worker.name,
+            "iterations": result.iterations,
+            "converged": result.converged,
+        },
+    )
     settle_campaign(session=session, campaign=held.campaign)
 
 
-def report_failed(*, database: Database, session: Session, task_id: str, principal: Principal, report: TaskFailed,
-                  settings: Settings) -> str:
+def report_failed(
+    *, database: Database, session: Session, task_id: str, principal: Principal, report: TaskFailed, settings: Settings
+) -> str:
     kind, ident, build = _parse(task_id)
     if kind == "preprocess":
-        plan = locked_build(session=session, plan_id=ident, build=build or 0,
-                            worker_id=_plan_worker(session, ident, principal, task_id))
+        plan = locked_build(
+            session=session, plan_id=ident, build=build or 0, worker_id=_plan_worker(session, ident, principal, task_id)
+        )
         cause = f"{report.failure_class}" + (f" (exit code {report.exit_code})" if report.exit_code is not None else "")
         if report.message:
             cause += f": {report.message}"
         elif report.log_tail.strip():
             cause += ": " + report.log_tail.strip().splitlines()[-1][-500:]
-        report_build_failed(database=database, session=session, plan=plan, cause=cause,
-                            max_builds=settings.max_plan_builds)
+        report_build_failed(
+            database=database, session=session, plan=plan, cause=cause, max_builds=settings.max_plan_builds
+        )
         return "failed"
     held = hold_attempt(session=session, task_id=task_id, principal=principal)
-    end_attempt(session=session, campaign=held.campaign, realization=held.realization, attempt=held.attempt,
-                failure_class=report.failure_class, exit_code=report.exit_code, log_tail=report.log_tail,
-                worker_name=held.worker.name)
+    end_attempt(
+        session=session,
+        campaign=held.campaign,
+        realization=held.realization,
+        attempt=held.attempt,
+        failure_class=report.failure_class,
+        exit_code=report.exit_code,
+        log_tail=report.log_tail,
+        worker_name=held.worker.name,
+    )
     session.commit()
     return held.realization.state
 
@@ -176,8 +211,17 @@ def campaign_of_attempt(*, session: Session, attempt_id: int) -> int | None:
     return session.scalar(select(Attempt.campaign_id).where(Attempt.id == attempt_id))
 
 
-def end_attempt(*, session: Session, campaign: Campaign, realization: Realization, attempt: Attempt,
-                failure_class: str, exit_code: int | None, log_tail: str | None, worker_name: str | None) -> None:
+def end_attempt(
+    *,
+    session: Session,
+    campaign: Campaign,
+    realization: Realization,
+    attempt: Attempt,
+    failure_class: str,
+    exit_code: int | None,
+    log_tail: str | None,
+    worker_name: str | None,
+) -> None:
     """A failed attempt: back to the queue while attempts remain, else the realisation fails."""
     now = utcnow()
     attempt.ended_at = now
@@ -193,10 +237,21 @@ def end_attempt(*, session: Session, campaign: Campaign, realization: Realizatio
         realization.finished_at = now
     else:
         realization.state = "queued"
-    record_event(session, "realization", state=realization.state, owner_id=campaign.owner_id,
-                 campaign_id=campaign.id, realization=realization.index,
-                 data={"attempt": attempt.number, "failure_class": failure_class, "exit_code": exit_code,
-                       "worker": worker_name, "attempts_left": max(campaign.max_attempts - realization.attempts, 0)})
+    record_event(
+        session,
+        "realization",
+        state=realization.state,
+        owner_id=campaign.owner_id,
+        campaign_id=campaign.id,
+        realization=realization.index,
+        data={
+            "attempt": attempt.number,
+            "failure_class": failure_class,
+            "exit_code": exit_code,
+            "worker": worker_name,
+            "attempts_left": max(campaign.max_attempts - realization.attempts, 0),
+        },
+    )
     settle_campaign(session=session, campaign=campaign)
 
 
@@ -214,8 +269,9 @@ def report_plan_built(*, session: Session, task_id: str, principal: Principal, r
     kind, plan_id, build = _parse(task_id)
     if kind != "preprocess":
         raise WrongTaskKind(f"task {task_id} is a realize task; report it with succeeded or failed")
-    plan = locked_build(session=session, plan_id=plan_id, build=build or 0,
-                        worker_id=_plan_worker(session, plan_id, principal, task_id))
+    plan = locked_build(
+        session=session, plan_id=plan_id, build=build or 0, worker_id=_plan_worker(session, plan_id, principal, task_id)
+    )
     report_built(session=session, plan=plan, report=report)
     return plan.state
 
@@ -239,19 +295,32 @@ def heartbeat(*, session: Session, worker: Worker, running: list[str], settings:
     extended: list[str] = []
     cancel: list[str] = []
     if attempt_ids:
-        held = set(session.scalars(
-            select(Realization.current_attempt_id)
-            .where(Realization.current_attempt_id.in_(list(attempt_ids)), Realization.lease_holder_id == worker.id,
-                   Realization.state.in_(("claimed", "running")))
-            .order_by(Realization.id)
-            .with_for_update()
-        ))
+        held = set(
+            session.scalars(
+                select(Realization.current_attempt_id)
+                .where(
+                    Realization.current_attempt_id.in_(list(attempt_ids)),
+                    Realization.lease_holder_id == worker.id,
+                    Realization.state.in_(("claimed", "running")),
+                )
+                .order_by(Realization.id)
+                .with_for_update()
+            )
+        )
         if held:
-            session.execute(update(Realization).where(Realization.current_attempt_id.in_(list(held)))
-                            .values(lease_expires_at=expires).execution_options(synchronize_session=False))
-        ended = dict(session.execute(
-            select(Attempt.id, Attempt.failure_class).where(Attempt.id.in_([a for a in attempt_ids if a not in held]))
-        ).all())
+            session.execute(
+                update(Realization)
+                .where(Realization.current_attempt_id.in_(list(held)))
+                .values(lease_expires_at=expires)
+                .execution_options(synchronize_session=False)
+            )
+        ended = dict(
+            session.execute(
+                select(Attempt.id, Attempt.failure_class).where(
+                    Attempt.id.in_([a for a in attempt_ids if a not in held])
+                )
+            ).all()
+        )
         for attempt_id, task_id in attempt_ids.items():
             if attempt_id in held:
                 extended.append(task_id)
@@ -260,14 +329,23 @@ def heartbeat(*, session: Session, worker: Worker, running: list[str], settings:
             else:
                 lost.append(task_id)
     if builds:
-        plans = {plan.id: plan for plan in session.scalars(
-            select(PreprocessingPlan).where(PreprocessingPlan.id.in_(list(builds))).order_by(PreprocessingPlan.id)
-            .with_for_update()
-        )}
+        plans = {
+            plan.id: plan
+            for plan in session.scalars(
+                select(PreprocessingPlan)
+                .where(PreprocessingPlan.id.in_(list(builds)))
+                .order_by(PreprocessingPlan.id)
+                .with_for_update()
+            )
+        }
         for plan_id, (build, task_id) in builds.items():
             plan = plans.get(plan_id)
-            if plan is not None and plan.state == "building" and plan.build_number == build \
-                    and plan.lease_holder_id == worker.id:
+            if (
+                plan is not None
+                and plan.state == "building"
+                and plan.build_number == build
+                and plan.lease_holder_id == worker.id
+            ):
                 plan.lease_expires_at = expires
                 extended.append(task_id)
             else:
@@ -276,8 +354,15 @@ def heartbeat(*, session: Session, worker: Worker, running: list[str], settings:
     return HeartbeatAnswer(lease_expires_at=expires, extended=extended, cancel=cancel, lost=lost)
 
 
-def report_succeeded(*, session: Session, task_id: str, principal: Principal, result: RealizationResult,
-                     store: ArtifactStore, settings: Settings) -> AcceptedResult:
+def report_succeeded(
+    *,
+    session: Session,
+    task_id: str,
+    principal: Principal,
+    result: RealizationResult,
+    store: ArtifactStore,
+    settings: Settings,
+) -> AcceptedResult:
     """Check the result and its uploaded products, move the products into place, record the success."""
     held = hold_attempt(session=session, task_id=task_id, principal=principal, for_result=True)
     check_result(held, result)
@@ -291,6 +376,10 @@ def report_succeeded(*, session: Session, task_id: str, principal: Principal, re
         session.rollback()
         undo()
         raise
-    return AcceptedResult(campaign_id=campaign_id, realization=index, result=held.realization.result or {},
-                          product_dir=store.final_dir(campaign_id, index), settings=settings)
-
+    return AcceptedResult(
+        campaign_id=campaign_id,
+        realization=index,
+        result=held.realization.result or {},
+        product_dir=store.final_dir(campaign_id, index),
+        settings=settings,
+    )

@@ -12,6 +12,7 @@ the staging folder is checked against the result's ``products`` list and
 renamed as a whole to the realisation's folder: readers see all the products
 or none.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -70,7 +71,13 @@ class ArtifactStore:
         return value.strip().lower()
 
     async def receive(
-        self, chunks: AsyncIterator[bytes], *, campaign_id: int, attempt_id: int, name: str, sha256: str,
+        self,
+        chunks: AsyncIterator[bytes],
+        *,
+        campaign_id: int,
+        attempt_id: int,
+        name: str,
+        sha256: str,
         max_bytes: int,
     ) -> int:
         """Store one upload in the attempt's staging folder; return its size. Replaces an earlier upload."""
@@ -112,12 +119,16 @@ class ArtifactStore:
                 continue
             sha256, size = note.read_text().split()
             if sha256 != product.sha256.lower() or int(size) != product.size_bytes:
-                problems.append(f"{product.path!r} uploaded with sha256 {sha256[:12]}... and {size} bytes, "
-                                f"result says {product.sha256[:12]}... and {product.size_bytes} bytes")
+                problems.append(
+                    f"{product.path!r} uploaded with sha256 {sha256[:12]}... and {size} bytes, "
+                    f"result says {product.sha256[:12]}... and {product.size_bytes} bytes"
+                )
         if problems:
             raise ProductsMissing("result.products: " + "; ".join(problems))
 
-    def publish(self, *, campaign_id: int, attempt_id: int, index: int, products: list[ProductFile]) -> Callable[[], None]:
+    def publish(
+        self, *, campaign_id: int, attempt_id: int, index: int, products: list[ProductFile]
+    ) -> Callable[[], None]:
         """Move the attempt's products into the realisation folder in one rename; return an undo."""
         staging = self.staging_dir(campaign_id, attempt_id)
         final = self.final_dir(campaign_id, index)
@@ -141,6 +152,9 @@ class ArtifactStore:
 
     def discard(self, *, campaign_id: int, attempt_id: int | None = None) -> None:
         """Drop the uploads of one ended attempt, or of every attempt of the campaign."""
-        folder = self.staging_dir(campaign_id, attempt_id) if attempt_id is not None else (
-            self.realizations_dir(campaign_id) / ".staging")
+        folder = (
+            self.staging_dir(campaign_id, attempt_id)
+            if attempt_id is not None
+            else (self.realizations_dir(campaign_id) / ".staging")
+        )
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,4 +1,5 @@
 """Worker registration and lookup."""
+
 from __future__ import annotations
 
 from sqlalchemy import select
@@ -17,8 +18,13 @@ def register_worker(*, session: Session, principal: Principal, registration: Wor
     worker = session.scalar(select(Worker).where(Worker.name == registration.name).with_for_update())
     now = utcnow()
     if worker is None:
-        worker = Worker(name=registration.name, registered_at=now, site=registration.site, host=registration.host,
-                        capacity=registration.capacity)
+        worker = Worker(
+            name=registration.name,
+            registered_at=now,
+            site=registration.site,
+            host=registration.host,
+            capacity=registration.capacity,
+        )
         session.add(worker)
     worker.site = registration.site
     worker.host = registration.host
@@ -26,8 +32,12 @@ def register_worker(*, session: Session, principal: Principal, registration: Wor
     worker.token_id = principal.token_id
     worker.last_heartbeat_at = now
     session.flush()
-    record_event(session, "worker", state="registered", data={"worker": worker.name, "site": worker.site,
-                                                              "host": worker.host, "capacity": worker.capacity})
+    record_event(
+        session,
+        "worker",
+        state="registered",
+        data={"worker": worker.name, "site": worker.site, "host": worker.host, "capacity": worker.capacity},
+    )
     session.commit()
     return worker
 
@@ -43,8 +53,15 @@ def worker_for(*, session: Session, principal: Principal, worker_id: int, lock: 
 
 
 def worker_info(worker: Worker) -> WorkerInfo:
-    return WorkerInfo(id=worker.id, name=worker.name, site=worker.site, host=worker.host, capacity=worker.capacity,
-                      registered_at=worker.registered_at, last_heartbeat_at=worker.last_heartbeat_at)
+    return WorkerInfo(
+        id=worker.id,
+        name=worker.name,
+        site=worker.site,
+        host=worker.host,
+        capacity=worker.capacity,
+        registered_at=worker.registered_at,
+        last_heartbeat_at=worker.last_heartbeat_at,
+    )
 
 
 def list_workers(*, session: Session) -> list[WorkerInfo]:

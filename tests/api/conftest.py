@@ -5,6 +5,7 @@ body limit...); ``api`` is one with the defaults. Each has tokens for two users
 (alice, bob) and a worker token for each. The reaper is left to the test
 (``api.reap()``), so nothing happens behind a test's back.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -69,8 +70,9 @@ class Api:
     # ------------------------------------------------------------------ worker steps
 
     def register(self, name: str = "w1", site: str = "local", token: str | None = None, capacity: int = 4) -> int:
-        answer = self.wpost("/workers", token, json={"name": name, "site": site, "host": f"{name}.example",
-                                                     "capacity": capacity})
+        answer = self.wpost(
+            "/workers", token, json={"name": name, "site": site, "host": f"{name}.example", "capacity": capacity}
+        )
         assert answer.status_code == 200, answer.text
         return answer.json()["id"]
 
@@ -80,8 +82,11 @@ class Api:
         return answer.json()["tasks"]
 
     def plan_built(self, task_id: str, token: str | None = None, path: str = "/plans/p.h5"):
-        return self.wpost(f"/tasks/{task_id}/plan-built", token,
-                          json={"path": path, "checksum": "sha256:abc", "size_bytes": 123, "build_time_s": 0.5})
+        return self.wpost(
+            f"/tasks/{task_id}/plan-built",
+            token,
+            json={"path": path, "checksum": "sha256:abc", "size_bytes": 123, "build_time_s": 0.5},
+        )
 
     def build_plan(self, worker_id: int, token: str | None = None) -> dict[str, Any]:
         """Claim one task, which must be a plan build, and report the plan built; return the task."""
@@ -91,8 +96,11 @@ class Api:
         return tasks[0]
 
     def fail(self, task_id: str, failure_class: str = "app_error", exit_code: int | None = 1, token: str | None = None):
-        return self.wpost(f"/tasks/{task_id}/failed", token,
-                          json={"failure_class": failure_class, "exit_code": exit_code, "log_tail": "Traceback: boom"})
+        return self.wpost(
+            f"/tasks/{task_id}/failed",
+            token,
+            json={"failure_class": failure_class, "exit_code": exit_code, "log_tail": "Traceback: boom"},
+        )
 
     def succeed(self, task: dict[str, Any], products: list[dict[str, Any]] | None = None, token: str | None = None):
         from tests.support.service_helpers import result_for
@@ -109,8 +117,13 @@ def make_api(database_url: str, tmp_path: Path) -> Iterator[Callable[..., Api]]:
     clients: list[TestClient] = []
 
     def make(configure: Callable[[FastAPI], None] | None = None, **overrides: Any) -> Api:
-        settings = Settings(data_dir=tmp_path / f"data-{len(clients)}", database_url=database_url,
-                            reaper_interval_s=3_600, auto_migrate=False, **overrides)
+        settings = Settings(
+            data_dir=tmp_path / f"data-{len(clients)}",
+            database_url=database_url,
+            reaper_interval_s=3_600,
+            auto_migrate=False,
+            **overrides,
+        )
         app = create_app(settings)
         if configure is not None:
             configure(app)

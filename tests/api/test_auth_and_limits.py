@@ -1,4 +1,5 @@
 """Tokens, ownership, token kinds, body limits, the catch-all error, health, metrics, OpenAPI."""
+
 from __future__ import annotations
 
 from fastapi import FastAPI
@@ -6,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from service.auth.models import ApiToken
-from tests.support.service_helpers import auth, spec_data
+from tests.support.service_helpers import spec_data
 
 
 def test_tokens_are_required_and_stored_hashed(api):
@@ -21,10 +22,15 @@ def test_tokens_are_required_and_stored_hashed(api):
 def test_users_see_only_their_own_campaigns(api):
     campaign = api.create(realizations=2)
     cid = campaign["id"]
-    for method, path in [("GET", f"/campaigns/{cid}"), ("POST", f"/campaigns/{cid}/cancel"),
-                         ("POST", f"/campaigns/{cid}/retry"), ("DELETE", f"/campaigns/{cid}"),
-                         ("GET", f"/campaigns/{cid}/realizations"), ("GET", f"/campaigns/{cid}/realizations/0"),
-                         ("GET", f"/events/log?campaign_id={cid}")]:
+    for method, path in [
+        ("GET", f"/campaigns/{cid}"),
+        ("POST", f"/campaigns/{cid}/cancel"),
+        ("POST", f"/campaigns/{cid}/retry"),
+        ("DELETE", f"/campaigns/{cid}"),
+        ("GET", f"/campaigns/{cid}/realizations"),
+        ("GET", f"/campaigns/{cid}/realizations/0"),
+        ("GET", f"/events/log?campaign_id={cid}"),
+    ]:
         answer = api.request(method, path, api.bob)
         assert answer.status_code == 404, (method, path, answer.text)
     assert api.get("/campaigns", api.bob).json()["items"] == []
@@ -34,14 +40,22 @@ def test_users_see_only_their_own_campaigns(api):
 def test_token_kinds_reach_only_their_endpoints(api):
     campaign = api.create(realizations=1)
     worker = api.register()
-    for method, path in [("GET", "/campaigns"), ("POST", "/campaigns"), ("GET", f"/campaigns/{campaign['id']}"),
-                         ("GET", "/plans"), ("GET", "/workers"), ("GET", "/events/log")]:
+    for method, path in [
+        ("GET", "/campaigns"),
+        ("POST", "/campaigns"),
+        ("GET", f"/campaigns/{campaign['id']}"),
+        ("GET", "/plans"),
+        ("GET", "/workers"),
+        ("GET", "/events/log"),
+    ]:
         assert api.request(method, path, api.alice_worker, json=spec_data()).status_code == 403, path
-    for method, path, body in [("POST", "/workers", {"name": "x", "site": "s", "host": "h"}),
-                               ("POST", f"/workers/{worker}/claim", {}),
-                               ("POST", f"/workers/{worker}/heartbeat", {}),
-                               ("POST", "/tasks/realize-1/started", {}),
-                               ("POST", "/tasks/realize-1/failed", {"failure_class": "oom"})]:
+    for method, path, body in [
+        ("POST", "/workers", {"name": "x", "site": "s", "host": "h"}),
+        ("POST", f"/workers/{worker}/claim", {}),
+        ("POST", f"/workers/{worker}/heartbeat", {}),
+        ("POST", "/tasks/realize-1/started", {}),
+        ("POST", "/tasks/realize-1/failed", {"failure_class": "oom"}),
+    ]:
         answer = api.request(method, path, api.alice, json=body)
         assert answer.status_code == 403 and answer.json()["code"] == "wrong_token_kind", path
     # A worker id belongs to the token that registered it.
@@ -79,8 +93,11 @@ def test_unexpected_errors_answer_a_plain_500(make_api):
 
 
 def test_health_metrics_and_openapi(api):
-    assert api.client.get("/healthz").json() == {"status": "ok", "database": api.database.dialect,
-                                                 "schema_revision": "0001"}
+    assert api.client.get("/healthz").json() == {
+        "status": "ok",
+        "database": api.database.dialect,
+        "schema_revision": "0001",
+    }
     api.create(realizations=3)
     worker = api.register()
     api.build_plan(worker)

@@ -1,4 +1,5 @@
 """Campaigns over the REST API: create (idempotent), list, read with progress, cancel, retry, delete."""
+
 from __future__ import annotations
 
 from sqlalchemy import func, select
@@ -144,8 +145,9 @@ def test_realisations_paginated_filtered_and_progress(api):
         assert api.succeed(task).status_code == 200
     pages, cursor = [], None
     while True:
-        answer = api.get(f"/campaigns/{campaign['id']}/realizations",
-                         params={"limit": 5, **({"cursor": cursor} if cursor else {})}).json()
+        answer = api.get(
+            f"/campaigns/{campaign['id']}/realizations", params={"limit": 5, **({"cursor": cursor} if cursor else {})}
+        ).json()
         pages.append([item["index"] for item in answer["items"]])
         cursor = answer["next_cursor"]
         if not cursor:

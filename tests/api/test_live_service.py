@@ -1,4 +1,5 @@
 """A real ``mapcampaign serve`` subprocess: embedded tokens, SSE, the background reaper, concurrent claims."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,6 @@ import stat
 import subprocess
 import sys
 import time
-
 from collections.abc import Iterator
 
 import httpx
@@ -38,8 +38,9 @@ def build_plan(client: httpx.Client) -> int:
     worker = client.post("/workers", json={"name": "builder", "site": "local", "host": "h"}).json()["id"]
     task = client.post(f"/workers/{worker}/claim", json={"max_tasks": 1}).json()["tasks"][0]
     assert task["kind"] == "preprocess"
-    built = client.post(f"/tasks/{task['task_id']}/plan-built",
-                        json={"path": "/p", "checksum": "c", "size_bytes": 1, "build_time_s": 1})
+    built = client.post(
+        f"/tasks/{task['task_id']}/plan-built", json={"path": "/p", "checksum": "c", "size_bytes": 1, "build_time_s": 1}
+    )
     assert built.status_code == 200
     return worker
 
@@ -76,12 +77,16 @@ def test_sse_stream_delivers_events_and_resumes(live_service):
             campaign = user.post("/campaigns", json=spec_data(realizations=2)).json()
             user.post(f"/campaigns/{campaign['id']}/cancel", json={"reason": "test"})
             first, second = read_events(lines, 2)
-        assert (first["event"], first["data"]["state"], first["data"]["campaign_id"]) == ("campaign", "queued",
-                                                                                           campaign["id"])
+        assert (first["event"], first["data"]["state"], first["data"]["campaign_id"]) == (
+            "campaign",
+            "queued",
+            campaign["id"],
+        )
         assert int(second["id"]) > int(first["id"])
         # Resume after the first event: the second comes first.
-        with user.stream("GET", "/events", params={"campaign_id": campaign["id"]},
-                         headers={"Last-Event-ID": first["id"]}) as resumed:
+        with user.stream(
+            "GET", "/events", params={"campaign_id": campaign["id"]}, headers={"Last-Event-ID": first["id"]}
+        ) as resumed:
             assert read_events(resumed.iter_lines(), 1)[0]["id"] == second["id"]
         log = user.get("/events/log", params={"after": 0, "campaign_id": campaign["id"]}).json()
         assert [event["id"] for event in log][:2] == [int(first["id"]), int(second["id"])]
@@ -110,9 +115,20 @@ def test_concurrent_claims_hand_out_each_realisation_once(live_service, tmp_path
         build_plan(w)
     outputs = [tmp_path / f"claims-{n}.jsonl" for n in range(claimers)]
     processes = [
-        subprocess.Popen([sys.executable, "-m", "tests.support.claimer", live_service.api_url,
-                          live_service.worker_token, f"claimer-{n}", str(outputs[n]), str(n)], cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.claimer",
+                live_service.api_url,
+                live_service.worker_token,
+                f"claimer-{n}",
+                str(outputs[n]),
+                str(n),
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         for n in range(claimers)
     ]
     for process in processes:

@@ -1,4 +1,5 @@
 """Migrations build the schema from nothing; the service refuses a database that is not at the latest revision."""
+
 from __future__ import annotations
 
 import subprocess
@@ -39,9 +40,19 @@ def test_migrations_build_the_schema_from_scratch(empty_database):
     try:
         assert check_schema(engine) == ",".join(sorted(head_revisions()))
         assert set(inspect(engine).get_table_names()) >= {
-            "users", "api_tokens", "campaigns", "realizations", "attempts", "preprocessing_plans", "workers", "events"}
+            "users",
+            "api_tokens",
+            "campaigns",
+            "realizations",
+            "attempts",
+            "preprocessing_plans",
+            "workers",
+            "events",
+        }
         with engine.connect() as connection:
-            differences = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}), metadata)
+            differences = compare_metadata(
+                MigrationContext.configure(connection, opts={"compare_type": True}), metadata
+            )
         assert differences == [], "the models and the migrations disagree: add a migration"
         upgrade(empty_database)  # a second upgrade is a no-op
     finally:
@@ -57,11 +68,14 @@ def test_service_refuses_an_unmigrated_database(empty_database, tmp_path):
     refused = subprocess.run(mapcampaign_command("serve"), env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1
     assert "never migrated" in refused.stderr and "Run: mapcampaign db upgrade" in refused.stderr
-    token = subprocess.run(mapcampaign_command("token", "create", "--user", "x"), env=env, capture_output=True,
-                           text=True, timeout=60)
+    token = subprocess.run(
+        mapcampaign_command("token", "create", "--user", "x"), env=env, capture_output=True, text=True, timeout=60
+    )
     assert token.returncode == 1 and "mapcampaign db upgrade" in token.stderr
     assert subprocess.run(mapcampaign_command("db", "check"), env=env, capture_output=True, timeout=60).returncode == 1
-    migrated = subprocess.run(mapcampaign_command("db", "upgrade"), env=env, capture_output=True, text=True, timeout=120)
+    migrated = subprocess.run(
+        mapcampaign_command("db", "upgrade"), env=env, capture_output=True, text=True, timeout=120
+    )
     assert migrated.returncode == 0, migrated.stderr
     assert subprocess.run(mapcampaign_command("db", "check"), env=env, capture_output=True, timeout=60).returncode == 0
 

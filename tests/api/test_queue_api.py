@@ -1,4 +1,5 @@
 """The queue over the REST API: claim order, plan builds, leases, attempts, results, artifacts."""
+
 from __future__ import annotations
 
 import time
@@ -18,7 +19,13 @@ def test_claim_order_priority_then_age_then_index(api):
     worker = api.register()
     api.build_plan(worker)  # one plan: every campaign has the demo scan and ranks
     order = [(task["campaign_id"], task["realization"]) for task in api.claim(worker, max_tasks=10)]
-    assert order == [(older_high["id"], 0), (older_high["id"], 1), (newer_high["id"], 0), (low["id"], 0), (low["id"], 1)]
+    assert order == [
+        (older_high["id"], 0),
+        (older_high["id"], 1),
+        (newer_high["id"], 0),
+        (low["id"], 0),
+        (low["id"], 1),
+    ]
     assert api.claim(worker) == []
     assert api.campaign(low["id"])["state"] == "running"
 
@@ -50,7 +57,10 @@ def test_plan_built_once_per_scan_key_ranks_site_and_shared(api):
 
     plans = api.get("/plans").json()["items"]
     assert sorted((p["ranks"], p["site"], p["state"]) for p in plans) == [
-        (2, "local", "ready"), (2, "nersc", "building"), (4, "local", "building")]
+        (2, "local", "ready"),
+        (2, "nersc", "building"),
+        (4, "local", "building"),
+    ]
     ready = api.get(f"/plans/{shared['plan_id']}").json()
     assert ready["uses"] == 4 and ready["build_attempts"] == 1 and ready["path"] == "/plans/p.h5"
     assert api.get("/plans", params={"site": "nersc"}).json()["items"][0]["lease_holder"] == "remote"
@@ -67,8 +77,10 @@ def test_failed_build_is_retried_then_campaigns_fail_with_the_cause(make_api):
     second = api.claim(worker)[0]
     assert second["kind"] == "preprocess" and second["plan_id"] == first["plan_id"]
     assert second["task_id"] != first["task_id"]
-    answer = api.wpost(f"/tasks/{second['task_id']}/failed",
-                       json={"failure_class": "oom", "exit_code": 137, "message": "plan build ran out of memory"})
+    answer = api.wpost(
+        f"/tasks/{second['task_id']}/failed",
+        json={"failure_class": "oom", "exit_code": 137, "message": "plan build ran out of memory"},
+    )
     assert answer.status_code == 200
     for campaign in (one, two):
         failed = api.campaign(campaign["id"])
@@ -90,15 +102,23 @@ def test_expired_lease_requeues_as_lost_worker(make_api):
     worker = api.register()
     api.build_plan(worker)
     task = api.claim(worker)[0]
-    assert api.wpost(f"/tasks/{task['task_id']}/started", json={"host": "node7", "scheduler_job_id": "123"}).json()[
-        "state"] == "running"
+    assert (
+        api.wpost(f"/tasks/{task['task_id']}/started", json={"host": "node7", "scheduler_job_id": "123"}).json()[
+            "state"
+        ]
+        == "running"
+    )
     time.sleep(0.3)
     assert api.reap().realizations == 1
     assert api.reap().realizations == 0  # handled once
     realization = api.realization(campaign["id"], 0)
     assert realization["state"] == "queued" and realization["lease_holder"] is None
     attempt = realization["attempt_history"][0]
-    assert attempt["failure_class"] == "lost_worker" and attempt["host"] == "node7" and attempt["scheduler_job_id"] == "123"
+    assert (
+        attempt["failure_class"] == "lost_worker"
+        and attempt["host"] == "node7"
+        and attempt["scheduler_job_id"] == "123"
+    )
     assert api.succeed(task).status_code == 409  # the late report changes nothing
     assert api.fail(task["task_id"]).status_code == 409
     beat = api.wpost(f"/workers/{worker}/heartbeat", json={"running": [task["task_id"]]}).json()
@@ -121,7 +141,8 @@ def test_heartbeat_extends_leases(api):
     assert after == beat["lease_expires_at"] and after >= before
     other = api.register("w2")
     assert api.wpost(f"/workers/{other}/heartbeat", json={"running": [task["task_id"]]}).json()["lost"] == [
-        task["task_id"]]
+        task["task_id"]
+    ]
     assert api.wpost(f"/workers/{worker}/heartbeat", json={"running": ["bogus"]}).json()["lost"] == ["bogus"]
     assert api.wpost(f"/workers/{other}/heartbeat", api.bob_worker, json={"running": []}).status_code == 403
 
@@ -180,8 +201,13 @@ def test_result_accepted_once_and_late_duplicate_refused(api):
     assert api.succeed(other, token=api.bob_worker).status_code == 403
     assert api.wpost("/tasks/realize-999999/started").status_code == 404
     assert api.wpost("/tasks/nonsense/started").status_code == 404
-    assert api.wpost(f"/tasks/{other['task_id']}/plan-built",
-                     json={"path": "p", "checksum": "c", "size_bytes": 1, "build_time_s": 1}).status_code == 422
+    assert (
+        api.wpost(
+            f"/tasks/{other['task_id']}/plan-built",
+            json={"path": "p", "checksum": "c", "size_bytes": 1, "build_time_s": 1},
+        ).status_code
+        == 422
+    )
 
 
 def test_artifacts_staged_checked_and_moved_into_place(make_api):
@@ -197,8 +223,13 @@ def test_artifacts_staged_checked_and_moved_into_place(make_api):
         url = f"/tasks/{task['task_id']}/artifacts"
 
         def put(name, payload, digest=None, token=None):
-            return api.request("PUT", f"{url}/{name}", token or api.alice_worker, content=payload,
-                               headers={"X-Content-SHA256": digest or sha256(payload)})
+            return api.request(
+                "PUT",
+                f"{url}/{name}",
+                token or api.alice_worker,
+                content=payload,
+                headers={"X-Content-SHA256": digest or sha256(payload)},
+            )
 
         assert put("iqu.fits", maps).status_code == 201
         assert put("hits.fits", hits, digest="0" * 64).status_code == 422
@@ -247,8 +278,13 @@ def test_uploads_of_a_failed_attempt_are_discarded(api):
     api.build_plan(worker)
     task = api.claim(worker)[0]
     payload = b"partial map"
-    upload = api.request("PUT", f"/tasks/{task['task_id']}/artifacts/iqu.fits", api.alice_worker, content=payload,
-                         headers={"X-Content-SHA256": sha256(payload)})
+    upload = api.request(
+        "PUT",
+        f"/tasks/{task['task_id']}/artifacts/iqu.fits",
+        api.alice_worker,
+        content=payload,
+        headers={"X-Content-SHA256": sha256(payload)},
+    )
     assert upload.status_code == 201
     staging = api.settings.products_dir / str(campaign["id"]) / "realizations" / ".staging"
     assert any(staging.iterdir())

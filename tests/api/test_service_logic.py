@@ -1,4 +1,5 @@
 """Service functions on the real databases, each test inside a transaction rolled back at its end."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -36,26 +37,33 @@ def session(database_url: str) -> Iterator[Session]:
 def make_campaign(session: Session, owner: str = "alice", **changes) -> Campaign:
     create_token(session=session, user_name=owner, kind="user")
     owner_id = session.scalar(select(User.id).where(User.name == owner))
-    campaign, created = create_campaign(session=session, owner_id=owner_id,
-                                        spec=CampaignSpec.model_validate(spec_data(**changes)))
+    campaign, created = create_campaign(
+        session=session, owner_id=owner_id, spec=CampaignSpec.model_validate(spec_data(**changes))
+    )
     assert created
     return campaign
 
 
 def set_states(session: Session, campaign: Campaign, states: list[str]) -> None:
     for index, state in enumerate(states):
-        session.execute(update(Realization).where(Realization.campaign_id == campaign.id, Realization.index == index)
-                        .values(state=state))
+        session.execute(
+            update(Realization)
+            .where(Realization.campaign_id == campaign.id, Realization.index == index)
+            .values(state=state)
+        )
 
 
-@pytest.mark.parametrize("states, expected", [
-    (["queued", "queued", "queued"], "queued"),
-    (["claimed", "queued", "queued"], "running"),
-    (["succeeded", "queued", "queued"], "running"),
-    (["succeeded", "succeeded", "succeeded"], "succeeded"),
-    (["succeeded", "failed", "succeeded"], "failed"),
-    (["succeeded", "running", "failed"], "running"),
-])
+@pytest.mark.parametrize(
+    "states, expected",
+    [
+        (["queued", "queued", "queued"], "queued"),
+        (["claimed", "queued", "queued"], "running"),
+        (["succeeded", "queued", "queued"], "running"),
+        (["succeeded", "succeeded", "succeeded"], "succeeded"),
+        (["succeeded", "failed", "succeeded"], "failed"),
+        (["succeeded", "running", "failed"], "running"),
+    ],
+)
 def test_campaign_state_follows_its_realisations(session, states, expected):
     campaign = make_campaign(session, realizations=3)
     set_states(session, campaign, states)

@@ -3,6 +3,7 @@
 Registers as worker NAME, claims until the queue stays empty, and writes the
 claimed tasks to OUT as JSON lines (task id, campaign id, realisation index).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,17 @@ def main() -> None:
                 tasks = answer.json()["tasks"]
                 empty = 0 if tasks else empty + 1
                 for task in tasks:
-                    handle.write(json.dumps({"task_id": task["task_id"], "kind": task["kind"],
-                                             "campaign_id": task.get("campaign_id"),
-                                             "realization": task.get("realization")}) + "\n")
+                    handle.write(
+                        json.dumps(
+                            {
+                                "task_id": task["task_id"],
+                                "kind": task["kind"],
+                                "campaign_id": task.get("campaign_id"),
+                                "realization": task.get("realization"),
+                            }
+                        )
+                        + "\n"
+                    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 PostgreSQL runs at 127.0.0.1:5432 with trust auth (user postgres). A test that
 needs it and cannot reach it fails; it never skips.
 """
+
 from __future__ import annotations
 
 import os

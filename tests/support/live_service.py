@@ -15,6 +15,7 @@ both databases). ``service.url`` is the root (``/healthz``, ``/metrics``);
 ``service.api_url`` ends in ``/api/v1``; ``service.env`` holds the
 ``MAPCAMPAIGN_*`` variables a worker or CLI subprocess needs to reach it.
 """
+
 from __future__ import annotations
 
 import os
@@ -65,8 +66,9 @@ class LiveService:
         return httpx.Client(base_url=self.api_url, headers=headers, timeout=timeout)
 
     def run_cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(mapcampaign_command(*args), env=self.env, capture_output=True, text=True, check=check,
-                              timeout=120)
+        return subprocess.run(
+            mapcampaign_command(*args), env=self.env, capture_output=True, text=True, check=check, timeout=120
+        )
 
     def create_token(self, user: str, *, worker: bool = False) -> str:
         """A new token made with ``mapcampaign token create`` against the service's database."""
@@ -91,8 +93,14 @@ class LiveService:
 
 def service_env(data_dir: Path, port: int, database_url: str | None, extra: dict[str, str] | None) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("MAPCAMPAIGN_")}
-    env.update({"MAPCAMPAIGN_DATA_DIR": str(data_dir), "MAPCAMPAIGN_HOST": "127.0.0.1",
-                "MAPCAMPAIGN_PORT": str(port), "MAPCAMPAIGN_LOG_LEVEL": "warning"})
+    env.update(
+        {
+            "MAPCAMPAIGN_DATA_DIR": str(data_dir),
+            "MAPCAMPAIGN_HOST": "127.0.0.1",
+            "MAPCAMPAIGN_PORT": str(port),
+            "MAPCAMPAIGN_LOG_LEVEL": "warning",
+        }
+    )
     if database_url is not None:
         env["MAPCAMPAIGN_DATABASE_URL"] = database_url
     env.update(extra or {})
@@ -113,10 +121,14 @@ def start_live_service(
     environment = service_env(data_dir, port, database_url, env)
     user_token = worker_token = ""
     if database_url is not None:
-        for args in (["db", "upgrade"], ["token", "create", "--user", "local"],
-                     ["token", "create", "--user", "local", "--worker"]):
-            done = subprocess.run(mapcampaign_command(*args), env=environment, capture_output=True, text=True,
-                                  timeout=120)
+        for args in (
+            ["db", "upgrade"],
+            ["token", "create", "--user", "local"],
+            ["token", "create", "--user", "local", "--worker"],
+        ):
+            done = subprocess.run(
+                mapcampaign_command(*args), env=environment, capture_output=True, text=True, timeout=120
+            )
             if done.returncode != 0:
                 raise RuntimeError(f"mapcampaign {' '.join(args)} failed: {done.stderr}")
             if args[0] == "token":
@@ -126,12 +138,26 @@ def start_live_service(
                     user_token = done.stdout.strip()
     log_path = data_dir / f"serve-{port}.log"
     log_file = open(log_path, "wb")
-    process = subprocess.Popen(mapcampaign_command("serve"), env=environment, stdout=log_file,
-                               stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    process = subprocess.Popen(
+        mapcampaign_command("serve"),
+        env=environment,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        start_new_session=True,
+    )
     log_file.close()
     url = f"http://127.0.0.1:{port}"
-    service = LiveService(url=url, data_dir=data_dir, database_url=database_url, user_token=user_token,
-                          worker_token=worker_token, env=environment, process=process, log_path=log_path)
+    service = LiveService(
+        url=url,
+        data_dir=data_dir,
+        database_url=database_url,
+        user_token=user_token,
+        worker_token=worker_token,
+        env=environment,
+        process=process,
+        log_path=log_path,
+    )
     deadline = time.monotonic() + startup_timeout
     while True:
         if process.poll() is not None:

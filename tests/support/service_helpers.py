@@ -1,4 +1,5 @@
 """Small builders for service tests: specs, results, and the worker steps."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,11 +40,20 @@ def result_for(spec: dict[str, Any], index: int, products: list[dict[str, Any]] 
         "iterations": 3,
         "converged": True,
         "residual_history": [1.0, 1e-3, 1e-7],
-        "timing": {"calc": {"max": 1.0, "mean": 0.9}, "comm": {"max": 0.1, "mean": 0.1},
-                   "io": {"max": 0.0, "mean": 0.0}, "total": 1.2},
-        "communication": {"strategy": "alltoallv", "requested": "auto", "bytes_per_iteration": {"max": 10, "mean": 8},
-                          "messages_per_iteration": {"max": 1, "mean": 1}, "reductions": 4,
-                          "bytes_counted": "payload bytes sent"},
+        "timing": {
+            "calc": {"max": 1.0, "mean": 0.9},
+            "comm": {"max": 0.1, "mean": 0.1},
+            "io": {"max": 0.0, "mean": 0.0},
+            "total": 1.2,
+        },
+        "communication": {
+            "strategy": "alltoallv",
+            "requested": "auto",
+            "bytes_per_iteration": {"max": 10, "mean": 8},
+            "messages_per_iteration": {"max": 1, "mean": 1},
+            "reductions": 4,
+            "bytes_counted": "payload bytes sent",
+        },
         "peak_memory_mb": {"max": 100.0, "mean": 90.0},
         "rng_scheme": "philox(seed, realization, detector, interval)",
         "versions": {"mapmaker": "0.1.0"},
@@ -52,8 +62,12 @@ def result_for(spec: dict[str, Any], index: int, products: list[dict[str, Any]] 
 
 
 def product(name: str, payload: bytes) -> dict[str, Any]:
-    return {"name": name.split(".")[0], "path": name, "sha256": hashlib.sha256(payload).hexdigest(),
-            "size_bytes": len(payload)}
+    return {
+        "name": name.split(".")[0],
+        "path": name,
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "size_bytes": len(payload),
+    }
 
 
 def sha256(payload: bytes) -> str:
