@@ -1,0 +1,110 @@
+"""Benchmark of the campaign service through its real HTTP API (a live ``mapcampaign serve``).
+
+    .venv/bin/python benchmarks/bench_service.py --database postgresql
+    .venv/bin/python benchmarks/bench_service.py --database sqlite --realizations 10000 --claimers 4
+
+Prints:
+  * p50/p99 latency of campaign status reads (GET /campaigns/{id}: counts per state,
+    throughput, ETA) on a campaign of N realisations, all queued and then all claimed;
+  * claims per second: several claiming processes (max_tasks=1, one realisation per
+    request) draining the N realisations, each handed out once (checked).
+
+PostgreSQL: a fresh database on 127.0.0.1:5432 (user postgres), dropped at the end.
+Figures include the Python HTTP client; one machine runs client and server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.databases import create_pg_database, drop_pg_database  # noqa: E402
+from tests.support.live_service import start_live_service  # noqa: E402
+from tests.support.service_helpers import spec_data  # noqa: E402
+
+
+def claimer(args: tuple[str, str, str]) -> list[int]:
+    api_url, token, name = args
+    claimed: list[int] = []
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+        worker = client.post("/workers", json={"name": name, "site": "local", "host": name}).json()["id"]
+        while True:
+            tasks = client.post(f"/workers/{worker}/claim", json={"max_tasks": 1}).json()["tasks"]
+            if not tasks:
+                return claimed
+            claimed += [task["realization"] for task in tasks]
+
+
+def read_latencies(client: httpx.Client, campaign_id: int, reads: int) -> tuple[float, float]:
+    times = []
+    for _ in range(reads):
+        start = time.perf_counter()
+        answer = client.get(f"/campaigns/{campaign_id}")
+        times.append(time.perf_counter() - start)
+        answer.raise_for_status()
+    times.sort()
+    return statistics.median(times) * 1e3, times[min(len(times) - 1, int(0.99 * len(times)))] * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database", choices=["postgresql", "sqlite"], default="postgresql")
+    parser.add_argument("--realizations", type=int, default=10_000)
+    parser.add_argument("--claimers", type=int, default=4)
+    parser.add_argument("--reads", type=int, default=500)
+    options = parser.parse_args()
+
+    pg_url = create_pg_database("mapcampaign_bench") if options.database == "postgresql" else None
+    with tempfile.TemporaryDirectory(prefix="mapcampaign-bench-") as folder:
+        service = start_live_service(Path(folder) / "service", pg_url)
+        try:
+            with service.client(service.user_token) as user, service.client(service.worker_token) as worker:
+                start = time.perf_counter()
+                campaign = user.post("/campaigns", json=spec_data(realizations=options.realizations)).json()
+                create_s = time.perf_counter() - start
+                builder = worker.post("/workers", json={"name": "builder", "site": "local", "host": "h"}).json()["id"]
+                task = worker.post(f"/workers/{builder}/claim", json={"max_tasks": 1}).json()["tasks"][0]
+                worker.post(
+                    f"/tasks/{task['task_id']}/plan-built",
+                    json={"path": "/p", "checksum": "c", "size_bytes": 1, "build_time_s": 1},
+                ).raise_for_status()
+                user.get(f"/campaigns/{campaign['id']}")  # warm up
+                queued = read_latencies(user, campaign["id"], options.reads)
+
+                start = time.perf_counter()
+                with multiprocessing.get_context("spawn").Pool(options.claimers) as pool:
+                    results = pool.map(
+                        claimer,
+                        [(service.api_url, service.worker_token, f"bench-{n}") for n in range(options.claimers)],
+                    )
+                claim_s = time.perf_counter() - start
+                handed_out = [index for result in results for index in result]
+                assert sorted(handed_out) == list(range(options.realizations)), "a realisation was handed out twice"
+                claimed = read_latencies(user, campaign["id"], options.reads)
+        finally:
+            service.stop()
+            if pg_url:
+                drop_pg_database(pg_url)
+
+    print(f"database: {options.database}; realisations: {options.realizations}; claimers: {options.claimers}")
+    print(f"create campaign ({options.realizations} realisations): {create_s * 1e3:.0f} ms")
+    print(f"status read, all queued:  p50 {queued[0]:.1f} ms  p99 {queued[1]:.1f} ms  ({options.reads} reads)")
+    print(f"status read, all claimed: p50 {claimed[0]:.1f} ms  p99 {claimed[1]:.1f} ms  ({options.reads} reads)")
+    print(
+        f"claims: {len(handed_out)} in {claim_s:.1f} s = {len(handed_out) / claim_s:.0f} claims/s "
+        f"({options.claimers} processes, 1 realisation per claim, each handed out once)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""Messages of the service's REST API (``/api/v1``): the contract the worker and the CLI import.
+
+Two families:
+
+* what users read and write: campaigns, realisations, attempts, plans, events;
+* the worker protocol: register, claim (which hands out :data:`Task` values),
+  heartbeat, and the reports a worker makes about a task it holds.
+
+Times are timezone-aware UTC datetimes; durations are seconds; sizes are bytes.
+
+Task ids are strings the service makes: ``realize-<attempt id>`` for a
+realisation attempt and ``preprocess-<plan id>-<build number>`` for one
+build of an overlap plan. A worker passes them back verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.result import RealizationResult
+from schemas.spec import CampaignKind, CampaignSpec
+
+API_PREFIX = "/api/v1"
+
+CampaignState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+RealizationState = Literal["queued", "claimed", "running", "succeeded", "failed", "cancelled"]
+PlanState = Literal["building", "ready", "failed"]
+FailureClass = Literal["app_error", "walltime", "oom", "lost_worker", "launch_error", "cancelled"]
+TokenKind = Literal["user", "worker"]
+
+CAMPAIGN_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+REALIZATION_STATES: tuple[str, ...] = ("queued", "claimed", "running", "succeeded", "failed", "cancelled")
+UNFINISHED_REALIZATION_STATES: tuple[str, ...] = ("queued", "claimed", "running")
+FINISHED_CAMPAIGN_STATES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+FAILURE_CLASSES: tuple[str, ...] = ("app_error", "walltime", "oom", "lost_worker", "launch_error", "cancelled")
+
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+ARTIFACT_SHA256_HEADER = "X-Content-SHA256"
+MAX_LOG_TAIL_CHARS = 65_536
+
+# Site and worker names appear in paths, logs and web pages.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$"
+# A product file: one flat file name inside the realisation's product folder.
+ARTIFACT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$"
+_ARTIFACT_NAME = re.compile(ARTIFACT_NAME_PATTERN)
+
+
+def is_valid_artifact_name(name: str) -> bool:
+    return bool(_ARTIFACT_NAME.match(name)) and ".." not in name
+
+
+# --------------------------------------------------------------------------- task ids
+
+
+def realize_task_id(attempt_id: int) -> str:
+    return f"realize-{attempt_id}"
+
+
+def preprocess_task_id(plan_id: int, build_attempt: int) -> str:
+    return f"preprocess-{plan_id}-{build_attempt}"
+
+
+_TASK_ID = re.compile(r"^(?:realize-(\d{1,18})|preprocess-(\d{1,18})-(\d{1,9}))$")
+
+
+def parse_task_id(task_id: str) -> tuple[Literal["realize"], int, None] | tuple[Literal["preprocess"], int, int] | None:
+    """``("realize", attempt_id, None)``, ``("preprocess", plan_id, build_attempt)``, or None when malformed."""
+    match = _TASK_ID.match(task_id)
+    if not match:
+        return None
+    if match.group(1):
+        return ("realize", int(match.group(1)), None)
+    return ("preprocess", int(match.group(2)), int(match.group(3)))
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- errors, health
+
+
+class ErrorBody(ApiModel):
+    """Every 4xx/5xx answer except 422: a sentence for a person and a stable code for a program."""
+
+    detail: str
+    code: str
+
+
+class FieldProblem(ApiModel):
+    field: str = Field(description="Dotted location, e.g. body.focal_plane.detectors.0.name")
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ValidationErrorBody(ApiModel):
+    detail: list[FieldProblem]
+    code: Literal["invalid_request"] = "invalid_request"
+
+
+class Health(ApiModel):
+    status: Literal["ok", "unavailable"]
+    database: str
+    schema_revision: str | None = None
+
+
+# --------------------------------------------------------------------------- campaigns
+
+
+class CampaignSummary(ApiModel):
+    id: int
+    name: str
+    owner: str
+    kind: CampaignKind
+    state: CampaignState
+    priority: int
+    max_attempts: int
+    realizations: int
+    scan_key: str
+    spec_hash: str
+    ranks: int
+    created_at: datetime
+    finished_at: datetime | None = None
+    cancel_reason: str | None = None
+    failure_cause: str | None = None
+
+
+class CampaignProgress(ApiModel):
+    counts: dict[RealizationState, int] = Field(description="Realisations per state; every state is present")
+    done: int = Field(description="Realisations in a final state")
+    total: int
+    throughput_per_hour: float | None = Field(
+        None, description="Realisations finished per hour over the recent window; None before the first one"
+    )
+    eta_seconds: float | None = Field(None, description="Remaining / throughput; None when unknown or finished")
+
+
+class CampaignDetail(CampaignSummary):
+    spec: CampaignSpec
+    progress: CampaignProgress
+
+
+class CampaignPage(ApiModel):
+    items: list[CampaignSummary]
+    next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next page; None on the last page")
+
+
+class CancelRequest(ApiModel):
+    reason: str = Field("cancelled by the owner", max_length=1_000)
+
+
+class RetryAnswer(ApiModel):
+    requeued: int = Field(description="Failed realisations put back in the queue with a fresh attempt budget")
+    campaign: CampaignSummary
+
+
+# --------------------------------------------------------------------------- realisations and attempts
+
+
+class AttemptInfo(ApiModel):
+    id: int
+    task_id: str
+    number: int = Field(description="1, 2, ... over the life of the realisation (retries continue the count)")
+    worker: str | None
+    host: str | None
+    scheduler_job_id: str | None
+    claimed_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    exit_code: int | None
+    failure_class: FailureClass | None
+    log_tail: str | None
+
+
+class RealizationSummary(ApiModel):
+    index: int
+    state: RealizationState
+    attempts: int = Field(description="Attempts used from the current budget (max_attempts)")
+    lease_holder: str | None = None
+    lease_expires_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class RealizationDetail(RealizationSummary):
+    campaign_id: int
+    result: dict[str, Any] | None = None
+    attempt_history: list[AttemptInfo]
+
+
+class RealizationPage(ApiModel):
+    items: list[RealizationSummary]
+    next_cursor: str | None = None
+
+
+# --------------------------------------------------------------------------- preprocessing plans
+
+
+class PlanInfo(ApiModel):
+    id: int
+    scan_key: str
+    ranks: int
+    site: str
+    state: PlanState
+    path: str | None = None
+    checksum: str | None = None
+    build_time_s: float | None = None
+    size_bytes: int | None = None
+    uses: int = Field(description="Realisations that succeeded with this plan")
+    build_attempts: int = Field(description="Builds used from the current budget (max_plan_builds)")
+    last_error: str | None = None
+    lease_holder: str | None = None
+    lease_expires_at: datetime | None = None
+    created_at: datetime
+    ready_at: datetime | None = None
+
+
+class PlanPage(ApiModel):
+    items: list[PlanInfo]
+    next_cursor: str | None = None
+
+
+# --------------------------------------------------------------------------- workers
+
+
+class WorkerRegistration(ApiModel):
+    name: str = Field(pattern=NAME_PATTERN, description="Stable name of this worker; registering again updates it")
+    site: str = Field(pattern=NAME_PATTERN, description="Site whose preprocessing plans this worker can use")
+    host: str = Field(max_length=255)
+    capacity: int = Field(1, ge=1, le=100_000, description="Tasks the worker runs at once")
+
+    @field_validator("host")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("must not contain control characters")
+        return value
+
+
+class WorkerInfo(ApiModel):
+    id: int
+    name: str
+    site: str
+    host: str
+    capacity: int
+    registered_at: datetime
+    last_heartbeat_at: datetime | None
+
+
+class ClaimRequest(ApiModel):
+    max_tasks: int = Field(1, ge=1, le=1_000, description="Free slots: at most this many tasks are handed out")
+
+
+class PlanRef(ApiModel):
+    id: int
+    path: str
+    checksum: str
+
+
+class PreprocessTask(ApiModel):
+    """Build the overlap plan for (scan key, ranks) at this worker's site, then report plan-built or failed."""
+
+    kind: Literal["preprocess"] = "preprocess"
+    task_id: str
+    plan_id: int
+    build_attempt: int = Field(description="Build number of this plan, from 1; part of the task id")
+    scan_key: str
+    ranks: int
+    site: str
+    campaign_id: int = Field(description="A campaign that needs the plan; its spec fixes the pointing")
+    spec: CampaignSpec
+    lease_expires_at: datetime
+
+
+class RealizeTask(ApiModel):
+    """Run one realisation with the ready plan, upload its products, then report succeeded or failed."""
+
+    kind: Literal["realize"] = "realize"
+    task_id: str
+    attempt_id: int
+    campaign_id: int
+    realization: int
+    attempt: int = Field(description="Attempt number of this realisation, from 1")
+    spec: CampaignSpec
+    plan: PlanRef
+    lease_expires_at: datetime
+
+
+Task = Annotated[PreprocessTask | RealizeTask, Field(discriminator="kind")]
+
+
+class ClaimAnswer(ApiModel):
+    tasks: list[Task]
+
+
+class HeartbeatRequest(ApiModel):
+    running: list[str] = Field(default_factory=list, max_length=100_000, description="Task ids the worker holds")
+
+
+class HeartbeatAnswer(ApiModel):
+    lease_expires_at: datetime = Field(description="New expiry of every extended lease")
+    extended: list[str] = Field(description="Task ids whose lease was extended: keep running them")
+    cancel: list[str] = Field(description="Task ids to stop: their campaign was cancelled, failed or deleted")
+    lost: list[str] = Field(description="Task ids that are no longer this worker's (lease expired, reassigned)")
+
+
+class TaskStarted(ApiModel):
+    host: str | None = Field(None, max_length=255)
+    scheduler_job_id: str | None = Field(None, max_length=255)
+
+
+class TaskSucceeded(ApiModel):
+    """A realisation's result; every product it names must have been uploaded as an artifact first."""
+
+    result: RealizationResult
+
+
+class PlanBuilt(ApiModel):
+    path: str = Field(min_length=1, max_length=4_096, description="Where the plan file lives on the site")
+    checksum: str = Field(min_length=1, max_length=200)
+    size_bytes: int = Field(ge=0)
+    build_time_s: float = Field(ge=0)
+
+
+class TaskFailed(ApiModel):
+    failure_class: FailureClass
+    exit_code: int | None = None
+    log_tail: str = Field("", max_length=MAX_LOG_TAIL_CHARS)
+    message: str | None = Field(None, max_length=4_000, description="One line for people: what went wrong")
+
+
+class TaskAnswer(ApiModel):
+    """What a report changed."""
+
+    task_id: str
+    state: str = Field(description="State of the realisation or plan after the report")
+
+
+class ArtifactReceipt(ApiModel):
+    task_id: str
+    name: str
+    sha256: str
+    size_bytes: int
+
+
+# --------------------------------------------------------------------------- events
+
+
+class EventInfo(ApiModel):
+    """One state change. ``id`` increases monotonically; SSE clients resume with Last-Event-ID."""
+
+    id: int
+    kind: str = Field(description="campaign, realization, plan, worker or lease_expired")
+    state: str | None = None
+    campaign_id: int | None = None
+    realization: int | None = None
+    plan_id: int | None = None
+    created_at: datetime
+    data: dict[str, Any] = Field(default_factory=dict)

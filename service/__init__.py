@@ -1,0 +1,1 @@
+"""The campaign service: FastAPI app, database, queue, auth and the ``mapcampaign`` CLI."""

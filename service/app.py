@@ -1,0 +1,113 @@
+"""The FastAPI application: ``create_app()`` builds it from settings.
+
+Run it with ``mapcampaign serve`` (which migrates and checks first), or with
+``uvicorn --factory service.app:create_app``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from schemas.api import API_PREFIX, Health
+from service.campaigns.router import router as campaigns_router
+from service.config import Settings
+from service.db import Database
+from service.errors import install_error_handlers
+from service.events.router import router as events_router
+from service.limits import BodyLimitMiddleware
+from service.metrics import LatencyMiddleware, Metrics
+from service.migrate import current_revisions
+from service.queue.reaper import run_reaper
+from service.queue.router import router as plans_router
+from service.startup import ensure_local_tokens, prepare_database
+from service.workers.router import tasks_router, workers_router
+
+log = logging.getLogger("mapcampaign.service")
+
+VERSION = "0.1.0"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        database = Database(settings.effective_database_url, settings)
+        try:
+            revision = prepare_database(database, settings)  # refuses an unmigrated or outdated database
+            if settings.embedded:
+                ensure_local_tokens(database, settings)
+        except Exception:
+            database.dispose()
+            raise
+        metrics.watch_database(database)
+        app.state.database = database
+        stop = asyncio.Event()
+        reaper = asyncio.create_task(run_reaper(database, settings, stop), name="mapcampaign-reaper")
+        log.info(
+            "service ready: database %s at revision %s, reaper every %.1f s",
+            database.engine.url.render_as_string(hide_password=True),
+            revision,
+            settings.reaper_interval_s,
+        )
+        try:
+            yield
+        finally:
+            stop.set()
+            await reaper
+            database.dispose()
+
+    app = FastAPI(
+        title="MapCampaign",
+        version=VERSION,
+        summary="Monte Carlo CMB map-making campaigns: queue, workers, results",
+        lifespan=lifespan,
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url=f"{API_PREFIX}/docs",
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, settings=settings)
+    app.add_middleware(LatencyMiddleware, metrics=metrics)
+
+    api = APIRouter(prefix=API_PREFIX)
+    for router in (campaigns_router, plans_router, workers_router, tasks_router, events_router):
+        api.include_router(router)
+    app.include_router(api)
+
+    @app.get("/healthz", response_model=Health, tags=["operations"], responses={503: {"model": Health}})
+    def healthz(request: Request) -> JSONResponse:
+        database: Database = request.app.state.database
+        try:
+            with database.engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            revision = ",".join(sorted(current_revisions(database.engine))) or None
+            body, status = Health(status="ok", database=database.dialect, schema_revision=revision), 200
+        except Exception as error:  # the answer says unavailable; the log says why
+            log.warning("health check: database unreachable: %s", type(error).__name__)
+            body, status = Health(status="unavailable", database=database.dialect), 503
+        return JSONResponse(body.model_dump(mode="json"), status_code=status)
+
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+    )
+    async def prometheus_metrics() -> Response:
+        payload = await anyio.to_thread.run_sync(generate_latest, metrics.registry)
+        return Response(payload, media_type=CONTENT_TYPE_LATEST)
+
+    return app

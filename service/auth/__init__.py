@@ -1,0 +1,1 @@
+"""Users and bearer API tokens (stored hashed)."""

@@ -1,0 +1,1 @@
+"""Campaigns, their realisations and every attempt at each realisation."""

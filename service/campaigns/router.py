@@ -1,0 +1,153 @@
+"""HTTP for campaigns and realisations (user tokens; a user reaches only their own campaigns)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+
+from schemas.api import (
+    IDEMPOTENCY_KEY_HEADER,
+    CampaignDetail,
+    CampaignPage,
+    CampaignState,
+    CancelRequest,
+    ErrorBody,
+    RealizationDetail,
+    RealizationPage,
+    RealizationState,
+    RetryAnswer,
+)
+from schemas.spec import CampaignKind, CampaignSpec
+from service.campaigns import service
+from service.deps import CurrentUser, ReadSessionDep, SessionDep, SettingsDep
+from service.workers.artifacts import ArtifactStore
+
+router = APIRouter(
+    prefix="/campaigns",
+    tags=["campaigns"],
+    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+)
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias=IDEMPOTENCY_KEY_HEADER,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description="Retrying a POST with the same key and body returns the same campaign",
+    ),
+]
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=CampaignDetail,
+    responses={
+        200: {"model": CampaignDetail, "description": "Replay of an earlier request with this key"},
+        409: {"model": ErrorBody},
+    },
+)
+def create_campaign(
+    spec: CampaignSpec,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> CampaignDetail:
+    campaign, created = service.create_campaign(
+        session=session, owner_id=user.user_id, spec=spec, idempotency_key=idempotency_key
+    )
+    if not created:
+        response.status_code = status.HTTP_200_OK
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"{router.prefix}/{campaign.id}"
+    return service.detail(
+        session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
+    )
+
+
+@router.get("", response_model=CampaignPage)
+def list_campaigns(
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    state: CampaignState | None = None,
+    name: Annotated[str | None, Query(max_length=200, description="Substring of the name, any case")] = None,
+    kind: CampaignKind | None = None,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> CampaignPage:
+    campaigns, next_cursor = service.list_campaigns(
+        session=session,
+        owner_id=user.user_id,
+        state=state,
+        name=name,
+        kind=kind,
+        cursor=cursor,
+        limit=min(limit, settings.page_size_max),
+    )
+    return CampaignPage(items=[service.summary(c, user.user_name) for c in campaigns], next_cursor=next_cursor)
+
+
+@router.get("/{campaign_id}", response_model=CampaignDetail)
+def get_campaign(campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> CampaignDetail:
+    campaign = service.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    return service.detail(
+        session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
+    )
+
+
+@router.post("/{campaign_id}/cancel", response_model=CampaignDetail, responses={409: {"model": ErrorBody}})
+def cancel_campaign(
+    campaign_id: int, user: CurrentUser, session: SessionDep, settings: SettingsDep, body: CancelRequest | None = None
+) -> CampaignDetail:
+    reason = (body or CancelRequest()).reason
+    campaign = service.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
+    ArtifactStore(settings.products_dir).discard(campaign_id=campaign.id)  # uploads of attempts that will not finish
+    return service.detail(
+        session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
+    )
+
+
+@router.post("/{campaign_id}/retry", response_model=RetryAnswer, responses={409: {"model": ErrorBody}})
+def retry_failed(campaign_id: int, user: CurrentUser, session: SessionDep) -> RetryAnswer:
+    campaign, requeued = service.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    return RetryAnswer(requeued=requeued, campaign=service.summary(campaign, user.user_name))
+
+
+@router.delete("/{campaign_id}", status_code=status.HTTP_204_NO_CONTENT, responses={409: {"model": ErrorBody}})
+def delete_campaign(campaign_id: int, user: CurrentUser, session: SessionDep, settings: SettingsDep) -> Response:
+    service.delete_campaign(
+        session=session, owner_id=user.user_id, campaign_id=campaign_id, products_dir=settings.products_dir
+    )
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("/{campaign_id}/realizations", response_model=RealizationPage)
+def list_realizations(
+    campaign_id: int,
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    state: RealizationState | None = None,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> RealizationPage:
+    items, next_cursor = service.list_realizations(
+        session=session,
+        owner_id=user.user_id,
+        campaign_id=campaign_id,
+        state=state,
+        cursor=cursor,
+        limit=min(limit, settings.page_size_max),
+    )
+    return RealizationPage(items=items, next_cursor=next_cursor)
+
+
+@router.get("/{campaign_id}/realizations/{index}", response_model=RealizationDetail)
+def get_realization(campaign_id: int, index: int, user: CurrentUser, session: ReadSessionDep) -> RealizationDetail:
+    return service.get_realization(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)

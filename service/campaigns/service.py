@@ -1,0 +1,475 @@
+"""Campaign logic: create (idempotent), read with progress, cancel, retry, delete, settle the state."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from schemas.api import (
+    REALIZATION_STATES,
+    UNFINISHED_REALIZATION_STATES,
+    AttemptInfo,
+    CampaignDetail,
+    CampaignProgress,
+    CampaignSummary,
+    RealizationDetail,
+    RealizationSummary,
+    realize_task_id,
+)
+from schemas.spec import CampaignSpec, scan_key, spec_hash
+from service.auth.models import User
+from service.campaigns.errors import (
+    CampaignAlreadyFinished,
+    CampaignNotFinished,
+    CampaignNotFound,
+    IdempotencyKeyReused,
+    RealizationNotFound,
+)
+from service.campaigns.models import Attempt, Campaign, Realization
+from service.db import utcnow
+from service.events.service import record_event
+from service.pagination import decode_cursor, encode_cursor
+from service.workers.models import Worker
+
+log = logging.getLogger("mapcampaign.service")
+
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+# --------------------------------------------------------------------------- create
+
+
+def create_campaign(
+    *, session: Session, owner_id: int, spec: CampaignSpec, idempotency_key: str | None = None
+) -> tuple[Campaign, bool]:
+    """Store the campaign and its queued realisations; return it and whether it is new.
+
+    A repeated ``idempotency_key`` with the same spec returns the campaign made the
+    first time; with a different spec it is refused.
+    """
+    digest = spec_hash(spec)
+    if idempotency_key is not None:
+        existing = _by_idempotency_key(session, owner_id, idempotency_key)
+        if existing is not None:
+            return _replayed(existing, digest, idempotency_key), False
+    now = utcnow()
+    campaign = Campaign(
+        owner_id=owner_id,
+        name=spec.name,
+        kind=spec.kind,
+        priority=spec.priority,
+        max_attempts=spec.max_attempts,
+        realizations=spec.realizations,
+        ranks=spec.resources.ranks,
+        scan_key=scan_key(spec),
+        spec_hash=digest,
+        spec=spec.model_dump(mode="json"),
+        state="queued",
+        idempotency_key=idempotency_key,
+        created_at=now,
+        queued_at=now,
+    )
+    session.add(campaign)
+    try:
+        session.flush()
+    except IntegrityError:
+        # Another request with the same key won the race; answer as a replay.
+        session.rollback()
+        existing = _by_idempotency_key(session, owner_id, idempotency_key or "")
+        if existing is None:
+            raise
+        return _replayed(existing, digest, idempotency_key or ""), False
+    session.execute(
+        Realization.__table__.insert(),
+        [
+            {
+                "campaign_id": campaign.id,
+                "index": index,
+                "state": "queued",
+                "attempts": 0,
+                "attempts_total": 0,
+                "updated_at": now,
+            }
+            for index in range(spec.realizations)
+        ],
+    )
+    record_event(
+        session,
+        "campaign",
+        state="queued",
+        owner_id=owner_id,
+        campaign_id=campaign.id,
+        data={"name": campaign.name, "realizations": campaign.realizations},
+    )
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        existing = _by_idempotency_key(session, owner_id, idempotency_key or "") if idempotency_key else None
+        if existing is None:
+            raise
+        return _replayed(existing, digest, idempotency_key or ""), False
+    log.info(
+        "campaign %d created: %d realisations, scan key %s", campaign.id, campaign.realizations, campaign.scan_key[:12]
+    )
+    return campaign, True
+
+
+def _by_idempotency_key(session: Session, owner_id: int, key: str) -> Campaign | None:
+    return session.scalar(select(Campaign).where(Campaign.owner_id == owner_id, Campaign.idempotency_key == key))
+
+
+def _replayed(existing: Campaign, digest: str, key: str) -> Campaign:
+    if existing.spec_hash != digest:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {key!r} was already used for campaign {existing.id} with a different spec; "
+            "send the same spec to retry, or use a new key for a new campaign"
+        )
+    return existing
+
+
+# --------------------------------------------------------------------------- read
+
+
+def get_campaign(*, session: Session, owner_id: int, campaign_id: int, lock: bool = False) -> Campaign:
+    query = select(Campaign).where(Campaign.id == campaign_id, Campaign.owner_id == owner_id)
+    if lock:
+        query = query.with_for_update()
+    campaign = session.scalar(query)
+    if campaign is None:
+        raise CampaignNotFound(f"campaign {campaign_id} not found")
+    return campaign
+
+
+def list_campaigns(
+    *,
+    session: Session,
+    owner_id: int,
+    state: str | None = None,
+    name: str | None = None,
+    kind: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> tuple[list[Campaign], str | None]:
+    """Newest first; the cursor holds the last id seen, so pages stay stable while campaigns are added."""
+    query = select(Campaign).where(Campaign.owner_id == owner_id)
+    if state is not None:
+        query = query.where(Campaign.state == state)
+    if kind is not None:
+        query = query.where(Campaign.kind == kind)
+    if name:
+        escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        query = query.where(func.lower(Campaign.name).like(f"%{escaped.lower()}%", escape="\\"))
+    position = decode_cursor(cursor, keys=("before_id",))
+    if position is not None:
+        query = query.where(Campaign.id < position["before_id"])
+    rows = list(session.scalars(query.order_by(Campaign.id.desc()).limit(limit + 1)))
+    next_cursor = encode_cursor({"before_id": rows[limit - 1].id}) if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def state_counts(*, session: Session, campaign_id: int) -> dict[str, int]:
+    counts = dict.fromkeys(REALIZATION_STATES, 0)
+    rows = session.execute(
+        select(Realization.state, func.count())
+        .where(Realization.campaign_id == campaign_id)
+        .group_by(Realization.state)
+    )
+    for state, count in rows:
+        counts[state] = count
+    return counts
+
+
+def progress(*, session: Session, campaign: Campaign, window_s: float) -> CampaignProgress:
+    counts = state_counts(session=session, campaign_id=campaign.id)
+    done = counts["succeeded"] + counts["failed"] + counts["cancelled"]
+    remaining = sum(counts[state] for state in UNFINISHED_REALIZATION_STATES)
+    now = utcnow()
+    window_start = now - timedelta(seconds=window_s)
+    finished_recently = (
+        session.scalar(
+            select(func.count()).where(
+                Realization.campaign_id == campaign.id,
+                Realization.state.in_(("succeeded", "failed")),
+                Realization.finished_at >= window_start,
+            )
+        )
+        or 0
+    )
+    throughput = eta = None
+    if finished_recently:
+        first_claim = session.scalar(
+            select(func.min(Attempt.claimed_at)).where(
+                Attempt.campaign_id == campaign.id, Attempt.claimed_at >= window_start
+            )
+        )
+        span_start = max(window_start, first_claim or campaign.queued_at)
+        hours = max((now - span_start).total_seconds(), 1.0) / 3600
+        throughput = finished_recently / hours
+        if remaining and campaign.state not in FINISHED:
+            eta = remaining / throughput * 3600
+    return CampaignProgress(
+        counts=counts, done=done, total=campaign.realizations, throughput_per_hour=throughput, eta_seconds=eta
+    )
+
+
+def owner_name(*, session: Session, owner_id: int) -> str:
+    return session.scalar(select(User.name).where(User.id == owner_id)) or "?"
+
+
+def summary(campaign: Campaign, owner: str) -> CampaignSummary:
+    return CampaignSummary(
+        id=campaign.id,
+        name=campaign.name,
+        owner=owner,
+        kind=campaign.kind,
+        state=campaign.state,
+        priority=campaign.priority,
+        max_attempts=campaign.max_attempts,
+        realizations=campaign.realizations,
+        scan_key=campaign.scan_key,
+        spec_hash=campaign.spec_hash,
+        ranks=campaign.ranks,
+        created_at=campaign.created_at,
+        finished_at=campaign.finished_at,
+        cancel_reason=campaign.cancel_reason,
+        failure_cause=campaign.failure_cause,
+    )
+
+
+def detail(*, session: Session, campaign: Campaign, owner: str, window_s: float) -> CampaignDetail:
+    return CampaignDetail(
+        **summary(campaign, owner).model_dump(),
+        spec=CampaignSpec.model_validate(campaign.spec),
+        progress=progress(session=session, campaign=campaign, window_s=window_s),
+    )
+
+
+def list_realizations(
+    *,
+    session: Session,
+    owner_id: int,
+    campaign_id: int,
+    state: str | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> tuple[list[RealizationSummary], str | None]:
+    get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    query = (
+        select(Realization, Worker.name)
+        .outerjoin(Worker, Worker.id == Realization.lease_holder_id)
+        .where(Realization.campaign_id == campaign_id)
+    )
+    if state is not None:
+        query = query.where(Realization.state == state)
+    position = decode_cursor(cursor, keys=("after_index",))
+    if position is not None:
+        query = query.where(Realization.index > position["after_index"])
+    rows = list(session.execute(query.order_by(Realization.index).limit(limit + 1)))
+    items = [_realization_summary(realization, worker) for realization, worker in rows[:limit]]
+    next_cursor = encode_cursor({"after_index": items[-1].index}) if len(rows) > limit else None
+    return items, next_cursor
+
+
+def _realization_summary(realization: Realization, worker: str | None) -> RealizationSummary:
+    return RealizationSummary(
+        index=realization.index,
+        state=realization.state,
+        attempts=realization.attempts,
+        lease_holder=worker,
+        lease_expires_at=realization.lease_expires_at,
+        finished_at=realization.finished_at,
+    )
+
+
+def get_realization(*, session: Session, owner_id: int, campaign_id: int, index: int) -> RealizationDetail:
+    get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    row = session.execute(
+        select(Realization, Worker.name)
+        .outerjoin(Worker, Worker.id == Realization.lease_holder_id)
+        .where(Realization.campaign_id == campaign_id, Realization.index == index)
+    ).first()
+    if row is None:
+        raise RealizationNotFound(f"campaign {campaign_id} has no realisation {index}")
+    realization, worker = row
+    attempts = session.execute(
+        select(Attempt, Worker.name)
+        .outerjoin(Worker, Worker.id == Attempt.worker_id)
+        .where(Attempt.realization_id == realization.id)
+        .order_by(Attempt.number)
+    )
+    history = [
+        AttemptInfo(
+            id=attempt.id,
+            task_id=realize_task_id(attempt.id),
+            number=attempt.number,
+            worker=name,
+            host=attempt.host,
+            scheduler_job_id=attempt.scheduler_job_id,
+            claimed_at=attempt.claimed_at,
+            started_at=attempt.started_at,
+            ended_at=attempt.ended_at,
+            exit_code=attempt.exit_code,
+            failure_class=attempt.failure_class,
+            log_tail=attempt.log_tail,
+        )
+        for attempt, name in attempts
+    ]
+    return RealizationDetail(
+        **_realization_summary(realization, worker).model_dump(),
+        campaign_id=campaign_id,
+        result=realization.result,
+        attempt_history=history,
+    )
+
+
+# --------------------------------------------------------------------------- change
+
+
+def settle_campaign(*, session: Session, campaign: Campaign) -> None:
+    """Make the campaign's state follow its realisations. Call with the campaign row locked."""
+    if campaign.state == "cancelled":
+        return
+    counts = state_counts(session=session, campaign_id=campaign.id)
+    unfinished = sum(counts[state] for state in UNFINISHED_REALIZATION_STATES)
+    before = campaign.state
+    if unfinished == 0:
+        if counts["failed"]:
+            campaign.state = "failed"
+            if not campaign.failure_cause:
+                campaign.failure_cause = f"{counts['failed']} of {campaign.realizations} realisations failed"
+        else:
+            campaign.state = "succeeded"
+        campaign.finished_at = campaign.finished_at or utcnow()
+    else:
+        started = campaign.realizations - counts["queued"] - counts["cancelled"]
+        campaign.state = "running" if started > 0 else "queued"
+        campaign.finished_at = None
+    if campaign.state != before:
+        record_event(
+            session,
+            "campaign",
+            state=campaign.state,
+            owner_id=campaign.owner_id,
+            campaign_id=campaign.id,
+            data={"from": before, "failure_cause": campaign.failure_cause},
+        )
+
+
+def end_open_attempts(
+    *, session: Session, realization_ids: list[int] | None, campaign_id: int, failure_class: str
+) -> None:
+    """Close attempts still open (no end time) on these realisations, e.g. at cancel."""
+    query = update(Attempt).where(Attempt.campaign_id == campaign_id, Attempt.ended_at.is_(None))
+    if realization_ids is not None:
+        query = query.where(Attempt.realization_id.in_(realization_ids))
+    session.execute(
+        query.values(ended_at=utcnow(), failure_class=failure_class), execution_options={"synchronize_session": False}
+    )
+
+
+def cancel_campaign(*, session: Session, owner_id: int, campaign_id: int, reason: str) -> Campaign:
+    campaign = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id, lock=True)
+    if campaign.state in FINISHED:
+        raise CampaignAlreadyFinished(f"campaign {campaign_id} is already {campaign.state}; nothing to cancel")
+    fail_unfinished(session=session, campaign=campaign, state="cancelled", failure_class="cancelled")
+    campaign.state = "cancelled"
+    campaign.cancel_reason = reason
+    campaign.finished_at = utcnow()
+    record_event(
+        session, "campaign", state="cancelled", owner_id=owner_id, campaign_id=campaign.id, data={"reason": reason}
+    )
+    session.commit()
+    return campaign
+
+
+def fail_unfinished(*, session: Session, campaign: Campaign, state: str, failure_class: str) -> int:
+    """Move every unfinished realisation of a locked campaign to ``state`` and close its open attempts."""
+    ids = list(
+        session.scalars(
+            select(Realization.id)
+            .where(Realization.campaign_id == campaign.id, Realization.state.in_(UNFINISHED_REALIZATION_STATES))
+            .order_by(Realization.id)
+            .with_for_update()  # by id, like every multi-row lock: no deadlock
+        )
+    )
+    if not ids:
+        return 0
+    end_open_attempts(session=session, realization_ids=None, campaign_id=campaign.id, failure_class=failure_class)
+    session.execute(
+        update(Realization)
+        .where(Realization.id.in_(ids))
+        .values(
+            state=state,
+            lease_holder_id=None,
+            lease_expires_at=None,
+            current_attempt_id=None,
+            finished_at=utcnow(),
+            updated_at=utcnow(),
+        ),
+        execution_options={"synchronize_session": False},
+    )
+    record_event(
+        session,
+        "realization",
+        state=state,
+        owner_id=campaign.owner_id,
+        campaign_id=campaign.id,
+        data={"count": len(ids), "bulk": True},
+    )
+    return len(ids)
+
+
+def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[Campaign, int]:
+    """Put failed realisations back in the queue with a fresh attempt budget."""
+    campaign = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id, lock=True)
+    if campaign.state == "cancelled":
+        raise CampaignAlreadyFinished(f"campaign {campaign_id} was cancelled; submit it again instead")
+    result = session.execute(
+        update(Realization)
+        .where(Realization.campaign_id == campaign.id, Realization.state == "failed")
+        .values(
+            state="queued",
+            attempts=0,
+            lease_holder_id=None,
+            lease_expires_at=None,
+            current_attempt_id=None,
+            finished_at=None,
+            updated_at=utcnow(),
+        ),
+        execution_options={"synchronize_session": False},
+    )
+    requeued = result.rowcount or 0
+    if requeued:
+        campaign.failure_cause = None
+        campaign.finished_at = None
+        campaign.queued_at = utcnow()
+        record_event(
+            session,
+            "realization",
+            state="queued",
+            owner_id=owner_id,
+            campaign_id=campaign.id,
+            data={"count": requeued, "bulk": True, "retry": True},
+        )
+        settle_campaign(session=session, campaign=campaign)
+    session.commit()
+    return campaign, requeued
+
+
+def delete_campaign(*, session: Session, owner_id: int, campaign_id: int, products_dir: Path) -> None:
+    campaign = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id, lock=True)
+    if campaign.state not in FINISHED:
+        raise CampaignNotFinished(f"campaign {campaign_id} is {campaign.state}; cancel it before deleting it")
+    session.execute(delete(Attempt).where(Attempt.campaign_id == campaign.id))
+    session.execute(delete(Realization).where(Realization.campaign_id == campaign.id))
+    session.execute(delete(Campaign).where(Campaign.id == campaign.id))
+    record_event(session, "campaign", state="deleted", owner_id=owner_id, campaign_id=campaign.id)
+    session.commit()
+    shutil.rmtree(products_dir / str(campaign.id), ignore_errors=True)

@@ -1,0 +1,115 @@
+"""Settings of the campaign service: environment variables ``MAPCAMPAIGN_*``, safe defaults.
+
+The default is the embedded deployment: a SQLite file in the data folder and
+the API on the loopback interface only.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1 << 20
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base).expanduser() / "mapcampaign"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MAPCAMPAIGN_", extra="ignore", validate_default=True)
+
+    data_dir: Path = Field(default_factory=default_data_dir, description="Database (SQLite), tokens, products")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; unset means the embedded SQLite file <data_dir>/mapcampaign.sqlite3"
+    )
+    auto_migrate: bool | None = Field(
+        None, description="Run migrations at start; default: only for the embedded SQLite database"
+    )
+    host: str = Field("127.0.0.1", min_length=1, description="Listen address; loopback only unless told")
+    port: int = Field(8765, ge=1, le=65_535)
+    lease_s: float = Field(300.0, ge=0.05, le=7 * 86_400, description="Lease of a claimed task; heartbeats renew it")
+    reaper_interval_s: float = Field(10.0, ge=0.01, le=3_600, description="How often expired leases are collected")
+    max_plan_builds: int = Field(3, ge=1, le=100, description="Build attempts of a plan before its campaigns fail")
+    max_json_body_bytes: int = Field(1 * MIB, ge=1_024, le=1 << 30)
+    max_result_body_bytes: int = Field(16 * MIB, ge=1_024, le=1 << 31, description="Body of a succeeded report")
+    max_artifact_bytes: int = Field(4 << 30, ge=1_024, le=1 << 40, description="One uploaded product file")
+    sqlite_busy_timeout_ms: int = Field(30_000, ge=100, le=600_000)
+    db_pool_size: int = Field(10, ge=1, le=200)
+    events_poll_s: float = Field(0.5, ge=0.01, le=60, description="How often an SSE stream looks for new events")
+    sse_keepalive_s: float = Field(15.0, ge=0.1, le=600)
+    throughput_window_s: float = Field(3_600.0, ge=1, le=30 * 86_400)
+    page_size_max: int = Field(500, ge=1, le=10_000)
+    log_level: str = Field("info")
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        value = value.strip()
+        scheme = value.split(":", 1)[0].lower()
+        if not (scheme.startswith("sqlite") or scheme.startswith("postgresql") or scheme == "postgres"):
+            raise ValueError("database_url must be a sqlite:/// or postgresql:// URL")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        value = value.lower()
+        if value not in ("critical", "error", "warning", "info", "debug"):
+            raise ValueError("log_level must be one of critical, error, warning, info, debug")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        if self.max_result_body_bytes < self.max_json_body_bytes:
+            raise ValueError("max_result_body_bytes must be at least max_json_body_bytes")
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        """True when the database is the default SQLite file in the data folder."""
+        return self.database_url is None
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.data_dir / "mapcampaign.sqlite3"
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url is None:
+            return f"sqlite:///{self.sqlite_path}"
+        url = self.database_url
+        # psycopg 3 is the installed driver; plain postgresql:// would ask for psycopg2.
+        for prefix in ("postgresql://", "postgres://"):
+            if url.startswith(prefix):
+                return "postgresql+psycopg://" + url[len(prefix) :]
+        return url
+
+    @property
+    def should_auto_migrate(self) -> bool:
+        return self.embedded if self.auto_migrate is None else self.auto_migrate
+
+    @property
+    def products_dir(self) -> Path:
+        return self.data_dir / "campaigns"
+
+    @property
+    def tokens_dir(self) -> Path:
+        return self.data_dir / "tokens"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

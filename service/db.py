@@ -1,0 +1,145 @@
+"""Engine, sessions and the declarative base.
+
+SQLite (the embedded default) runs in WAL mode with a busy timeout; a session
+that writes starts with ``BEGIN IMMEDIATE`` so writers queue for the one write
+lock at the start of their transaction instead of failing half-way through.
+Reads start a plain deferred transaction and never wait for writers.
+PostgreSQL uses row locks (``FOR UPDATE``, ``SKIP LOCKED``) where work is shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from sqlalchemy import JSON, BigInteger, DateTime, Engine, Integer, MetaData, create_engine, event
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.pool import NullPool
+from sqlalchemy.types import TypeDecorator
+
+from service.config import Settings
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Integer primary keys that are BIGINT on PostgreSQL and INTEGER (the rowid alias) on SQLite.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on every database (SQLite keeps no zone of its own)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the database; use service.db.utcnow()")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+def make_engine(url: str, settings: Settings | None = None, *, pool: bool = True) -> Engine:
+    """An engine for ``url`` with the pragmas and pool this service relies on."""
+    settings = settings or Settings()
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url,
+            connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000, "check_same_thread": False},
+            poolclass=None if pool else NullPool,
+        )
+        _configure_sqlite(engine, settings.sqlite_busy_timeout_ms)
+        return engine
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if pool:
+        kwargs.update(pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
+    else:
+        kwargs = {"poolclass": NullPool}
+    return create_engine(url, **kwargs)
+
+
+def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control from the sqlite3 module: SQLAlchemy's "begin" event emits BEGIN.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        mode = "IMMEDIATE" if connection.get_execution_options().get("sqlite_write") else "DEFERRED"
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+class Database:
+    """The engine and the two session factories of one service process."""
+
+    def __init__(self, url: str, settings: Settings | None = None, *, pool: bool = True):
+        self.url = url
+        self.engine = make_engine(url, settings, pool=pool)
+        self.dialect = self.engine.dialect.name
+        writer = self.engine.execution_options(sqlite_write=True) if self.dialect == "sqlite" else self.engine
+        self._write_sessions = sessionmaker(writer, expire_on_commit=False)
+        self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self, *, write: bool = True) -> Iterator[Session]:
+        factory = self._write_sessions if write else self._read_sessions
+        with factory() as session:
+            yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def is_postgresql(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def get_database(request: Request) -> Database:
+    return request.app.state.database
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A session for a request that writes (on SQLite: BEGIN IMMEDIATE)."""
+    with get_database(request).session(write=True) as session:
+        yield session
+
+
+def get_read_session(request: Request) -> Iterator[Session]:
+    """A session for a request that only reads."""
+    with get_database(request).session(write=False) as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+ReadSessionDep = Annotated[Session, Depends(get_read_session)]

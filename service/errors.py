@@ -1,0 +1,108 @@
+"""Domain errors, and the one place where they become HTTP answers.
+
+Services raise subclasses of :class:`DomainError`; the kind of the base class
+decides the status code. Nothing else in the service builds an error response.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from schemas.io import format_location
+
+log = logging.getLogger("mapcampaign.service")
+
+
+class DomainError(Exception):
+    status_code = 400
+    code = "bad_request"
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NotFound(DomainError):
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(DomainError):
+    status_code = 409
+    code = "conflict"
+
+
+class Forbidden(DomainError):
+    status_code = 403
+    code = "forbidden"
+
+
+class Unauthorized(DomainError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class Invalid(DomainError):
+    """A request that parsed but makes no sense (a field-level problem is a 422 too)."""
+
+    status_code = 422
+    code = "invalid"
+
+
+class TooLarge(DomainError):
+    status_code = 413
+    code = "too_large"
+
+
+class Unavailable(DomainError):
+    status_code = 503
+    code = "unavailable"
+
+
+def error_response(status_code: int, detail: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail, "code": code}, status_code=status_code, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DomainError)
+    async def _domain(_request: Request, error: DomainError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
+        return error_response(error.status_code, error.detail, type(error).code, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = [
+            {
+                "field": format_location(tuple(item.get("loc", ()))),
+                "loc": [part if isinstance(part, int) else str(part) for part in item.get("loc", ())],
+                "msg": item.get("msg", ""),
+                "type": item.get("type", ""),
+            }
+            for item in error.errors()
+        ]
+        return JSONResponse({"detail": problems, "code": "invalid_request"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(error.status_code, "http_error")
+        return error_response(error.status_code, str(error.detail), code, getattr(error, "headers", None))
+
+    @app.exception_handler(OperationalError)
+    async def _database_busy(request: Request, error: OperationalError) -> JSONResponse:
+        log.warning(
+            "database unavailable during %s %s: %s", request.method, request.url.path, type(error.orig).__name__
+        )
+        return error_response(
+            503, "the database is busy or unreachable; try again", "database_unavailable", {"Retry-After": "1"}
+        )
+
+    @app.exception_handler(Exception)
+    async def _catch_all(request: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error during %s %s", request.method, request.url.path)
+        return error_response(500, "internal server error", "internal_error")

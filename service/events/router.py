@@ -1,0 +1,135 @@
+"""Server-sent events of state changes, read from the events table.
+
+The stream polls the table, so it works across restarts and with several API
+processes. Each SSE message carries ``id:`` (the event id), ``event:`` (the
+kind) and ``data:`` (an :class:`schemas.api.EventInfo` as JSON). Resume with
+the ``Last-Event-ID`` header (browsers send it when they reconnect) or
+``?after=N``; without either the stream starts with events after "now".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from schemas.api import ErrorBody, EventInfo
+from service.auth.service import Principal
+from service.campaigns.service import get_campaign
+from service.db import Database, get_database
+from service.deps import CurrentUser, ReadSessionDep, SettingsDep
+from service.errors import Invalid
+from service.events.models import Event
+from service.events.service import events_after, latest_event_id
+
+router = APIRouter(prefix="/events", tags=["events"], responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}})
+
+
+def event_info(event: Event) -> EventInfo:
+    return EventInfo(
+        id=event.id,
+        kind=event.kind,
+        state=event.state,
+        campaign_id=event.campaign_id,
+        realization=event.realization,
+        plan_id=event.plan_id,
+        created_at=event.created_at,
+        data=event.data or {},
+    )
+
+
+def _start_after(last_event_id: str | None, after: int | None) -> int | None:
+    if last_event_id is not None and last_event_id.strip():
+        try:
+            return max(int(last_event_id.strip()), 0)
+        except ValueError:
+            raise Invalid("header Last-Event-ID: must be the integer id of an event") from None
+    return after
+
+
+@router.get(
+    "",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "An endless SSE stream"}},
+)
+async def stream_events(
+    request: Request,
+    user: CurrentUser,
+    settings: SettingsDep,
+    campaign_id: int | None = None,
+    after: Annotated[int | None, Query(ge=0, description="Start after this event id (0: from the start)")] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+) -> StreamingResponse:
+    database = get_database(request)
+    start = _start_after(last_event_id, after)
+
+    def first_position() -> int:
+        with database.session(write=False) as session:
+            if campaign_id is not None:
+                get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)  # 404 if not theirs
+            return latest_event_id(session=session) if start is None else start
+
+    position = await anyio.to_thread.run_sync(first_position)
+    return StreamingResponse(
+        _sse(request, database, user, campaign_id, position, settings.events_poll_s, settings.sse_keepalive_s),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _sse(
+    request: Request,
+    database: Database,
+    user: Principal,
+    campaign_id: int | None,
+    position: int,
+    poll_s: float,
+    keepalive_s: float,
+) -> AsyncIterator[str]:
+    def fetch(after_id: int) -> list[EventInfo]:
+        with database.session(write=False) as session:
+            return [
+                event_info(event)
+                for event in events_after(
+                    session=session, after_id=after_id, owner_id=user.user_id, campaign_id=campaign_id
+                )
+            ]
+
+    yield f"retry: 2000\n: stream of events after id {position}\n\n"
+    quiet = 0.0
+    while not await request.is_disconnected():
+        events = await anyio.to_thread.run_sync(fetch, position)
+        for event in events:
+            position = event.id
+            yield f"id: {event.id}\nevent: {event.kind}\ndata: {event.model_dump_json()}\n\n"
+        if events:
+            quiet = 0.0
+            continue
+        await asyncio.sleep(poll_s)
+        quiet += poll_s
+        if quiet >= keepalive_s:
+            quiet = 0.0
+            yield ": keepalive\n\n"
+
+
+@router.get("/log", response_model=list[EventInfo])
+def event_log(
+    user: CurrentUser,
+    session: ReadSessionDep,
+    campaign_id: int | None = None,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[EventInfo]:
+    """The same events as the stream, as a JSON page: ids after ``after``, oldest first."""
+    if campaign_id is not None:
+        get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    return [
+        event_info(event)
+        for event in events_after(
+            session=session, after_id=after, owner_id=user.user_id, campaign_id=campaign_id, limit=limit
+        )
+    ]

@@ -1,0 +1,75 @@
+"""Request-body size limits: small for JSON, larger for result reports, largest for product uploads.
+
+A body whose Content-Length is over the limit is refused before it is read;
+a body without one is counted as it arrives and refused when it passes it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from schemas.api import API_PREFIX
+from service.config import Settings
+
+_ARTIFACT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/artifacts/[^/]+$")
+_RESULT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/succeeded$")
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, settings: Settings):
+        self.app = app
+        self.settings = settings
+
+    def limit_for(self, path: str) -> int:
+        if _ARTIFACT.match(path):
+            return self.settings.max_artifact_bytes
+        if _RESULT.match(path):
+            return self.settings.max_result_body_bytes
+        return self.settings.max_json_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["path"])
+        declared = dict(scope.get("headers") or ()).get(b"content-length")
+        if declared is not None:
+            try:
+                too_large = int(declared) > limit
+            except ValueError:
+                too_large = False
+            if too_large:
+                await _refuse(send, limit)
+                return
+        received = 0
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise HTTPException(413, f"request body larger than the limit of {limit} bytes")
+            return message
+
+        await self.app(scope, counted_receive, send)
+
+
+async def _refuse(send: Send, limit: int) -> None:
+    body = json.dumps({"detail": f"request body larger than the limit of {limit} bytes", "code": "too_large"}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

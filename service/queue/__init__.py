@@ -1,0 +1,1 @@
+"""The work queue: claims, leases, the reaper, and overlap-plan builds."""

@@ -1,0 +1,209 @@
+"""Claim: hand a worker its next tasks, each exactly once.
+
+Order: campaign priority (higher first), then campaign age, then realisation
+index. A realisation is handed to a worker of site S only when the plan for
+its (scan key, ranks) is ready at S; when that plan does not exist at S (or
+failed with builds left), the worker gets the ``preprocess`` task instead.
+
+Atomicity: on PostgreSQL the realisation rows are taken with
+``FOR UPDATE SKIP LOCKED``, so concurrent claimers pass each other instead
+of queueing; on SQLite the write session began with ``BEGIN IMMEDIATE``, so
+claims are serialised.
+
+Lock order, the same in every transaction that changes realisations:
+campaign row, then plan row, then realisation rows (by id), then the event lock.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import NamedTuple
+
+from sqlalchemy import exists, select
+from sqlalchemy.orm import Session
+
+from schemas.api import PlanRef, PreprocessTask, RealizeTask, preprocess_task_id, realize_task_id
+from schemas.spec import CampaignSpec
+from service.campaigns.models import Attempt, Campaign, Realization
+from service.config import Settings
+from service.db import utcnow
+from service.events.service import record_event
+from service.queue.leases import lease_expiry
+from service.queue.models import PreprocessingPlan
+from service.queue.plans import find_plan, take_build
+from service.workers.models import Worker
+
+Task = PreprocessTask | RealizeTask
+
+
+def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: Settings) -> list[Task]:
+    """Claim up to ``max_tasks`` tasks for ``worker`` and commit."""
+    now = utcnow()
+    expires = lease_expiry(settings.lease_s, now)
+    worker.last_heartbeat_at = now
+    has_queued = exists().where(Realization.campaign_id == Campaign.id, Realization.state == "queued")
+    candidates = [
+        Candidate(*row)
+        for row in session.execute(
+            select(
+                Campaign.id,
+                Campaign.owner_id,
+                Campaign.scan_key,
+                Campaign.ranks,
+                Campaign.state,
+                Campaign.queued_at,
+                Campaign.spec_hash,
+            )
+            .where(Campaign.state.in_(("queued", "running")), has_queued)
+            .order_by(Campaign.priority.desc(), Campaign.created_at, Campaign.id)
+        )
+    ]
+    tasks: list[Task] = []
+    ready: dict[tuple[str, int], PreprocessingPlan] = {}
+    seen: set[tuple[str, int]] = set()
+    for candidate in candidates:
+        key = (candidate.scan_key, candidate.ranks)
+        if key in seen:
+            continue
+        seen.add(key)
+        plan = find_plan(session=session, scan_key=candidate.scan_key, ranks=candidate.ranks, site=worker.site)
+        if plan is not None and plan.state == "ready":
+            ready[key] = plan
+            continue
+        if len(tasks) >= max_tasks or (plan is not None and plan.state == "building"):
+            continue
+        plan = take_build(
+            session=session,
+            scan_key=candidate.scan_key,
+            ranks=candidate.ranks,
+            site=worker.site,
+            worker=worker,
+            campaign_id=candidate.id,
+            campaign_queued_at=candidate.queued_at,
+            lease_s=settings.lease_s,
+            max_builds=settings.max_plan_builds,
+        )
+        if plan is not None:
+            tasks.append(
+                PreprocessTask(
+                    task_id=preprocess_task_id(plan.id, plan.build_number),
+                    plan_id=plan.id,
+                    build_attempt=plan.build_number,
+                    scan_key=candidate.scan_key,
+                    ranks=candidate.ranks,
+                    site=worker.site,
+                    campaign_id=candidate.id,
+                    spec=_spec(session, candidate),
+                    lease_expires_at=expires,
+                )
+            )
+
+    runnable = [candidate for candidate in candidates if (candidate.scan_key, candidate.ranks) in ready]
+    first_claims = sorted(candidate.id for candidate in runnable if candidate.state == "queued")
+    if max_tasks > len(tasks) and first_claims:
+        # The campaign goes queued -> running; lock its row first, as every other writer does.
+        session.execute(
+            select(Campaign.id).where(Campaign.id.in_(first_claims)).order_by(Campaign.id).with_for_update()
+        )
+    started: set[int] = set()
+    for candidate in runnable:
+        slots = max_tasks - len(tasks)
+        if slots <= 0:
+            break
+        # Walks ix_realizations_campaign_id_state_index; concurrent claimers skip each other's rows.
+        realizations = list(
+            session.scalars(
+                select(Realization)
+                .where(Realization.campaign_id == candidate.id, Realization.state == "queued")
+                .order_by(Realization.index)
+                .limit(slots)
+                .with_for_update(skip_locked=True)
+            )
+        )
+        if not realizations:
+            continue
+        plan = ready[(candidate.scan_key, candidate.ranks)]
+        attempts = [
+            Attempt(
+                realization_id=realization.id,
+                campaign_id=candidate.id,
+                number=realization.attempts_total + 1,
+                worker_id=worker.id,
+                plan_id=plan.id,
+                claimed_at=now,
+            )
+            for realization in realizations
+        ]
+        session.add_all(attempts)
+        session.flush()
+        spec = _spec(session, candidate)
+        for realization, attempt in zip(realizations, attempts, strict=True):
+            realization.attempts += 1
+            realization.attempts_total += 1
+            realization.state = "claimed"
+            realization.lease_holder_id = worker.id
+            realization.lease_expires_at = expires
+            realization.current_attempt_id = attempt.id
+            realization.updated_at = now
+            tasks.append(
+                RealizeTask(
+                    task_id=realize_task_id(attempt.id),
+                    attempt_id=attempt.id,
+                    campaign_id=candidate.id,
+                    realization=realization.index,
+                    attempt=attempt.number,
+                    spec=spec,
+                    plan=PlanRef(id=plan.id, path=plan.path or "", checksum=plan.checksum or ""),
+                    lease_expires_at=expires,
+                )
+            )
+            record_event(
+                session,
+                "realization",
+                state="claimed",
+                owner_id=candidate.owner_id,
+                campaign_id=candidate.id,
+                realization=realization.index,
+                data={"attempt": attempt.number, "worker": worker.name},
+            )
+        started.add(candidate.id)
+    for campaign_id in first_claims:
+        if campaign_id in started:
+            campaign = session.get(Campaign, campaign_id)
+            if campaign is not None and campaign.state == "queued":
+                campaign.state = "running"
+                record_event(
+                    session,
+                    "campaign",
+                    state="running",
+                    owner_id=campaign.owner_id,
+                    campaign_id=campaign.id,
+                    data={"from": "queued"},
+                )
+    session.commit()
+    return tasks
+
+
+class Candidate(NamedTuple):
+    id: int
+    owner_id: int
+    scan_key: str
+    ranks: int
+    state: str
+    queued_at: datetime
+    spec_hash: str
+
+
+_SPECS: dict[tuple[int, str], CampaignSpec] = {}
+
+
+def _spec(session: Session, candidate: Candidate) -> CampaignSpec:
+    """The campaign's spec, parsed once per process: a spec never changes (keyed by id and hash)."""
+    cached = _SPECS.get((candidate.id, candidate.spec_hash))
+    if cached is None:
+        data = session.scalar(select(Campaign.spec).where(Campaign.id == candidate.id))
+        cached = CampaignSpec.model_validate(data)
+        if len(_SPECS) >= 256:
+            _SPECS.clear()
+        _SPECS[(candidate.id, candidate.spec_hash)] = cached
+    return cached

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.db import Base, BigId, utcnow
+
+
+class PreprocessingPlan(Base):
+    """The overlap preprocessing of one (scan key, ranks) at one site; shared by every campaign that needs it."""
+
+    __tablename__ = "preprocessing_plans"
+    __table_args__ = (UniqueConstraint("scan_key", "ranks", "site"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    scan_key: Mapped[str] = mapped_column(String(64))
+    ranks: Mapped[int] = mapped_column(Integer)
+    site: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16), default="building")  # building, ready, failed
+    path: Mapped[str | None] = mapped_column(Text, default=None)
+    checksum: Mapped[str | None] = mapped_column(String(200), default=None)
+    build_time_s: Mapped[float | None] = mapped_column(Float, default=None)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    uses: Mapped[int] = mapped_column(Integer, default=0)
+    build_attempts: Mapped[int] = mapped_column(Integer, default=0, doc="Builds used from the current budget")
+    build_number: Mapped[int] = mapped_column(Integer, default=0, doc="Builds ever started: numbers the task ids")
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    campaign_id: Mapped[int | None] = mapped_column(BigInteger, default=None, doc="Campaign whose spec the build uses")
+    lease_holder_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"), default=None)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ready_at: Mapped[datetime | None] = mapped_column(default=None)
+    failed_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -1,0 +1,158 @@
+"""The reaper: tasks whose lease expired go back to the queue as a lost attempt (failure class lost_worker).
+
+Safe with several API processes: every process runs a reaper; rows are taken
+with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (and under the one write lock on
+SQLite), and a row is re-checked after it is locked, so an expiry is handled once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import anyio
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.campaigns.models import Attempt, Campaign, Realization
+from service.config import Settings
+from service.db import Database, utcnow
+from service.events.service import record_event
+from service.queue.models import PreprocessingPlan
+from service.queue.plans import report_build_failed
+from service.queue.tasks import end_attempt
+from service.workers.artifacts import ArtifactStore
+from service.workers.models import Worker
+
+log = logging.getLogger("mapcampaign.reaper")
+
+
+@dataclass
+class Reaped:
+    realizations: int = 0
+    plans: int = 0
+
+
+def reap_expired(*, database: Database, settings: Settings) -> Reaped:
+    reaped = Reaped()
+    now = utcnow()
+    with database.session(write=False) as session:
+        campaign_ids = sorted(
+            set(
+                session.scalars(
+                    select(Realization.campaign_id).where(
+                        Realization.state.in_(("claimed", "running")), Realization.lease_expires_at < now
+                    )
+                )
+            )
+        )
+        plan_ids = list(
+            session.scalars(
+                select(PreprocessingPlan.id).where(
+                    PreprocessingPlan.state == "building", PreprocessingPlan.lease_expires_at < now
+                )
+            )
+        )
+    store = ArtifactStore(settings.products_dir)
+    for campaign_id in campaign_ids:
+        with database.session() as session:
+            ended = _reap_campaign(session, campaign_id)
+        for attempt_id in ended:
+            store.discard(campaign_id=campaign_id, attempt_id=attempt_id)
+        reaped.realizations += len(ended)
+    for plan_id in plan_ids:
+        with database.session() as session:
+            plan = session.scalar(
+                select(PreprocessingPlan)
+                .where(
+                    PreprocessingPlan.id == plan_id,
+                    PreprocessingPlan.state == "building",
+                    PreprocessingPlan.lease_expires_at < utcnow(),
+                )
+                .with_for_update(skip_locked=True)
+            )
+            if plan is None:
+                continue
+            holder = session.scalar(select(Worker.name).where(Worker.id == plan.lease_holder_id))
+            record_event(
+                session,
+                "lease_expired",
+                state="failed",
+                plan_id=plan.id,
+                data={"task": "preprocess", "worker": holder, "build": plan.build_number},
+            )
+            report_build_failed(
+                database=database,
+                session=session,
+                plan=plan,
+                cause=f"lost_worker: the build lease of worker {holder!r} expired",
+                max_builds=settings.max_plan_builds,
+            )
+            reaped.plans += 1
+    if reaped.realizations or reaped.plans:
+        log.info("reaper: %d realisation leases and %d plan leases expired", reaped.realizations, reaped.plans)
+    return reaped
+
+
+def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
+    """Requeue (or fail) the campaign's expired tasks; return the ids of the attempts ended."""
+    campaign = session.scalar(select(Campaign).where(Campaign.id == campaign_id).with_for_update(skip_locked=True))
+    if campaign is None:
+        return []  # locked by another writer (or deleted): the next round takes it
+    realizations = list(
+        session.scalars(
+            select(Realization)
+            .where(
+                Realization.campaign_id == campaign_id,
+                Realization.state.in_(("claimed", "running")),
+                Realization.lease_expires_at < utcnow(),
+            )
+            .order_by(Realization.id)
+            .with_for_update(skip_locked=True)
+        )
+    )
+    ended: list[int] = []
+    for realization in realizations:
+        attempt = session.get(Attempt, realization.current_attempt_id) if realization.current_attempt_id else None
+        holder = session.scalar(select(Worker.name).where(Worker.id == realization.lease_holder_id))
+        record_event(
+            session,
+            "lease_expired",
+            state=None,
+            owner_id=campaign.owner_id,
+            campaign_id=campaign_id,
+            realization=realization.index,
+            data={"task": "realize", "worker": holder},
+        )
+        if attempt is None:  # cannot happen through the API; keep the realisation moving anyway
+            realization.state = "queued"
+            realization.lease_holder_id = realization.lease_expires_at = None
+            continue
+        end_attempt(
+            session=session,
+            campaign=campaign,
+            realization=realization,
+            attempt=attempt,
+            failure_class="lost_worker",
+            exit_code=None,
+            log_tail=f"lease expired: worker {holder!r} stopped sending heartbeats",
+            worker_name=holder,
+        )
+        ended.append(attempt.id)
+    session.commit()
+    return ended
+
+
+async def run_reaper(database: Database, settings: Settings, stop: asyncio.Event) -> None:
+    """Reap every ``reaper_interval_s`` until ``stop`` is set; errors are logged, never fatal."""
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=settings.reaper_interval_s)
+            break
+        except TimeoutError:
+            pass
+        try:
+            await anyio.to_thread.run_sync(lambda: reap_expired(database=database, settings=settings))
+        except Exception:
+            log.exception("reaper round failed; trying again in %.1f s", settings.reaper_interval_s)

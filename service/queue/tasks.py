@@ -1,0 +1,385 @@
+"""What workers report about the tasks they hold: started, succeeded, failed, plan built; and heartbeats.
+
+Every report names a task id. A report is accepted only from the worker that
+holds the task's lease (same token as the worker that claimed it) and only
+while the task is current: a reaped, cancelled, reassigned or already
+finished task answers 409 and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from schemas.api import HeartbeatAnswer, PlanBuilt, TaskFailed, TaskStarted, parse_task_id, realize_task_id
+from schemas.result import RealizationResult
+from service.auth.service import Principal
+from service.campaigns.hooks import AcceptedResult
+from service.campaigns.models import Attempt, Campaign, Realization
+from service.campaigns.service import settle_campaign
+from service.config import Settings
+from service.db import Database, utcnow
+from service.events.service import record_event
+from service.queue.errors import (
+    LeaseLost,
+    NotTaskHolder,
+    ResultAlreadyAccepted,
+    ResultMismatch,
+    TaskNotFound,
+    WrongTaskKind,
+)
+from service.queue.leases import lease_expiry
+from service.queue.models import PreprocessingPlan
+from service.queue.plans import locked_build, report_build_failed, report_built
+from service.workers.artifacts import ArtifactStore
+from service.workers.models import Worker
+
+log = logging.getLogger("mapcampaign.queue")
+
+
+@dataclass
+class HeldAttempt:
+    """A realize task, its rows locked (campaign, then realisation), checked to be the caller's and current."""
+
+    attempt: Attempt
+    realization: Realization
+    campaign: Campaign
+    worker: Worker
+
+
+def _parse(task_id: str) -> tuple[str, int, int | None]:
+    parsed = parse_task_id(task_id)
+    if parsed is None:
+        raise TaskNotFound(f"task id {task_id!r} is not one this service hands out")
+    return parsed
+
+
+def _check_token(worker: Worker | None, principal: Principal, task_id: str) -> Worker:
+    if worker is None or worker.token_id != principal.token_id:
+        raise NotTaskHolder(f"task {task_id} is held by a worker registered with another token")
+    return worker
+
+
+def hold_attempt(*, session: Session, task_id: str, principal: Principal, for_result: bool = False) -> HeldAttempt:
+    kind, attempt_id, _ = _parse(task_id)
+    if kind != "realize":
+        raise WrongTaskKind(f"task {task_id} is a preprocess task; report it with plan-built or failed")
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise TaskNotFound(f"task {task_id} not found (its campaign may have been deleted)")
+    campaign = session.scalar(select(Campaign).where(Campaign.id == attempt.campaign_id).with_for_update())
+    realization = session.scalar(select(Realization).where(Realization.id == attempt.realization_id).with_for_update())
+    session.refresh(attempt)
+    worker = _check_token(session.get(Worker, attempt.worker_id) if attempt.worker_id else None, principal, task_id)
+    if realization.state == "succeeded" and for_result:
+        raise ResultAlreadyAccepted(
+            f"realisation {realization.index} of campaign {campaign.id} already has an accepted result; "
+            "this report changes nothing"
+        )
+    current = (
+        realization.current_attempt_id == attempt.id
+        and realization.lease_holder_id == attempt.worker_id
+        and realization.state in ("claimed", "running")
+        and attempt.ended_at is None
+    )
+    if not current:
+        why = {"cancelled": "the campaign was cancelled", "failed": "the realisation failed"}.get(
+            realization.state, "the lease expired and the task went back to the queue"
+        )
+        raise LeaseLost(f"task {task_id} is no longer this worker's: {why}")
+    return HeldAttempt(attempt=attempt, realization=realization, campaign=campaign, worker=worker)
+
+
+def report_started(
+    *, session: Session, task_id: str, principal: Principal, report: TaskStarted, settings: Settings
+) -> str:
+    kind, ident, build = _parse(task_id)
+    if kind == "preprocess":
+        plan = locked_build(
+            session=session, plan_id=ident, build=build or 0, worker_id=_plan_worker(session, ident, principal, task_id)
+        )
+        plan.lease_expires_at = lease_expiry(settings.lease_s)
+        session.commit()
+        return plan.state
+    held = hold_attempt(session=session, task_id=task_id, principal=principal)
+    now = utcnow()
+    held.attempt.started_at = held.attempt.started_at or now
+    held.attempt.host = report.host or held.worker.host
+    held.attempt.scheduler_job_id = report.scheduler_job_id
+    held.realization.lease_expires_at = lease_expiry(settings.lease_s, now)
+    if held.realization.state == "claimed":
+        held.realization.state = "running"
+        held.realization.updated_at = now
+        record_event(
+            session,
+            "realization",
+            state="running",
+            owner_id=held.campaign.owner_id,
+            campaign_id=held.campaign.id,
+            realization=held.realization.index,
+            data={"attempt": held.attempt.number, "worker": held.worker.name, "host": held.attempt.host},
+        )
+    session.commit()
+    return held.realization.state
+
+
+def check_result(held: HeldAttempt, result: RealizationResult) -> None:
+    if result.realization != held.realization.index:
+        raise ResultMismatch(
+            f"result.realization is {result.realization}, but task {realize_task_id(held.attempt.id)} "
+            f"is realisation {held.realization.index}"
+        )
+    if result.spec_hash != held.campaign.spec_hash:
+        raise ResultMismatch("result.spec_hash does not match the campaign's spec hash")
+    if result.scan_key != held.campaign.scan_key:
+        raise ResultMismatch("result.scan_key does not match the campaign's scan key")
+
+
+def accept_result(*, session: Session, held: HeldAttempt, result: RealizationResult) -> None:
+    """Record the success; the caller has put the products in place and commits."""
+    now = utcnow()
+    held.attempt.ended_at = now
+    held.attempt.exit_code = 0
+    held.attempt.started_at = held.attempt.started_at or now
+    realization = held.realization
+    realization.state = "succeeded"
+    realization.result = result.model_dump(mode="json")
+    realization.finished_at = now
+    realization.updated_at = now
+    realization.lease_holder_id = None
+    realization.lease_expires_at = None
+    if held.attempt.plan_id is not None:
+        session.execute(
+            update(PreprocessingPlan)
+            .where(PreprocessingPlan.id == held.attempt.plan_id)
+            .values(uses=PreprocessingPlan.uses + 1)
+            .execution_options(synchronize_session=False)
+        )
+    record_event(
+        session,
+        "realization",
+        state="succeeded",
+        owner_id=held.campaign.owner_id,
+        campaign_id=held.campaign.id,
+        realization=realization.index,
+        data={
+            "attempt": held.attempt.number,
+            "worker": held.worker.name,
+            "iterations": result.iterations,
+            "converged": result.converged,
+        },
+    )
+    settle_campaign(session=session, campaign=held.campaign)
+
+
+def report_failed(
+    *, database: Database, session: Session, task_id: str, principal: Principal, report: TaskFailed, settings: Settings
+) -> str:
+    kind, ident, build = _parse(task_id)
+    if kind == "preprocess":
+        plan = locked_build(
+            session=session, plan_id=ident, build=build or 0, worker_id=_plan_worker(session, ident, principal, task_id)
+        )
+        cause = f"{report.failure_class}" + (f" (exit code {report.exit_code})" if report.exit_code is not None else "")
+        if report.message:
+            cause += f": {report.message}"
+        elif report.log_tail.strip():
+            cause += ": " + report.log_tail.strip().splitlines()[-1][-500:]
+        report_build_failed(
+            database=database, session=session, plan=plan, cause=cause, max_builds=settings.max_plan_builds
+        )
+        return "failed"
+    held = hold_attempt(session=session, task_id=task_id, principal=principal)
+    end_attempt(
+        session=session,
+        campaign=held.campaign,
+        realization=held.realization,
+        attempt=held.attempt,
+        failure_class=report.failure_class,
+        exit_code=report.exit_code,
+        log_tail=report.log_tail,
+        worker_name=held.worker.name,
+    )
+    session.commit()
+    return held.realization.state
+
+
+def campaign_of_attempt(*, session: Session, attempt_id: int) -> int | None:
+    return session.scalar(select(Attempt.campaign_id).where(Attempt.id == attempt_id))
+
+
+def end_attempt(
+    *,
+    session: Session,
+    campaign: Campaign,
+    realization: Realization,
+    attempt: Attempt,
+    failure_class: str,
+    exit_code: int | None,
+    log_tail: str | None,
+    worker_name: str | None,
+) -> None:
+    """A failed attempt: back to the queue while attempts remain, else the realisation fails."""
+    now = utcnow()
+    attempt.ended_at = now
+    attempt.failure_class = failure_class
+    attempt.exit_code = exit_code
+    attempt.log_tail = log_tail
+    realization.lease_holder_id = None
+    realization.lease_expires_at = None
+    realization.current_attempt_id = None
+    realization.updated_at = now
+    if realization.attempts >= campaign.max_attempts:
+        realization.state = "failed"
+        realization.finished_at = now
+    else:
+        realization.state = "queued"
+    record_event(
+        session,
+        "realization",
+        state=realization.state,
+        owner_id=campaign.owner_id,
+        campaign_id=campaign.id,
+        realization=realization.index,
+        data={
+            "attempt": attempt.number,
+            "failure_class": failure_class,
+            "exit_code": exit_code,
+            "worker": worker_name,
+            "attempts_left": max(campaign.max_attempts - realization.attempts, 0),
+        },
+    )
+    settle_campaign(session=session, campaign=campaign)
+
+
+def _plan_worker(session: Session, plan_id: int, principal: Principal, task_id: str) -> int:
+    holder = session.scalar(select(PreprocessingPlan.lease_holder_id).where(PreprocessingPlan.id == plan_id))
+    if holder is None:
+        plan_exists = session.scalar(select(PreprocessingPlan.id).where(PreprocessingPlan.id == plan_id))
+        if plan_exists is None:
+            raise TaskNotFound(f"task {task_id} not found")
+        raise LeaseLost(f"task {task_id} is no longer this worker's: the build lease ended")
+    return _check_token(session.get(Worker, holder), principal, task_id).id
+
+
+def report_plan_built(*, session: Session, task_id: str, principal: Principal, report: PlanBuilt) -> str:
+    kind, plan_id, build = _parse(task_id)
+    if kind != "preprocess":
+        raise WrongTaskKind(f"task {task_id} is a realize task; report it with succeeded or failed")
+    plan = locked_build(
+        session=session, plan_id=plan_id, build=build or 0, worker_id=_plan_worker(session, plan_id, principal, task_id)
+    )
+    report_built(session=session, plan=plan, report=report)
+    return plan.state
+
+
+def heartbeat(*, session: Session, worker: Worker, running: list[str], settings: Settings) -> HeartbeatAnswer:
+    """Extend the leases of the tasks the worker still holds; say which to cancel and which it lost."""
+    now = utcnow()
+    expires = lease_expiry(settings.lease_s, now)
+    worker.last_heartbeat_at = now
+    attempt_ids: dict[int, str] = {}
+    builds: dict[int, tuple[int, str]] = {}
+    lost: list[str] = []
+    for task_id in dict.fromkeys(running):
+        parsed = parse_task_id(task_id)
+        if parsed is None:
+            lost.append(task_id)
+        elif parsed[0] == "realize":
+            attempt_ids[parsed[1]] = task_id
+        else:
+            builds[parsed[1]] = (parsed[2], task_id)
+    extended: list[str] = []
+    cancel: list[str] = []
+    if attempt_ids:
+        held = set(
+            session.scalars(
+                select(Realization.current_attempt_id)
+                .where(
+                    Realization.current_attempt_id.in_(list(attempt_ids)),
+                    Realization.lease_holder_id == worker.id,
+                    Realization.state.in_(("claimed", "running")),
+                )
+                .order_by(Realization.id)
+                .with_for_update()
+            )
+        )
+        if held:
+            session.execute(
+                update(Realization)
+                .where(Realization.current_attempt_id.in_(list(held)))
+                .values(lease_expires_at=expires)
+                .execution_options(synchronize_session=False)
+            )
+        ended = dict(
+            session.execute(
+                select(Attempt.id, Attempt.failure_class).where(
+                    Attempt.id.in_([a for a in attempt_ids if a not in held])
+                )
+            ).all()
+        )
+        for attempt_id, task_id in attempt_ids.items():
+            if attempt_id in held:
+                extended.append(task_id)
+            elif attempt_id not in ended or ended[attempt_id] == "cancelled":
+                cancel.append(task_id)  # campaign cancelled, failed or deleted
+            else:
+                lost.append(task_id)
+    if builds:
+        plans = {
+            plan.id: plan
+            for plan in session.scalars(
+                select(PreprocessingPlan)
+                .where(PreprocessingPlan.id.in_(list(builds)))
+                .order_by(PreprocessingPlan.id)
+                .with_for_update()
+            )
+        }
+        for plan_id, (build, task_id) in builds.items():
+            plan = plans.get(plan_id)
+            if (
+                plan is not None
+                and plan.state == "building"
+                and plan.build_number == build
+                and plan.lease_holder_id == worker.id
+            ):
+                plan.lease_expires_at = expires
+                extended.append(task_id)
+            else:
+                lost.append(task_id)
+    session.commit()
+    return HeartbeatAnswer(lease_expires_at=expires, extended=extended, cancel=cancel, lost=lost)
+
+
+def report_succeeded(
+    *,
+    session: Session,
+    task_id: str,
+    principal: Principal,
+    result: RealizationResult,
+    store: ArtifactStore,
+    settings: Settings,
+) -> AcceptedResult:
+    """Check the result and its uploaded products, move the products into place, record the success."""
+    held = hold_attempt(session=session, task_id=task_id, principal=principal, for_result=True)
+    check_result(held, result)
+    campaign_id, attempt_id, index = held.campaign.id, held.attempt.id, held.realization.index
+    store.check_products(campaign_id=campaign_id, attempt_id=attempt_id, products=result.products)
+    undo = store.publish(campaign_id=campaign_id, attempt_id=attempt_id, index=index, products=result.products)
+    try:
+        accept_result(session=session, held=held, result=result)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        undo()
+        raise
+    return AcceptedResult(
+        campaign_id=campaign_id,
+        realization=index,
+        result=held.realization.result or {},
+        product_dir=store.final_dir(campaign_id, index),
+        settings=settings,
+    )

@@ -1,0 +1,1 @@
+"""Workers (site agents) and the endpoints they call."""

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.db import Base, BigId, utcnow
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    site: Mapped[str] = mapped_column(String(128))
+    host: Mapped[str] = mapped_column(String(255))
+    capacity: Mapped[int] = mapped_column(Integer, default=1)
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), doc="Registered by")
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)

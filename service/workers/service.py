@@ -1,0 +1,68 @@
+"""Worker registration and lookup."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from schemas.api import WorkerInfo, WorkerRegistration
+from service.auth.service import Principal
+from service.db import utcnow
+from service.events.service import record_event
+from service.workers.errors import WorkerNotFound, WorkerTokenMismatch
+from service.workers.models import Worker
+
+
+def register_worker(*, session: Session, principal: Principal, registration: WorkerRegistration) -> Worker:
+    """Create the worker, or update it when the name is known (a restarted worker keeps its id)."""
+    worker = session.scalar(select(Worker).where(Worker.name == registration.name).with_for_update())
+    now = utcnow()
+    if worker is None:
+        worker = Worker(
+            name=registration.name,
+            registered_at=now,
+            site=registration.site,
+            host=registration.host,
+            capacity=registration.capacity,
+        )
+        session.add(worker)
+    worker.site = registration.site
+    worker.host = registration.host
+    worker.capacity = registration.capacity
+    worker.token_id = principal.token_id
+    worker.last_heartbeat_at = now
+    session.flush()
+    record_event(
+        session,
+        "worker",
+        state="registered",
+        data={"worker": worker.name, "site": worker.site, "host": worker.host, "capacity": worker.capacity},
+    )
+    session.commit()
+    return worker
+
+
+def worker_for(*, session: Session, principal: Principal, worker_id: int, lock: bool = False) -> Worker:
+    query = select(Worker).where(Worker.id == worker_id)
+    worker = session.scalar(query.with_for_update() if lock else query)
+    if worker is None:
+        raise WorkerNotFound(f"worker {worker_id} is not registered; POST /api/v1/workers first")
+    if worker.token_id != principal.token_id:
+        raise WorkerTokenMismatch(f"worker {worker_id} was registered with another token; register again")
+    return worker
+
+
+def worker_info(worker: Worker) -> WorkerInfo:
+    return WorkerInfo(
+        id=worker.id,
+        name=worker.name,
+        site=worker.site,
+        host=worker.host,
+        capacity=worker.capacity,
+        registered_at=worker.registered_at,
+        last_heartbeat_at=worker.last_heartbeat_at,
+    )
+
+
+def list_workers(*, session: Session) -> list[WorkerInfo]:
+    return [worker_info(worker) for worker in session.scalars(select(Worker).order_by(Worker.id))]

@@ -1,0 +1,117 @@
+"""Tokens, ownership, token kinds, body limits, the catch-all error, health, metrics, OpenAPI."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
+
+from service.auth.models import ApiToken
+from tests.support.service_helpers import spec_data
+
+
+def test_tokens_are_required_and_stored_hashed(api):
+    assert api.get("/campaigns", token="").status_code == 401
+    answer = api.get("/campaigns", token="mcu_not-a-real-token")
+    assert answer.status_code == 401 and answer.headers["WWW-Authenticate"] == "Bearer"
+    with api.database.session(write=False) as session:
+        stored = list(session.scalars(select(ApiToken.token_hash)))
+    assert api.alice not in stored and all(len(value) == 64 for value in stored)
+
+
+def test_users_see_only_their_own_campaigns(api):
+    campaign = api.create(realizations=2)
+    cid = campaign["id"]
+    for method, path in [
+        ("GET", f"/campaigns/{cid}"),
+        ("POST", f"/campaigns/{cid}/cancel"),
+        ("POST", f"/campaigns/{cid}/retry"),
+        ("DELETE", f"/campaigns/{cid}"),
+        ("GET", f"/campaigns/{cid}/realizations"),
+        ("GET", f"/campaigns/{cid}/realizations/0"),
+        ("GET", f"/events/log?campaign_id={cid}"),
+    ]:
+        answer = api.request(method, path, api.bob)
+        assert answer.status_code == 404, (method, path, answer.text)
+    assert api.get("/campaigns", api.bob).json()["items"] == []
+    assert api.campaign(cid)["state"] == "queued"  # bob's cancel changed nothing
+
+
+def test_token_kinds_reach_only_their_endpoints(api):
+    campaign = api.create(realizations=1)
+    worker = api.register()
+    for method, path in [
+        ("GET", "/campaigns"),
+        ("POST", "/campaigns"),
+        ("GET", f"/campaigns/{campaign['id']}"),
+        ("GET", "/plans"),
+        ("GET", "/workers"),
+        ("GET", "/events/log"),
+    ]:
+        assert api.request(method, path, api.alice_worker, json=spec_data()).status_code == 403, path
+    for method, path, body in [
+        ("POST", "/workers", {"name": "x", "site": "s", "host": "h"}),
+        ("POST", f"/workers/{worker}/claim", {}),
+        ("POST", f"/workers/{worker}/heartbeat", {}),
+        ("POST", "/tasks/realize-1/started", {}),
+        ("POST", "/tasks/realize-1/failed", {"failure_class": "oom"}),
+    ]:
+        answer = api.request(method, path, api.alice, json=body)
+        assert answer.status_code == 403 and answer.json()["code"] == "wrong_token_kind", path
+    # A worker id belongs to the token that registered it.
+    assert api.wpost(f"/workers/{worker}/claim", api.bob_worker, json={}).status_code == 403
+    assert api.wpost("/workers/999/claim", json={}).status_code == 404
+
+
+def test_body_size_limit(make_api):
+    api = make_api(max_json_body_bytes=4096)
+    big = spec_data(description="x" * 3_990)
+    answer = api.post("/campaigns", json=big)
+    assert answer.status_code == 413 and answer.json()["code"] == "too_large"
+
+    def chunks():
+        yield b'{"name": "streamed", "description": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}'
+
+    streamed = api.post("/campaigns", content=chunks(), headers={"content-type": "application/json"})
+    assert streamed.status_code == 413
+    assert api.get("/campaigns").json()["items"] == []
+
+
+def test_unexpected_errors_answer_a_plain_500(make_api):
+    def configure(app: FastAPI) -> None:
+        @app.get("/boom")
+        def boom() -> None:
+            raise RuntimeError("secret internals: password=hunter2")
+
+    api = make_api(configure=configure)
+    answer = api.client.get("/boom")
+    assert answer.status_code == 500
+    assert answer.json() == {"detail": "internal server error", "code": "internal_error"}
+
+
+def test_health_metrics_and_openapi(api):
+    assert api.client.get("/healthz").json() == {
+        "status": "ok",
+        "database": api.database.dialect,
+        "schema_revision": "0001",
+    }
+    api.create(realizations=3)
+    worker = api.register()
+    api.build_plan(worker)
+    api.claim(worker, max_tasks=2)
+    text = api.client.get("/metrics").text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    states = {s.labels["state"]: s.value for s in families["mapcampaign_realizations"].samples}
+    assert states["claimed"] == 2 and states["queued"] == 1
+    claims = {s.labels["kind"]: s.value for s in families["mapcampaign_claims"].samples if s.name.endswith("_total")}
+    assert claims == {"realize": 2, "preprocess": 1}
+    assert "mapcampaign_lease_expiries" in families
+    latency = families["mapcampaign_http_request_duration_seconds"]
+    routes = {s.labels["route"] for s in latency.samples}
+    assert "/api/v1/workers/{worker_id}/claim" in routes
+    schema = api.client.get("/api/v1/openapi.json").json()
+    assert "/api/v1/campaigns" in schema["paths"] and "/api/v1/tasks/{task_id}/artifacts/{name}" in schema["paths"]
+    assert {"PreprocessTask", "RealizeTask", "HeartbeatAnswer"} <= set(schema["components"]["schemas"])

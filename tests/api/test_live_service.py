@@ -1,0 +1,144 @@
+"""A real ``mapcampaign serve`` subprocess: embedded tokens, SSE, the background reaper, concurrent claims."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+
+from tests.support.live_service import REPO, start_live_service
+from tests.support.service_helpers import spec_data
+
+
+def read_events(lines: Iterator[str], count: int) -> list[dict]:
+    """The next ``count`` SSE messages from the lines of an open stream, as {id, event, data}."""
+    events, current = [], {}
+    for line in lines:
+        if line == "":
+            if "data" in current:
+                events.append(current)
+                if len(events) == count:
+                    return events
+            current = {}
+        elif line.startswith(":") or line.startswith("retry:"):
+            continue
+        else:
+            key, _, value = line.partition(": ")
+            current[key] = json.loads(value) if key == "data" else value
+    raise AssertionError(f"the stream ended after {len(events)} events")
+
+
+def build_plan(client: httpx.Client) -> int:
+    worker = client.post("/workers", json={"name": "builder", "site": "local", "host": "h"}).json()["id"]
+    task = client.post(f"/workers/{worker}/claim", json={"max_tasks": 1}).json()["tasks"][0]
+    assert task["kind"] == "preprocess"
+    built = client.post(
+        f"/tasks/{task['task_id']}/plan-built", json={"path": "/p", "checksum": "c", "size_bytes": 1, "build_time_s": 1}
+    )
+    assert built.status_code == 200
+    return worker
+
+
+def test_embedded_default_makes_local_tokens(tmp_path):
+    service = start_live_service(tmp_path / "embedded")
+    try:
+        for name in ("local-user.token", "local-worker.token"):
+            mode = (tmp_path / "embedded" / "tokens" / name).stat().st_mode
+            assert stat.S_IMODE(mode) == 0o600
+        assert "local-user.token" in service.log_path.read_text()
+        with service.client(service.user_token) as user, service.client(service.worker_token) as worker:
+            assert user.get("/campaigns").status_code == 200
+            assert worker.get("/campaigns").status_code == 403
+            assert worker.post("/workers", json={"name": "w", "site": "local", "host": "h"}).status_code == 200
+        extra = service.create_token("carol")
+        with service.client(extra) as carol:
+            assert carol.get("/campaigns").json()["items"] == []
+    finally:
+        service.stop()
+    again = start_live_service(tmp_path / "embedded")  # second start: same tokens, nothing re-made
+    try:
+        assert again.user_token == service.user_token
+    finally:
+        again.stop()
+
+
+def test_sse_stream_delivers_events_and_resumes(live_service):
+    with live_service.client(live_service.user_token, timeout=20) as user:
+        with user.stream("GET", "/events") as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            lines = stream.iter_lines()
+            next(lines)  # the stream is open: later events will be in it
+            campaign = user.post("/campaigns", json=spec_data(realizations=2)).json()
+            user.post(f"/campaigns/{campaign['id']}/cancel", json={"reason": "test"})
+            first, second = read_events(lines, 2)
+        assert (first["event"], first["data"]["state"], first["data"]["campaign_id"]) == (
+            "campaign",
+            "queued",
+            campaign["id"],
+        )
+        assert int(second["id"]) > int(first["id"])
+        # Resume after the first event: the second comes first.
+        with user.stream(
+            "GET", "/events", params={"campaign_id": campaign["id"]}, headers={"Last-Event-ID": first["id"]}
+        ) as resumed:
+            assert read_events(resumed.iter_lines(), 1)[0]["id"] == second["id"]
+        log = user.get("/events/log", params={"after": 0, "campaign_id": campaign["id"]}).json()
+        assert [event["id"] for event in log][:2] == [int(first["id"]), int(second["id"])]
+        assert user.get("/events", params={"campaign_id": 424242}).status_code == 404
+
+
+def test_background_reaper_requeues_expired_leases(make_live_service):
+    service = make_live_service(env={"MAPCAMPAIGN_LEASE_S": "0.5", "MAPCAMPAIGN_REAPER_INTERVAL_S": "0.2"})
+    with service.client(service.user_token) as user, service.client(service.worker_token) as worker:
+        campaign = user.post("/campaigns", json=spec_data(realizations=1)).json()
+        worker_id = build_plan(worker)
+        task = worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 1}).json()["tasks"][0]
+        deadline = time.monotonic() + 60
+        while user.get(f"/campaigns/{campaign['id']}/realizations/0").json()["state"] != "queued":
+            assert time.monotonic() < deadline, "the reaper never requeued the expired lease"
+            time.sleep(0.2)
+        history = user.get(f"/campaigns/{campaign['id']}/realizations/0").json()["attempt_history"]
+        assert history[0]["failure_class"] == "lost_worker"
+        assert worker.post(f"/tasks/{task['task_id']}/started").status_code == 409
+
+
+def test_concurrent_claims_hand_out_each_realisation_once(live_service, tmp_path):
+    total, claimers = 2000, 4
+    with live_service.client(live_service.user_token) as user, live_service.client(live_service.worker_token) as w:
+        campaign = user.post("/campaigns", json=spec_data(realizations=total)).json()
+        build_plan(w)
+    outputs = [tmp_path / f"claims-{n}.jsonl" for n in range(claimers)]
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.claimer",
+                live_service.api_url,
+                live_service.worker_token,
+                f"claimer-{n}",
+                str(outputs[n]),
+                str(n),
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        for n in range(claimers)
+    ]
+    for process in processes:
+        assert process.wait(timeout=600) == 0
+    claims = [json.loads(line) for path in outputs for line in path.read_text().splitlines()]
+    handed_out = [(c["campaign_id"], c["realization"]) for c in claims if c["kind"] == "realize"]
+    assert len(handed_out) == total and len(set(handed_out)) == total
+    assert set(handed_out) == {(campaign["id"], index) for index in range(total)}
+    assert len({c["task_id"] for c in claims}) == len(claims)
+    assert all(path.read_text() for path in outputs), "every claimer should have won some claims"
+    with live_service.client(live_service.user_token) as user:
+        counts = user.get(f"/campaigns/{campaign['id']}").json()["progress"]["counts"]
+    assert counts["claimed"] == total and counts["queued"] == 0

@@ -1,0 +1,292 @@
+"""The queue over the REST API: claim order, plan builds, leases, attempts, results, artifacts."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import select
+
+from service.campaigns.hooks import on_result_accepted, remove_result_hook
+from service.events.models import Event
+from tests.support.service_helpers import product, sha256
+
+
+def test_claim_order_priority_then_age_then_index(api):
+    low = api.create(name="low", realizations=2, priority=0)
+    high = api.create(name="high", realizations=2, priority=5)
+    older_high = high  # created before the next one: same priority, older first
+    newer_high = api.create(name="newer high", realizations=1, priority=5)
+    worker = api.register()
+    api.build_plan(worker)  # one plan: every campaign has the demo scan and ranks
+    order = [(task["campaign_id"], task["realization"]) for task in api.claim(worker, max_tasks=10)]
+    assert order == [
+        (older_high["id"], 0),
+        (older_high["id"], 1),
+        (newer_high["id"], 0),
+        (low["id"], 0),
+        (low["id"], 1),
+    ]
+    assert api.claim(worker) == []
+    assert api.campaign(low["id"])["state"] == "running"
+
+
+def test_plan_built_once_per_scan_key_ranks_site_and_shared(api):
+    first = api.create(name="a", realizations=2, seed=1, **{"noise.f_knee_hz": 0.05})
+    second = api.create(name="b", realizations=2, seed=2, **{"noise.f_knee_hz": 0.2, "sky.seed": 9})
+    other_ranks = api.create(name="c", realizations=1, **{"resources.ranks": 4})
+    assert first["scan_key"] == second["scan_key"] == other_ranks["scan_key"]
+    builder, helper, remote = api.register("builder"), api.register("helper"), api.register("remote", site="nersc")
+
+    tasks = api.claim(builder, max_tasks=1)
+    assert [t["kind"] for t in tasks] == ["preprocess"] and tasks[0]["ranks"] == 2 and tasks[0]["site"] == "local"
+    shared = tasks[0]
+    # The same (scan key, 2 ranks, local) is being built: the helper gets the 4-rank plan, never a second build.
+    helper_tasks = api.claim(helper, max_tasks=5)
+    assert [(t["kind"], t["ranks"]) for t in helper_tasks] == [("preprocess", 4)]
+    assert api.claim(helper, max_tasks=5) == []  # nothing runnable while plans build
+    remote_task = api.claim(remote, max_tasks=1)
+    assert remote_task[0]["kind"] == "preprocess" and remote_task[0]["site"] == "nersc"
+
+    assert api.plan_built(shared["task_id"]).status_code == 200
+    assert api.plan_built(shared["task_id"]).status_code == 409  # reported once
+    realize = api.claim(helper, max_tasks=10)
+    assert {t["campaign_id"] for t in realize} == {first["id"], second["id"]}
+    assert {t["plan"]["id"] for t in realize} == {shared["plan_id"]} and len(realize) == 4
+    for task in realize:
+        assert api.succeed(task).status_code == 200
+
+    plans = api.get("/plans").json()["items"]
+    assert sorted((p["ranks"], p["site"], p["state"]) for p in plans) == [
+        (2, "local", "ready"),
+        (2, "nersc", "building"),
+        (4, "local", "building"),
+    ]
+    ready = api.get(f"/plans/{shared['plan_id']}").json()
+    assert ready["uses"] == 4 and ready["build_attempts"] == 1 and ready["path"] == "/plans/p.h5"
+    assert api.get("/plans", params={"site": "nersc"}).json()["items"][0]["lease_holder"] == "remote"
+    assert api.get("/plans/999").status_code == 404
+
+
+def test_failed_build_is_retried_then_campaigns_fail_with_the_cause(make_api):
+    api = make_api(max_plan_builds=2)
+    one = api.create(name="one", realizations=2)
+    two = api.create(name="two", realizations=1, seed=77)
+    worker = api.register()
+    first = api.claim(worker)[0]
+    assert api.fail(first["task_id"], "app_error", 1).json()["state"] == "failed"
+    second = api.claim(worker)[0]
+    assert second["kind"] == "preprocess" and second["plan_id"] == first["plan_id"]
+    assert second["task_id"] != first["task_id"]
+    answer = api.wpost(
+        f"/tasks/{second['task_id']}/failed",
+        json={"failure_class": "oom", "exit_code": 137, "message": "plan build ran out of memory"},
+    )
+    assert answer.status_code == 200
+    for campaign in (one, two):
+        failed = api.campaign(campaign["id"])
+        assert failed["state"] == "failed" and failed["finished_at"]
+        assert "preprocessing" in failed["failure_cause"] and "ran out of memory" in failed["failure_cause"]
+        assert failed["progress"]["counts"]["failed"] == campaign["realizations"]
+    plan = api.get(f"/plans/{first['plan_id']}").json()
+    assert plan["state"] == "failed" and plan["build_attempts"] == 2 and "oom" in plan["last_error"]
+    assert api.claim(worker) == []
+    # Submitting again gives the plan a fresh budget.
+    api.create(name="three", realizations=1)
+    third = api.claim(worker)[0]
+    assert third["kind"] == "preprocess" and third["task_id"] not in (first["task_id"], second["task_id"])
+
+
+def test_expired_lease_requeues_as_lost_worker(make_api):
+    api = make_api(lease_s=0.2)
+    campaign = api.create(realizations=1, max_attempts=3)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    assert (
+        api.wpost(f"/tasks/{task['task_id']}/started", json={"host": "node7", "scheduler_job_id": "123"}).json()[
+            "state"
+        ]
+        == "running"
+    )
+    time.sleep(0.3)
+    assert api.reap().realizations == 1
+    assert api.reap().realizations == 0  # handled once
+    realization = api.realization(campaign["id"], 0)
+    assert realization["state"] == "queued" and realization["lease_holder"] is None
+    attempt = realization["attempt_history"][0]
+    assert (
+        attempt["failure_class"] == "lost_worker"
+        and attempt["host"] == "node7"
+        and attempt["scheduler_job_id"] == "123"
+    )
+    assert api.succeed(task).status_code == 409  # the late report changes nothing
+    assert api.fail(task["task_id"]).status_code == 409
+    beat = api.wpost(f"/workers/{worker}/heartbeat", json={"running": [task["task_id"]]}).json()
+    assert beat["lost"] == [task["task_id"]] and beat["extended"] == []
+    again = api.claim(worker)[0]
+    assert again["realization"] == 0 and again["attempt"] == 2
+    assert api.succeed(again).status_code == 200
+    assert api.realization(campaign["id"], 0)["state"] == "succeeded"
+
+
+def test_heartbeat_extends_leases(api):
+    campaign = api.create(realizations=1)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    before = api.realization(campaign["id"], 0)["lease_expires_at"]
+    beat = api.wpost(f"/workers/{worker}/heartbeat", json={"running": [task["task_id"]]}).json()
+    assert beat["extended"] == [task["task_id"]] and beat["cancel"] == beat["lost"] == []
+    after = api.realization(campaign["id"], 0)["lease_expires_at"]
+    assert after == beat["lease_expires_at"] and after >= before
+    other = api.register("w2")
+    assert api.wpost(f"/workers/{other}/heartbeat", json={"running": [task["task_id"]]}).json()["lost"] == [
+        task["task_id"]
+    ]
+    assert api.wpost(f"/workers/{worker}/heartbeat", json={"running": ["bogus"]}).json()["lost"] == ["bogus"]
+    assert api.wpost(f"/workers/{other}/heartbeat", api.bob_worker, json={"running": []}).status_code == 403
+
+
+def test_expired_plan_lease_counts_as_a_build_attempt(make_api):
+    api = make_api(lease_s=0.2, max_plan_builds=3)
+    api.create(realizations=1)
+    worker = api.register()
+    build = api.claim(worker)[0]
+    time.sleep(0.3)
+    assert api.reap().plans == 1
+    plan = api.get(f"/plans/{build['plan_id']}").json()
+    assert plan["state"] == "failed" and "lost_worker" in plan["last_error"] and plan["build_attempts"] == 1
+    assert api.plan_built(build["task_id"]).status_code == 409
+    rebuild = api.claim(worker)[0]
+    assert rebuild["kind"] == "preprocess" and rebuild["build_attempt"] == 2
+
+
+def test_attempts_capped_then_realisation_fails(api):
+    campaign = api.create(realizations=1, max_attempts=2)
+    worker = api.register()
+    api.build_plan(worker)
+    first = api.claim(worker)[0]
+    assert api.fail(first["task_id"], "walltime", None).json()["state"] == "queued"
+    second = api.claim(worker)[0]
+    assert second["attempt"] == 2
+    assert api.fail(second["task_id"], "app_error", 3).json()["state"] == "failed"
+    assert api.claim(worker) == []
+    body = api.campaign(campaign["id"])
+    assert body["state"] == "failed" and body["failure_cause"] == "1 of 1 realisations failed"
+    history = api.realization(campaign["id"], 0)["attempt_history"]
+    assert [(a["failure_class"], a["exit_code"]) for a in history] == [("walltime", None), ("app_error", 3)]
+    assert history[1]["log_tail"] == "Traceback: boom"
+
+
+def test_result_accepted_once_and_late_duplicate_refused(api):
+    campaign = api.create(realizations=2)
+    worker = api.register()
+    api.build_plan(worker)
+    task, other = api.claim(worker, max_tasks=2)
+    accepted = api.succeed(task)
+    assert accepted.status_code == 200 and accepted.json()["state"] == "succeeded"
+    stored = api.realization(campaign["id"], task["realization"])["result"]
+    duplicate = api.succeed(task)
+    assert duplicate.status_code == 409 and duplicate.json()["code"] == "result_already_accepted"
+    assert api.fail(task["task_id"]).status_code == 409
+    assert api.realization(campaign["id"], task["realization"])["result"] == stored
+    # A result that does not match its task is refused and changes nothing.
+    from tests.support.service_helpers import result_for
+
+    wrong = result_for(other["spec"], other["realization"] + 1)
+    refused = api.wpost(f"/tasks/{other['task_id']}/succeeded", json={"result": wrong})
+    assert refused.status_code == 422 and "realization" in refused.json()["detail"]
+    assert api.realization(campaign["id"], other["realization"])["state"] == "claimed"
+    # Reports from a token that did not claim the task are refused.
+    assert api.succeed(other, token=api.bob_worker).status_code == 403
+    assert api.wpost("/tasks/realize-999999/started").status_code == 404
+    assert api.wpost("/tasks/nonsense/started").status_code == 404
+    assert (
+        api.wpost(
+            f"/tasks/{other['task_id']}/plan-built",
+            json={"path": "p", "checksum": "c", "size_bytes": 1, "build_time_s": 1},
+        ).status_code
+        == 422
+    )
+
+
+def test_artifacts_staged_checked_and_moved_into_place(make_api):
+    api = make_api(max_artifact_bytes=4096)
+    seen = []
+    hook = on_result_accepted(seen.append)
+    try:
+        campaign = api.create(realizations=1)
+        worker = api.register()
+        api.build_plan(worker)
+        task = api.claim(worker)[0]
+        maps, hits = b"SIMPLE = T" * 100, b"hits" * 10
+        url = f"/tasks/{task['task_id']}/artifacts"
+
+        def put(name, payload, digest=None, token=None):
+            return api.request(
+                "PUT",
+                f"{url}/{name}",
+                token or api.alice_worker,
+                content=payload,
+                headers={"X-Content-SHA256": digest or sha256(payload)},
+            )
+
+        assert put("iqu.fits", maps).status_code == 201
+        assert put("hits.fits", hits, digest="0" * 64).status_code == 422
+        assert put("..", hits).status_code in (404, 422)
+        assert put(".hidden", hits).status_code == 422
+        assert put("big.fits", b"x" * 5000).status_code == 413
+        assert api.request("PUT", f"{url}/hits.fits", api.alice_worker, content=hits).status_code == 422  # no sha
+        assert put("hits.fits", hits, token=api.alice).status_code == 403  # user tokens cannot upload
+
+        missing = api.succeed(task, products=[product("iqu.fits", maps), product("hits.fits", hits)])
+        assert missing.status_code == 422 and "hits.fits" in missing.json()["detail"]
+        assert put("hits.fits", hits).status_code == 201
+        assert api.succeed(task, products=[product("iqu.fits", maps), product("hits.fits", hits)]).status_code == 200
+
+        folder = api.settings.products_dir / str(campaign["id"]) / "realizations" / "0"
+        assert sorted(p.name for p in folder.iterdir()) == ["hits.fits", "iqu.fits"]
+        assert (folder / "iqu.fits").read_bytes() == maps
+        assert not any((folder.parent / ".staging").iterdir())
+        assert put("late.fits", hits).status_code == 409
+        assert [(a.campaign_id, a.realization, a.product_dir) for a in seen] == [(campaign["id"], 0, folder)]
+    finally:
+        remove_result_hook(hook)
+
+
+def test_every_state_change_is_an_event_in_order(api):
+    campaign = api.create(realizations=1)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    api.wpost(f"/tasks/{task['task_id']}/started")
+    api.succeed(task)
+    with api.database.session(write=False) as session:
+        events = list(session.scalars(select(Event).order_by(Event.id)))
+    ids = [event.id for event in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    realisation_states = [e.state for e in events if e.kind == "realization" and e.campaign_id == campaign["id"]]
+    assert realisation_states == ["claimed", "running", "succeeded"]
+    campaign_states = [e.state for e in events if e.kind == "campaign"]
+    assert campaign_states == ["queued", "running", "succeeded"]
+    assert [e.state for e in events if e.kind == "plan"] == ["building", "ready"]
+
+
+def test_uploads_of_a_failed_attempt_are_discarded(api):
+    campaign = api.create(realizations=1, max_attempts=2)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    payload = b"partial map"
+    upload = api.request(
+        "PUT",
+        f"/tasks/{task['task_id']}/artifacts/iqu.fits",
+        api.alice_worker,
+        content=payload,
+        headers={"X-Content-SHA256": sha256(payload)},
+    )
+    assert upload.status_code == 201
+    staging = api.settings.products_dir / str(campaign["id"]) / "realizations" / ".staging"
+    assert any(staging.iterdir())
+    assert api.fail(task["task_id"], "walltime", None).status_code == 200
+    assert not any(staging.iterdir())
