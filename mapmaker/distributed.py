@@ -32,6 +32,8 @@ class DistributedPixels:
         self.n_local = len(self.local_pixels)
         self.owned = self._lowest_observer() == self.rank
         self.n_owned = int(self.owned.sum())
+        # 0/1 weights make the owned-only sums one pass without copies; None when every pixel is owned.
+        self._owned_weight = None if self.n_owned == self.n_local else self.owned.astype(np.float64)
         self.n_observed = int(comm.allreduce(self.n_owned, op=MPI.SUM))
 
     def _pieces(self):
@@ -58,17 +60,23 @@ class DistributedPixels:
         """Positions of global pixel ids (all present locally) in ``local_pixels``, int64."""
         return np.searchsorted(self.local_pixels, pixels).astype(np.int64, copy=False)
 
+    def _global_sum(self, local_value: float) -> float:
+        total = np.array([local_value], dtype=np.float64)
+        self.comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+        return float(total[0])
+
     def sum_owned(self, values: np.ndarray) -> float:
         """Sum over all ranks of ``values`` [n_local, ...] restricted to owned pixels."""
-        local = np.array([np.sum(values[self.owned])], dtype=np.float64)
-        self.comm.Allreduce(MPI.IN_PLACE, local, op=MPI.SUM)
-        return float(local[0])
+        return self._global_sum(np.sum(values[self.owned]))
 
     def dot(self, a: np.ndarray, b: np.ndarray) -> float:
         """Global dot product of two consistent pixel vectors [n_local, k], each pixel counted once."""
-        local = np.array([np.vdot(a[self.owned], b[self.owned])], dtype=np.float64)
-        self.comm.Allreduce(MPI.IN_PLACE, local, op=MPI.SUM)
-        return float(local[0])
+        # einsum, not np.dot/vdot: BLAS would wake its thread pool, whose spinning workers
+        # then compete with the ranks for the cores (measured 15 ms per call on 2 loaded cores).
+        a, b = a.reshape(self.n_local, -1), b.reshape(self.n_local, -1)
+        if self._owned_weight is None:
+            return self._global_sum(np.einsum("ij,ij->", a, b))
+        return self._global_sum(np.einsum("i,ij,ij->", self._owned_weight, a, b))
 
     def gather_to_root(self, values: np.ndarray, fill: float, root: int = 0) -> np.ndarray | None:
         """Full map [npix, k] on ``root`` (``fill`` where no rank has the pixel); None elsewhere.
