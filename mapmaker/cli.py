@@ -99,9 +99,13 @@ def _run_realize(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
 
-    def fail(message: str) -> int:
+    def fail(message: str, collective: bool = True) -> int:
         if rank == 0:
             print(f"mapmaker realize: {message}", file=sys.stderr, flush=True)
+        if collective:
+            # Every rank exits 2; without this barrier the first to exit aborts the
+            # others (python -m mpi4py turns a non-zero exit into MPI_Abort) before rank 0 has spoken.
+            comm.Barrier()
         return BAD_INPUT
 
     # Every rank checks the same inputs and reaches the same verdict; only --out is checked once.
@@ -138,8 +142,8 @@ def _run_realize(args: argparse.Namespace) -> int:
         )
     except SkyError as error:
         return fail(f"sky: {error}")
-    except OutputExists as error:
-        return fail(str(error))
+    except OutputExists as error:  # --out appeared during the run; only root sees it
+        return fail(str(error), collective=False)
     if rank == 0 and not args.quiet:
         state = "converged" if result.converged else "NOT converged"
         print(

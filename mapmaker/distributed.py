@@ -73,7 +73,8 @@ class DistributedPixels:
         """Global dot product of two consistent pixel vectors [n_local, k], each pixel counted once."""
         # einsum, not np.dot/vdot: BLAS would wake its thread pool, whose spinning workers
         # then compete with the ranks for the cores (measured 15 ms per call on 2 loaded cores).
-        a, b = a.reshape(self.n_local, -1), b.reshape(self.n_local, -1)
+        if a.ndim == 1:
+            a, b = a[:, None], b[:, None]
         if self._owned_weight is None:
             return self._global_sum(np.einsum("ij,ij->", a, b))
         return self._global_sum(np.einsum("i,ij,ij->", self._owned_weight, a, b))
