@@ -69,7 +69,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
             "samples per second per core. Runs serially or under mpiexec; takes about a minute at the default size."
         ),
     )
-    parser.add_argument("--samples", type=_positive_int, default=4_000_000, help="samples per rank (default 4,000,000)")
+    parser.add_argument("--samples", type=_positive_int, default=12_000_000, help="samples per rank (default 12,000,000)")
     parser.add_argument("--nside", type=_positive_int, default=256, help="HEALPix nside (default 256)")
     parser.add_argument("--repeat", type=_positive_int, default=5, help="timed repetitions; the best is kept (default 5)")
     parser.add_argument("--threads", type=_positive_int, default=1, help="threads per rank for the FFTs (default 1)")
