@@ -84,16 +84,22 @@ def file_record(name: str, path: Path, folder: Path) -> ProductFile:
 
 
 def write_maps(
-    folder: ProductFolder, iqu: np.ndarray, hits: np.ndarray, rcond: np.ndarray, header: list[tuple[str, object]]
+    folder: ProductFolder,
+    iqu: np.ndarray,
+    hits: np.ndarray,
+    rcond: np.ndarray,
+    header: list[tuple[str, object]],
+    coord: str,
 ) -> list[ProductFile]:
-    """Write the three maps; return their records (sha256, size)."""
+    """Write the three maps (``coord``: "E" ecliptic or "C" equatorial); return their records (sha256, size)."""
     paths = {role: folder.file(name) for role, name in MAP_FILES.items()}
+    common = {"extra_header": header, "coord": coord}
     hp.write_map(
         paths["iqu"], iqu, dtype=np.float64, column_names=["I_STOKES", "Q_STOKES", "U_STOKES"],
-        column_units="K", extra_header=header,
+        column_units="K", **common,
     )
-    hp.write_map(paths["hits"], hits.astype(np.int64), dtype=np.int64, column_names=["HITS"], extra_header=header)
-    hp.write_map(paths["rcond"], rcond, dtype=np.float64, column_names=["RCOND"], extra_header=header)
+    hp.write_map(paths["hits"], hits.astype(np.int64), dtype=np.int64, column_names=["HITS"], **common)
+    hp.write_map(paths["rcond"], rcond, dtype=np.float64, column_names=["RCOND"], **common)
     return [file_record(role, path, folder.path) for role, path in paths.items()]
 
 

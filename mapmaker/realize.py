@@ -45,6 +45,8 @@ from schemas.spec import CampaignSpec, MapSky
 
 Progress = Callable[[str], None]
 
+SINGULAR_RCOND = 1e-12  # blocks below this are cut even when solver.rcond_min is 0
+
 
 @dataclass
 class RankStats:
@@ -145,7 +147,8 @@ def run_realization(
         geometric, weighted = both[:, :6], both[:, 6:]
         hits = geometric[:, 0]
         pixel_rcond = blocks.rcond(geometric)
-        cut = pixel_rcond < spec.solver.rcond_min
+        # A singular block (rcond 0) cannot be solved whatever rcond_min says.
+        cut = pixel_rcond < max(spec.solver.rcond_min, SINGULAR_RCOND)
         solved = ~cut
         excluded_local = local.exclude_pixels(cut)
         inverse_blocks = blocks.invert(weighted, solved)
@@ -278,7 +281,7 @@ def rng_stream_records(spec: CampaignSpec, realization: int, cap: int = 64) -> t
     return records, total
 
 
-def package_versions(comm: MPI.Comm) -> dict[str, str]:
+def package_versions() -> dict[str, str]:
     import platform
     from importlib import metadata
 
@@ -336,8 +339,9 @@ def realize_to_folder(
     if rank == 0:
         with timers("io"):
             folder = products.ProductFolder(out)
-            header = [("REALIZ", realization), ("SCANKEY", scan_key(spec)[:64]), ("ORDERING", "RING")]
-            product_records = products.write_maps(folder, outcome.iqu, outcome.hits, outcome.rcond, header)
+            header = [("REALIZ", realization), ("SCANKEY", scan_key(spec))]
+            coord = "C" if spec.scan.kind == "ground" else "E"  # equatorial / ecliptic
+            product_records = products.write_maps(folder, outcome.iqu, outcome.hits, outcome.rcond, header, coord)
 
     per_rank = comm.gather(
         {
@@ -386,7 +390,7 @@ def realize_to_folder(
         rng_scheme=rng.RNG_SCHEME,
         rng_streams_total=streams_total,
         decomposition=outcome.fingerprint,
-        versions=package_versions(comm),
+        versions=package_versions(),
         products=product_records,
     )
     try:

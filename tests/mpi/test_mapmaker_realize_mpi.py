@@ -156,7 +156,7 @@ def test_products_are_healpix_ring_maps(runs):
     assert np.all((rcond == hp.UNSEEN) == (hits == 0))
     assert np.all(iqu[0][hits == 0] == hp.UNSEEN)
     header = dict(hp.read_map(out / "map_iqu.fits", h=True)[1])
-    assert header["ORDERING"] == "RING" and header["NSIDE"] == 16
+    assert header["ORDERING"] == "RING" and header["NSIDE"] == 16 and header["COORDSYS"] == "E"
 
 
 def test_progress_goes_to_stderr_from_rank_zero(runs):

@@ -61,9 +61,10 @@ def test_noiseless_solve_returns_the_input_sky():
         np.testing.assert_allclose(outcome.iqu[stokes, solved], sky[stokes, solved], rtol=1e-6)
 
 
-def test_noiseless_ground_solve_returns_the_input_sky():
+@pytest.mark.parametrize("rcond_min", [0.01, 0.0])  # 0: singular blocks are still cut, never inverted
+def test_noiseless_ground_solve_returns_the_input_sky(rcond_min):
     spec = make_spec(
-        {"solver.tol": 1e-10},
+        {"solver.tol": 1e-10, "solver.rcond_min": rcond_min},
         kind="signal-only",
         noise="off",
         scan={"kind": "ground", "duration_s": 7200.0, "chunk_s": 900.0, "azimuth_min_deg": 150.0,
