@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import healpy as hp
 import numpy as np
@@ -90,9 +91,12 @@ def run_realization(
     threads: int = 1,
     progress: Progress | None = None,
     timers: Timers | None = None,
+    plan: Any = None,
 ) -> SolveOutcome:
     """Simulate and solve realisation ``realization`` of ``spec`` on ``comm``.
 
+    ``plan`` is handed to :func:`mapmaker.reduction.make_reduction` (the
+    overlap plan of plan-driven reductions; unused by ``allreduce``).
     Raises :class:`mapmaker.sky.SkyError` (on every rank) when the sky cannot
     be built, and :class:`mapmaker.reduction.ReductionUnavailable` for a
     reduction this version lacks -- both before any heavy work.
@@ -132,7 +136,9 @@ def run_realization(
     buffer_pixels = spec.solver.allreduce_buffer_pixels
     with timers("comm"):
         pixels = DistributedPixels(comm, local.local_pixels, npix, buffer_pixels)
-        reduction = make_reduction(requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels)
+        reduction = make_reduction(
+            requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan
+        )
 
     # 4. hit matrices, rcond cut, preconditioner.
     with timers("calc"):
