@@ -97,6 +97,24 @@ class LocalData:
         )
 
 
+def observed_pixels(pixels: np.ndarray, npix: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique pixel ids [n_local] int64 and each sample's position among them [n_samp] int64.
+
+    A lookup table over the whole map (9 bytes per pixel) when the map is not
+    much larger than the samples -- ten times faster than sorting them --
+    and ``np.unique`` otherwise.
+    """
+    if npix <= 4 * len(pixels):
+        seen = np.zeros(npix, dtype=bool)
+        seen[pixels] = True
+        local_pixels = np.flatnonzero(seen).astype(np.int64)
+        lookup = np.empty(npix, dtype=np.int64)
+        lookup[local_pixels] = np.arange(len(local_pixels), dtype=np.int64)
+        return local_pixels, lookup[pixels]
+    local_pixels, local_index = np.unique(pixels, return_inverse=True)
+    return local_pixels.astype(np.int64, copy=False), local_index.astype(np.int64, copy=False).reshape(-1)
+
+
 def build_local_data(spec: CampaignSpec, layout: ChunkLayout, chunks: list[Chunk], noise: NoiseModel) -> LocalData:
     """Pointing of ``chunks`` (computed here, chunk by chunk) and their stationary intervals."""
     sizes = np.array([c.n_samples for c in chunks], dtype=np.int64)
@@ -109,7 +127,7 @@ def build_local_data(spec: CampaignSpec, layout: ChunkLayout, chunks: list[Chunk
         pixels[start : start + chunk.n_samples], weights[start : start + chunk.n_samples] = pointer(
             chunk.time_chunk, chunk.detector
         )
-    local_pixels, local_index = np.unique(pixels, return_inverse=True)
+    local_pixels, local_index = observed_pixels(pixels, spec.pixelization.npix)
     del pixels
 
     starts, lengths, detectors, indices, interval_offsets = [], [], [], [], [0]
@@ -143,8 +161,8 @@ def build_local_data(spec: CampaignSpec, layout: ChunkLayout, chunks: list[Chunk
     return LocalData(
         chunks=list(chunks),
         chunk_offsets=chunk_offsets,
-        local_pixels=local_pixels.astype(np.int64, copy=False),
-        local_index=local_index.astype(np.int64, copy=False).reshape(-1),
+        local_pixels=local_pixels,
+        local_index=local_index,
         weights=weights,
         interval_starts=np.array(starts, dtype=np.int64),
         interval_lengths=lengths_array,

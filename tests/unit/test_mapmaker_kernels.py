@@ -179,3 +179,14 @@ def test_rcond_cut_selects_the_ill_conditioned_pixels():
     local_index = np.repeat(np.arange(4), 4)
     rcond = preconditioner.rcond(preconditioner.accumulate_blocks(local_index, weights, 4))
     np.testing.assert_array_equal(rcond < 0.01, [False, True, True, False])
+
+
+@pytest.mark.parametrize("npix", [50, 10**6])  # lookup table, np.unique
+def test_observed_pixels_both_ways(npix, rng):
+    from mapmaker.local_data import observed_pixels
+
+    pixels = rng.choice(npix, size=300).astype(np.int64)
+    local_pixels, local_index = observed_pixels(pixels, npix)
+    np.testing.assert_array_equal(local_pixels, np.unique(pixels))
+    np.testing.assert_array_equal(local_pixels[local_index], pixels)
+    assert local_pixels.dtype == local_index.dtype == np.int64
