@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from mapmaker.decomposition import chunk_layout, decompose
 from mapmaker.distributed import DistributedPixels
-from mapmaker.kernels import pointing, projection
+from mapmaker.kernels import projection
 from mapmaker.kernels import preconditioner as blocks
 from mapmaker.local_data import build_local_data
 from mapmaker.noise import NoiseModel

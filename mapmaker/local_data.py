@@ -123,7 +123,7 @@ def build_local_data(spec: CampaignSpec, layout: ChunkLayout, chunks: list[Chunk
     pixels = np.empty(n_samples, dtype=np.int64)
     weights = np.empty((n_samples, 3), dtype=np.float64)
     pointer = ChunkPointing(spec, layout)
-    for chunk, start in zip(chunks, chunk_offsets[:-1].tolist()):
+    for chunk, start in zip(chunks, chunk_offsets[:-1].tolist(), strict=True):
         pixels[start : start + chunk.n_samples], weights[start : start + chunk.n_samples] = pointer(
             chunk.time_chunk, chunk.detector
         )
@@ -131,7 +131,7 @@ def build_local_data(spec: CampaignSpec, layout: ChunkLayout, chunks: list[Chunk
     del pixels
 
     starts, lengths, detectors, indices, interval_offsets = [], [], [], [], [0]
-    for chunk, offset in zip(chunks, chunk_offsets[:-1].tolist()):
+    for chunk, offset in zip(chunks, chunk_offsets[:-1].tolist(), strict=True):
         for start, length, index in noise.chunk_intervals(chunk):
             starts.append(offset + start)
             lengths.append(length)
@@ -147,7 +147,7 @@ def build_local_data(spec: CampaignSpec, layout: ChunkLayout, chunks: list[Chunk
     filter_index = np.zeros(len(lengths), dtype=np.int64)
     noise_diagonal = np.empty(len(lengths), dtype=np.float64)
     inverse_variance = 1.0 / noise.white_variance[detectors_array] if len(lengths) else np.zeros(0)
-    for i, (detector, length) in enumerate(zip(detectors, lengths)):
+    for i, (detector, length) in enumerate(zip(detectors, lengths, strict=True)):
         if noise.white_weighting:
             noise_diagonal[i] = inverse_variance[i]
             continue

@@ -222,7 +222,6 @@ def run_realization(
     )
     stats.reduce_bytes, stats.reduce_messages = reduction.bytes_sent, reduction.messages_sent
     stats.reductions = reduction.calls
-    del scratch_tod
 
     # 8. products gathered on root.
     with timers("comm"):

@@ -124,6 +124,7 @@ def apply_inverse_white(
     tod [n_samp] (K), interval_starts / interval_lengths [n_int] int64,
     inverse_variance [n_int] (K^-2). Returns ``tod`` (K^-1).
     """
-    for start, length, scale in zip(interval_starts.tolist(), interval_lengths.tolist(), inverse_variance.tolist()):
+    rows = zip(interval_starts.tolist(), interval_lengths.tolist(), inverse_variance.tolist(), strict=True)
+    for start, length, scale in rows:
         tod[start : start + length] *= scale
     return tod

@@ -1,6 +1,5 @@
 """``python -m mapmaker realize`` under mpiexec: decomposition independence, products, bad input."""
 import hashlib
-import json
 import os
 import signal
 import subprocess

@@ -1,6 +1,5 @@
 """PCG against a direct solve."""
 import numpy as np
-import pytest
 
 from mapmaker.solver import pcg
 
