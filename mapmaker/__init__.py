@@ -17,6 +17,7 @@ Module map
 ``solver``          preconditioned conjugate gradients, independent of MPI
 ``realize``         one realisation end to end on a communicator (MPI)
 ``products``        FITS maps and result.json, written atomically
+``timing``          calc / comm / io wall-clock split and peak memory of a rank
 ``cli``             ``python -m mapmaker realize | bench``
 ``bench``           throughput of the kernels and of one PCG iteration
 """
