@@ -255,14 +255,20 @@ def test_killed_run_leaves_no_complete_looking_folder(tmp_path):
     command = [str(mpiexec()), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "mapmaker", "realize",
                "--spec", str(spec), "--realization", "0", "--out", str(out)]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+    seen = []
     try:
         for line in process.stderr:
+            seen.append(line)
             if line.startswith("iteration"):
                 break
-        os.killpg(process.pid, signal.SIGKILL)
     finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         process.wait(timeout=60)
         process.stderr.close()
+    assert seen and seen[-1].startswith("iteration"), "".join(seen)[-2000:]  # killed mid-solve
     assert not out.exists()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.partial-")]
     assert all(not (tmp_path / name / "result.json").exists() for name in leftovers)
