@@ -33,7 +33,7 @@ class LocalData:
     unique global pixel ids; local_index [n_samp] int64; weights [n_samp, 3]
     float64 (rows of cut samples are zero); intervals: starts / lengths /
     detector / global index [n_int] int64, filter_index [n_int] into
-    ``inverse_psds`` (K^-2, one per (detector, length); empty for white
+    ``inverse_psds`` (K^-2, one per (white level, length); empty for white
     weighting), inverse_variance [n_int] (1 / sigma^2, K^-2) and
     noise_diagonal [n_int] (diagonal of N^-1, K^-2); interval_offsets
     [n_chunks + 1] give each chunk's intervals.
@@ -141,8 +141,9 @@ def build_local_data(spec: CampaignSpec, layout: ChunkLayout, chunks: list[Chunk
     lengths_array = np.array(lengths, dtype=np.int64)
     detectors_array = np.array(detectors, dtype=np.int64)
 
-    # One N^-1 filter per (detector, length); white weighting needs none.
-    filters: dict[tuple[int, int], int] = {}
+    # One N^-1 filter per (white level, length): detectors without a NET override share
+    # theirs, so their intervals are filtered together. White weighting needs none.
+    filters: dict[tuple[float, int], int] = {}
     inverse_psds: list[np.ndarray] = []
     filter_index = np.zeros(len(lengths), dtype=np.int64)
     noise_diagonal = np.empty(len(lengths), dtype=np.float64)
@@ -151,7 +152,7 @@ def build_local_data(spec: CampaignSpec, layout: ChunkLayout, chunks: list[Chunk
         if noise.white_weighting:
             noise_diagonal[i] = inverse_variance[i]
             continue
-        key = (detector, length)
+        key = (float(noise.white_variance[detector]), length)
         if key not in filters:
             filters[key] = len(inverse_psds)
             inverse_psds.append(1.0 / noise.weighting_psd(detector, length))
