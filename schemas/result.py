@@ -79,7 +79,10 @@ class RealizationResult(ResultModel):
     timing: TimingSplit
     communication: CommunicationStats
     peak_memory_mb: Spread = Field(description="Peak resident memory per rank (MiB)")
-    rng_streams: list[RngStream] = Field(default_factory=list, description="One entry per distinct stream family")
+    rng_streams: list[RngStream] = Field(
+        default_factory=list,
+        description="Keys of the first streams the run drew (the sky first, then noise in time-major order), at most 64",
+    )
     rng_scheme: str = Field(description="How stream keys derive from (seed, realisation, detector, interval)")
     rng_streams_total: int | None = Field(
         None, description="Streams the run drew; rng_streams lists the first ones (keys derive from rng_scheme)"
