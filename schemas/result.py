@@ -42,6 +42,9 @@ class CommunicationStats(ResultModel):
     messages_per_iteration: Spread = Field(description="Messages sent by one rank in one reduction")
     reductions: int = Field(description="Reduction calls made in the whole run")
     bytes_counted: str = Field(description="How bytes are counted for this strategy")
+    seconds_per_iteration: Spread | None = Field(
+        None, description="Wall time of the pixel reduction per PCG iteration, per rank (s)"
+    )
 
 
 class RngStream(ResultModel):
@@ -76,8 +79,18 @@ class RealizationResult(ResultModel):
     timing: TimingSplit
     communication: CommunicationStats
     peak_memory_mb: Spread = Field(description="Peak resident memory per rank (MiB)")
-    rng_streams: list[RngStream] = Field(default_factory=list, description="One entry per distinct stream family")
+    rng_streams: list[RngStream] = Field(
+        default_factory=list,
+        description="Keys of the first streams the run drew (the sky first, then noise in time-major order), at most 64",
+    )
     rng_scheme: str = Field(description="How stream keys derive from (seed, realisation, detector, interval)")
+    rng_streams_total: int | None = Field(
+        None, description="Streams the run drew; rng_streams lists the first ones (keys derive from rng_scheme)"
+    )
+    decomposition: str | None = Field(
+        None, description="Fingerprint of which chunks each rank owned (mapmaker.decomposition)"
+    )
+    excluded_samples: int | None = Field(None, description="Samples left out of the solve (in cut pixels)")
     plan_checksum: str | None = None
     versions: dict[str, str]
     products: list[ProductFile] = Field(default_factory=list)

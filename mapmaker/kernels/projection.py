@@ -1,0 +1,46 @@
+"""The pointing matrix P and its transpose on a rank's local pixels.
+
+Samples point at *local* pixel indices (positions in the rank's sorted list of
+observed pixels), so maps here are ``[n_local, 3]`` (I, Q, U) and never the
+whole sky. A sample whose weights are all zero is outside the solve (its
+pixel failed the rcond cut): P gives it 0 and P^T ignores it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def project_map_to_tod(local_map: np.ndarray, local_index: np.ndarray, weights: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """P: ``tod[t] = sum_k weights[t, k] * local_map[local_index[t], k]``.
+
+    local_map [n_local, 3] float64 (K), local_index [n_samp] int64,
+    weights [n_samp, 3] float64 -> tod [n_samp] float64 (K), written into ``out`` if given.
+    """
+    # Gathering from three contiguous columns is ~4x faster than gathering [n, 3] rows.
+    columns = np.ascontiguousarray(local_map.T)
+    out = np.multiply(columns[0][local_index], weights[:, 0], out=out)
+    for k in (1, 2):
+        gathered = columns[k][local_index]
+        gathered *= weights[:, k]
+        out += gathered
+    return out
+
+
+def accumulate_tod_to_map(
+    tod: np.ndarray, local_index: np.ndarray, weights: np.ndarray, n_local: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """P^T: ``map[p, k] = sum over samples t with local_index[t] = p of weights[t, k] * tod[t]``.
+
+    tod [n_samp] float64, local_index [n_samp] int64, weights [n_samp, 3] float64
+    -> map [n_local, 3] float64. With ``out`` the sums are *added* to it.
+    """
+    accumulate = out is not None
+    if out is None:
+        out = np.empty((n_local, 3), dtype=np.float64)
+    for k in range(3):
+        column = np.bincount(local_index, weights=tod * weights[:, k], minlength=n_local)
+        if accumulate:
+            out[:, k] += column
+        else:
+            out[:, k] = column
+    return out

@@ -1,0 +1,71 @@
+"""The noise model of a spec: stationary intervals, PSDs, N^-1 filters, simulation.
+
+Each chunk is cut into stationary intervals of ``noise.interval_s`` (default:
+the whole chunk; an interval never crosses a chunk boundary, and the last
+one of a chunk may be shorter). Intervals are numbered globally per detector,
+``interval_index = time_chunk * intervals_per_chunk + k``, so the number
+does not depend on which rank holds the chunk.
+
+The solve weights with the same PSD the noise was drawn from. When the
+realisation simulates no noise (``noise.enabled = false`` or a signal-only
+campaign) it weights with the white level ``sigma^2 = NET^2 f_s``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mapmaker import rng
+from mapmaker.decomposition import Chunk, ChunkLayout
+from mapmaker.kernels import noise as noise_kernels
+from schemas.spec import CampaignSpec
+
+
+class NoiseModel:
+    def __init__(self, spec: CampaignSpec, layout: ChunkLayout):
+        noise = spec.noise
+        self.sample_rate_hz = spec.focal_plane.sample_rate_hz
+        self.simulated = spec.simulates_noise
+        self.white_variance = np.array(
+            [(d.net_k_sqrt_s or noise.net_k_sqrt_s) ** 2 * self.sample_rate_hz for d in spec.focal_plane.detectors]
+        )
+        self.f_knee_hz = noise.f_knee_hz
+        self.alpha = noise.alpha
+        self.f_min_hz = noise.f_min_hz
+        per_interval = layout.samples_per_chunk
+        if noise.interval_s is not None:
+            per_interval = min(per_interval, max(1, int(round(noise.interval_s * self.sample_rate_hz))))
+        self.samples_per_interval = per_interval
+        self.intervals_per_chunk = -(-layout.samples_per_chunk // per_interval)
+
+    @property
+    def white_weighting(self) -> bool:
+        """True when N^-1 is diagonal: no noise simulated, or no 1/f part."""
+        return not self.simulated or self.f_knee_hz == 0
+
+    def chunk_intervals(self, chunk: Chunk) -> list[tuple[int, int, int]]:
+        """``(first sample within the chunk, length, global interval index)`` of each interval of a chunk."""
+        intervals = []
+        for k, start in enumerate(range(0, chunk.n_samples, self.samples_per_interval)):
+            length = min(self.samples_per_interval, chunk.n_samples - start)
+            intervals.append((start, length, chunk.time_chunk * self.intervals_per_chunk + k))
+        return intervals
+
+    def psd(self, detector: int, n: int) -> np.ndarray:
+        """PSD [n // 2 + 1] (K^2) of an n-sample interval of ``detector`` (the simulated one)."""
+        frequencies = noise_kernels.rfft_frequencies(n, self.sample_rate_hz)
+        return noise_kernels.psd(frequencies, self.white_variance[detector], self.f_knee_hz, self.alpha, self.f_min_hz)
+
+    def weighting_psd(self, detector: int, n: int) -> np.ndarray:
+        """PSD the solve weights with: the simulated one, or white when no noise is simulated."""
+        if self.simulated:
+            return self.psd(detector, n)
+        return np.full(n // 2 + 1, self.white_variance[detector])
+
+    def simulate_chunk(self, chunk: Chunk, campaign_seed: int, realization: int) -> np.ndarray:
+        """Noise TOD [n_samples] (K) of one chunk; each interval from its own Philox stream."""
+        tod = np.empty(chunk.n_samples, dtype=np.float64)
+        for start, length, interval in self.chunk_intervals(chunk):
+            key = rng.noise_key(campaign_seed, realization, chunk.detector, interval)
+            normals = rng.generator(key).standard_normal(length)
+            tod[start : start + length] = noise_kernels.noise_from_normals(normals, self.psd(chunk.detector, length))
+        return tod

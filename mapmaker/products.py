@@ -1,0 +1,107 @@
+"""Products of one realisation, written by root into a folder that appears whole or not at all.
+
+Everything is written into a hidden temporary sibling of ``--out``
+(``.NAME.partial-XXXX``) and the folder is renamed to ``--out`` at the very
+end, so a killed run never leaves a folder that looks complete.
+
+Files (HEALPix RING, full sky, readable with ``healpy.read_map``):
+
+* ``map_iqu.fits`` -- I, Q, U (K); UNSEEN where unobserved or cut by rcond;
+* ``hits.fits``    -- samples per pixel (int64; 0 where unobserved);
+* ``rcond.fits``   -- reciprocal condition number of the geometric 3x3
+  hit matrix; UNSEEN where unobserved;
+* ``result.json``  -- :class:`schemas.result.RealizationResult`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import healpy as hp
+import numpy as np
+
+from schemas.result import ProductFile, RealizationResult
+
+MAP_FILES = {"iqu": "map_iqu.fits", "hits": "hits.fits", "rcond": "rcond.fits"}
+RESULT_FILE = "result.json"
+
+
+class OutputExists(FileExistsError):
+    """``--out`` names something that already exists; products are never overwritten."""
+
+
+def refuse_existing(out: str | Path) -> None:
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        raise OutputExists(f"--out {str(out)!r} already exists; refusing to overwrite it (remove it or choose another folder)")
+
+
+class ProductFolder:
+    """A temporary sibling of ``out`` that :meth:`commit` renames to ``out``."""
+
+    def __init__(self, out: str | Path):
+        self.out = Path(out)
+        refuse_existing(self.out)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.path, 0o777 & ~umask)  # mkdtemp makes it private; the products are not
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def commit(self) -> Path:
+        for item in self.path.iterdir():
+            _fsync(item)
+        _fsync(self.path)
+        refuse_existing(self.out)  # rename() would silently replace an empty folder made meanwhile
+        os.rename(self.path, self.out)
+        _fsync(self.out.parent)
+        return self.out
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def file_record(name: str, path: Path, folder: Path) -> ProductFile:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return ProductFile(name=name, path=str(path.relative_to(folder)), sha256=digest.hexdigest(), size_bytes=path.stat().st_size)
+
+
+def write_maps(
+    folder: ProductFolder,
+    iqu: np.ndarray,
+    hits: np.ndarray,
+    rcond: np.ndarray,
+    header: list[tuple[str, object]],
+    coord: str,
+) -> list[ProductFile]:
+    """Write the three maps (``coord``: "E" ecliptic or "C" equatorial); return their records (sha256, size)."""
+    paths = {role: folder.file(name) for role, name in MAP_FILES.items()}
+    common = {"extra_header": header, "coord": coord}
+    hp.write_map(
+        paths["iqu"], iqu, dtype=np.float64, column_names=["I_STOKES", "Q_STOKES", "U_STOKES"],
+        column_units="K", **common,
+    )
+    hp.write_map(paths["hits"], hits.astype(np.int64), dtype=np.int64, column_names=["HITS"], **common)
+    hp.write_map(paths["rcond"], rcond, dtype=np.float64, column_names=["RCOND"], **common)
+    return [file_record(role, path, folder.path) for role, path in paths.items()]
+
+
+def write_result(folder: ProductFolder, result: RealizationResult) -> None:
+    folder.file(RESULT_FILE).write_text(result.model_dump_json(indent=2) + "\n")

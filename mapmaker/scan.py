@@ -1,0 +1,86 @@
+"""From the spec's scan and focal plane to the pointing kernels' arguments.
+
+Pointing is generated on the fly, one time chunk at a time, by the rank that
+owns the chunk; nothing here holds the pointing of the whole observation.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mapmaker.decomposition import ChunkLayout
+from mapmaker.kernels import boresight, pointing
+from schemas.spec import CampaignSpec, FocalPlane, GroundScan, SatelliteScan
+
+DEG = math.pi / 180.0
+
+
+def sample_times(layout: ChunkLayout, time_chunk: int, sample_rate_hz: float) -> np.ndarray:
+    """Times (s from the start) of the samples of one time chunk, [n]."""
+    first, n = layout.time_chunk_bounds(time_chunk)
+    return (first + np.arange(n, dtype=np.float64)) / sample_rate_hz
+
+
+def boresight_quaternions(scan: SatelliteScan | GroundScan, times_s: np.ndarray) -> np.ndarray:
+    """Boresight orientation [n, 4] at ``times_s`` [n] (s) for either scan family."""
+    if isinstance(scan, SatelliteScan):
+        return boresight.satellite(
+            times_s,
+            start_longitude=scan.start_longitude_deg * DEG,
+            drift_rate=scan.drift_deg_per_day * DEG / 86_400.0,
+            precession_rate=2.0 * math.pi / scan.precession_period_s,
+            precession_angle=scan.precession_angle_deg * DEG,
+            spin_rate=2.0 * math.pi / scan.spin_period_s,
+            spin_angle=scan.spin_angle_deg * DEG,
+        )
+    if isinstance(scan, GroundScan):
+        return boresight.ground(
+            times_s,
+            site_latitude=scan.site_latitude_deg * DEG,
+            elevation=scan.elevation_deg * DEG,
+            azimuth_min=scan.azimuth_min_deg * DEG,
+            azimuth_max=scan.azimuth_max_deg * DEG,
+            azimuth_rate=scan.azimuth_rate_deg_s * DEG,
+            start_lst=scan.start_lst_deg * DEG,
+            earth_rotation=scan.earth_rotation,
+        )
+    raise TypeError(f"unknown scan kind {type(scan).__name__}")
+
+
+def detector_quaternions(focal_plane: FocalPlane) -> np.ndarray:
+    """Fixed rotation of every detector in the boresight frame, [n_detectors, 4]."""
+    return np.array(
+        [
+            pointing.detector_quaternion(d.offset_x_deg * DEG, d.offset_y_deg * DEG, d.pol_angle_deg * DEG)
+            for d in focal_plane.detectors
+        ]
+    )
+
+
+class ChunkPointing:
+    """Pixels and weights of one (time chunk, detector), reusing the boresight of the last time chunk.
+
+    Chunks are visited in time-major order, so consecutive calls mostly share
+    a time chunk and its boresight is computed once for all its detectors.
+    """
+
+    def __init__(self, spec: CampaignSpec, layout: ChunkLayout):
+        self._scan = spec.scan
+        self._rate = spec.focal_plane.sample_rate_hz
+        self._nside = spec.pixelization.nside
+        self._layout = layout
+        self._detectors = detector_quaternions(spec.focal_plane)
+        self._cached_time_chunk = -1
+        self._cached_boresight = np.zeros((0, 4))
+
+    def boresight(self, time_chunk: int) -> np.ndarray:
+        if time_chunk != self._cached_time_chunk:
+            times = sample_times(self._layout, time_chunk, self._rate)
+            self._cached_boresight = boresight_quaternions(self._scan, times)
+            self._cached_time_chunk = time_chunk
+        return self._cached_boresight
+
+    def __call__(self, time_chunk: int, detector: int) -> tuple[np.ndarray, np.ndarray]:
+        """``pixels [n] int64`` (RING) and ``weights [n, 3]`` of one chunk."""
+        return pointing.detector_pointing(self.boresight(time_chunk), self._detectors[detector], self._nside)

@@ -1,0 +1,131 @@
+"""The input sky: a Gaussian CMB drawn from the fiducial C_l, or a user IQU FITS map.
+
+Pixelisation. The sky is the band-limited field (``lmax``, default
+``3 nside - 1``) smoothed by the Gaussian beam and evaluated at the HEALPix
+pixel centres. The TOD samples that pixelised map (each sample reads the
+value of the pixel it falls in), so the pixelised map *is* the truth a
+noiseless solve must return. No pixel window function is applied: it would
+only describe averaging a continuous sky over pixels, which the simulation
+does not do, and healpy fetches the window tables over the network, which a
+compute node may not have.
+
+Which sky a realisation sees (``CampaignKind``):
+
+* ``signal-only`` and ``signal+noise``: a new CMB realisation per
+  realisation index, keyed by (campaign seed, sky seed, realisation). For
+  ``signal+noise`` this makes each realisation an independent draw of sky
+  and noise, which is what Monte Carlo error bars of pseudo-spectra need;
+  a fixed sky would hide cosmic variance.
+* ``noise-only``: no sky.
+* A user map (``sky.kind = "map"``) is the same in every realisation.
+
+A CMB draw uses its own Philox stream (:func:`mapmaker.rng.sky_key`):
+``3 * n_alm * 2`` standard normals in the order (T, E, B) x (healpy a_lm
+index) x (real, imaginary); for m = 0 the imaginary deviate is unused.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import healpy as hp
+import numpy as np
+
+from mapmaker import rng
+from schemas.spec import CampaignSpec, CmbSky, MapSky
+
+FIDUCIAL_CLS = Path(__file__).with_name("data") / "fiducial_cls.txt"
+ARCMIN = math.pi / (180.0 * 60.0)
+
+
+class SkyError(ValueError):
+    """The sky named by a spec cannot be used (missing or unsafe path, unreadable map)."""
+
+
+def load_fiducial_cls() -> np.ndarray:
+    """Fiducial spectra [lmax + 1, 4]: columns TT, EE, BB, TE in K^2, row = ell."""
+    table = np.loadtxt(FIDUCIAL_CLS)
+    return table[:, 1:5]
+
+
+def sky_varies_with_realization(spec: CampaignSpec) -> bool:
+    return isinstance(spec.sky, CmbSky) and spec.simulates_signal
+
+
+def sky_stream_key(spec: CampaignSpec, realization: int) -> tuple[int, int] | None:
+    """Philox key of the CMB draw of a realisation, or None when no CMB is drawn."""
+    if not (spec.simulates_signal and isinstance(spec.sky, CmbSky)):
+        return None
+    index = realization if sky_varies_with_realization(spec) else -1
+    return rng.sky_key(spec.seed, spec.sky.seed, index)
+
+
+def synthesize_cmb(cls: np.ndarray, nside: int, lmax: int, fwhm_rad: float, generator: np.random.Generator) -> np.ndarray:
+    """A Gaussian IQU sky [3, npix] (K, RING) from spectra ``cls`` [>= lmax + 1, 4] (TT, EE, BB, TE; K^2).
+
+    T and E are correlated through the Cholesky factor of the 2x2 (TT, TE;
+    TE, EE) matrix per ell; B is independent. The a_lm are multiplied by the
+    Gaussian beam of FWHM ``fwhm_rad`` (radians) and transformed with healpy.
+    """
+    cls = cls[: lmax + 1]
+    tt, ee, bb, te = (cls[:, i] for i in range(4))
+    ell, m = hp.Alm.getlm(lmax)
+    normals = generator.standard_normal((3, len(ell), 2))
+    z = np.where(m == 0, normals[..., 0], (normals[..., 0] + 1j * normals[..., 1]) * math.sqrt(0.5))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sqrt_tt = np.sqrt(tt)
+        te_over = np.where(tt > 0, te / sqrt_tt, 0.0)
+        e_rest = np.sqrt(np.clip(ee - np.where(tt > 0, te * te / tt, 0.0), 0.0, None))
+    beam = hp.gauss_beam(fwhm_rad, lmax=lmax, pol=True) if fwhm_rad > 0 else np.ones((lmax + 1, 4))
+    alm_t = sqrt_tt[ell] * z[0] * beam[ell, 0]
+    alm_e = (te_over[ell] * z[0] + e_rest[ell] * z[1]) * beam[ell, 1]
+    alm_b = np.sqrt(bb)[ell] * z[2] * beam[ell, 2]
+    alms = [np.ascontiguousarray(a, dtype=np.complex128) for a in (alm_t, alm_e, alm_b)]
+    return np.asarray(hp.alm2map(alms, nside, lmax=lmax, pol=True))
+
+
+def resolve_sky_path(sky_root: str | Path | None, relative: str) -> Path:
+    """The file ``relative`` under ``sky_root``, refusing anything that leaves it (``..``, symlinks)."""
+    if sky_root is None:
+        raise SkyError(f"the spec names the sky map {relative!r}; pass --sky-root DIR, the folder it is relative to")
+    root = Path(sky_root)
+    if not root.is_dir():
+        raise SkyError(f"--sky-root {str(root)!r} is not a folder")
+    root = root.resolve()
+    candidate = root / relative
+    if not candidate.is_file():
+        raise SkyError(f"sky map {relative!r} not found under {str(root)!r}")
+    resolved = candidate.resolve()
+    if not resolved.is_relative_to(root):
+        raise SkyError(f"sky map {relative!r} resolves outside the sky root {str(root)!r}; refused")
+    return resolved
+
+
+def read_sky_map(path: Path, nside: int, fwhm_rad: float) -> np.ndarray:
+    """A user IQU map [3, npix] at ``nside`` (RING), re-gridded with ud_grade and smoothed if asked."""
+    try:
+        maps = np.asarray(hp.read_map(path, field=(0, 1, 2), dtype=np.float64))
+    except Exception as error:  # healpy/astropy raise many kinds for a bad file
+        raise SkyError(f"cannot read an IQU map (3 columns) from {path.name!r}: {error}") from None
+    if maps.ndim != 2 or maps.shape[0] != 3:
+        raise SkyError(f"{path.name!r} is not an IQU map (3 columns)")
+    if np.any(~np.isfinite(maps)) or np.any(maps == hp.UNSEEN):
+        raise SkyError(f"{path.name!r} has UNSEEN or non-finite pixels; the sky must be defined everywhere")
+    if hp.get_nside(maps[0]) != nside:
+        maps = np.asarray(hp.ud_grade(maps, nside_out=nside, order_in="RING", order_out="RING"))
+    if fwhm_rad > 0:
+        maps = np.asarray(hp.smoothing(maps, fwhm=fwhm_rad, pol=True, lmax=3 * nside - 1))
+    return maps
+
+
+def build_sky(spec: CampaignSpec, realization: int, sky_root: str | Path | None) -> np.ndarray | None:
+    """The IQU sky [3, npix] (K, RING) a realisation observes, or None when it observes none."""
+    if not spec.simulates_signal:
+        return None
+    nside = spec.pixelization.nside
+    if isinstance(spec.sky, MapSky):
+        return read_sky_map(resolve_sky_path(sky_root, spec.sky.path), nside, spec.sky.fwhm_arcmin * ARCMIN)
+    cls = load_fiducial_cls()
+    lmax = min(spec.sky.lmax or 3 * nside - 1, len(cls) - 1)
+    generator = rng.generator(sky_stream_key(spec, realization))
+    return synthesize_cmb(cls, nside, lmax, spec.sky.fwhm_arcmin * ARCMIN, generator)

@@ -1,0 +1,274 @@
+"""``python -m mapmaker realize`` under mpiexec: decomposition independence, products, bad input."""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+
+import healpy as hp
+import numpy as np
+import pytest
+
+from mpi_support import REPO, mpiexec, realize
+from schemas.result import RealizationResult
+
+pytestmark = pytest.mark.mpi
+
+# 1/f noise and a CMB sky, nside 16, 4 detectors x 2 hours at 5 Hz (144,000 samples, 32 chunks).
+SPEC = """
+name = "mpi test"
+kind = "signal+noise"
+realizations = 3
+seed = 99
+
+[scan]
+kind = "satellite"
+duration_s = 7200.0
+chunk_s = 900.0
+spin_period_s = 60.0
+spin_angle_deg = 50.0
+precession_period_s = 600.0
+precession_angle_deg = 45.0
+drift_deg_per_day = 2880.0
+
+[focal_plane]
+sample_rate_hz = 5.0
+detectors = [
+  { name = "A0", offset_x_deg = 1.0, pol_angle_deg = 0.0 },
+  { name = "B0", offset_x_deg = 1.0, pol_angle_deg = 90.0 },
+  { name = "A1", offset_x_deg = -1.0, pol_angle_deg = 45.0 },
+  { name = "B1", offset_x_deg = -1.0, pol_angle_deg = 135.0 },
+]
+
+[pixelization]
+nside = 16
+
+[sky]
+kind = "cmb"
+seed = 4
+fwhm_arcmin = 300.0
+
+[noise]
+net_k_sqrt_s = 100e-6
+f_knee_hz = 0.5
+alpha = 1.0
+f_min_hz = 1e-3
+interval_s = 300.0
+
+[solver]
+tol = 1e-10
+max_iter = 500
+allreduce_buffer_pixels = 1000
+"""
+
+RANK_COUNTS = (1, 2, 4)
+
+
+def write_spec(folder, text=SPEC, name="spec.toml", **replace):
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same realisation on 1, 2 and 4 ranks."""
+    folder = tmp_path_factory.mktemp("realize")
+    spec = write_spec(folder)
+    outputs = {}
+    for ranks in RANK_COUNTS:
+        out = folder / f"n{ranks}"
+        completed = realize(ranks, spec, 1, out)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        outputs[ranks] = (out, completed)
+    return outputs
+
+
+def read_iqu(out):
+    return hp.read_map(out / "map_iqu.fits", field=(0, 1, 2))
+
+
+def read_result(out) -> RealizationResult:
+    return RealizationResult.model_validate_json((out / "result.json").read_text())
+
+
+def test_maps_do_not_depend_on_the_rank_count(runs):
+    """|m_p - m_1| <= 1e-8 max|m_1| for each of I, Q, U; hits and the cut are identical."""
+    reference = read_iqu(runs[1][0])
+    solved = reference[0] != hp.UNSEEN
+    reference_hits = hp.read_map(runs[1][0] / "hits.fits")
+    for ranks in RANK_COUNTS[1:]:
+        maps = read_iqu(runs[ranks][0])
+        np.testing.assert_array_equal(maps[0] != hp.UNSEEN, solved)
+        for stokes in range(3):
+            scale = np.abs(reference[stokes, solved]).max()
+            np.testing.assert_allclose(maps[stokes, solved], reference[stokes, solved], rtol=0, atol=1e-8 * scale)
+        np.testing.assert_array_equal(hp.read_map(runs[ranks][0] / "hits.fits"), reference_hits)
+    iterations = {read_result(runs[r][0]).iterations for r in RANK_COUNTS}
+    assert len(iterations) == 1
+
+
+def test_result_json_describes_the_run(runs):
+    npix = 12 * 16**2
+    fingerprints = set()
+    for ranks in RANK_COUNTS:
+        out, _ = runs[ranks]
+        result = read_result(out)
+        assert result.ranks == ranks and result.realization == 1 and result.threads_per_rank == 1
+        assert result.samples == 4 * 7200 * 5
+        assert result.converged and result.residual_history[-1] < 1e-10
+        assert len(result.residual_history) == result.iterations + 1
+        assert result.observed_pixels > 0 and 0 <= result.cut_pixels < result.observed_pixels
+        assert result.communication.strategy == "allreduce" and result.communication.requested == "auto"
+        assert result.communication.reductions == result.iterations + 2
+        # Rabenseifner volume per iteration: whole map x 3 values, buffers of 1000 pixels.
+        expected_bytes = 2 * npix * 3 * (ranks - 1) / ranks * 8
+        assert result.communication.bytes_per_iteration.max == pytest.approx(expected_bytes, abs=20)
+        pieces = -(-npix // 1000)
+        expected_messages = pieces * 2 * int(np.ceil(np.log2(ranks))) if ranks > 1 else 0
+        assert result.communication.messages_per_iteration.max == expected_messages
+        assert result.timing.calc.max >= result.timing.calc.mean > 0
+        assert result.peak_memory_mb.max > 0
+        assert result.rng_streams[0].stream == "sky"
+        noise_streams = [s for s in result.rng_streams if s.stream == "noise"]
+        assert noise_streams[0].detector == "A0" and noise_streams[0].interval == 0
+        assert result.rng_streams_total == 1 + 4 * 24  # sky + 4 detectors x (8 chunks x 3 intervals)
+        assert "Philox" in result.rng_scheme
+        assert set(result.versions) >= {"numpy", "healpy", "mpi4py", "mpi", "python"}
+        assert {p.name for p in result.products} == {"iqu", "hits", "rcond"}
+        for product in result.products:
+            data = (out / product.path).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == product.sha256 and len(data) == product.size_bytes
+        fingerprints.add(result.decomposition)
+    assert len(fingerprints) == len(RANK_COUNTS)
+    assert len({read_result(runs[r][0]).spec_hash for r in RANK_COUNTS}) == 1
+
+
+def test_products_are_healpix_ring_maps(runs):
+    out, _ = runs[2]
+    hits = hp.read_map(out / "hits.fits")
+    rcond = hp.read_map(out / "rcond.fits")
+    iqu = read_iqu(out)
+    assert hits.sum() == 4 * 7200 * 5
+    assert np.all((rcond == hp.UNSEEN) == (hits == 0))
+    assert np.all(iqu[0][hits == 0] == hp.UNSEEN)
+    header = dict(hp.read_map(out / "map_iqu.fits", h=True)[1])
+    assert header["ORDERING"] == "RING" and header["NSIDE"] == 16 and header["COORDSYS"] == "E"
+
+
+def test_progress_goes_to_stderr_from_rank_zero(runs):
+    _, completed = runs[4]
+    lines = completed.stderr.splitlines()
+    iteration_lines = [line for line in lines if line.startswith("iteration")]
+    assert len(iteration_lines) == read_result(runs[4][0]).iterations  # once, from rank 0 only
+    assert "maps in" in lines[-1]
+    assert completed.stdout == ""
+
+
+def test_other_realisations_differ_and_reruns_are_identical(tmp_path, runs):
+    spec = write_spec(tmp_path)
+    again, other = tmp_path / "again", tmp_path / "other"
+    assert realize(2, spec, 1, again, "--quiet").returncode == 0
+    assert realize(2, spec, 2, other, "--quiet").returncode == 0
+    assert (again / "map_iqu.fits").read_bytes() == (runs[2][0] / "map_iqu.fits").read_bytes()
+    assert not np.allclose(read_iqu(other), read_iqu(again))
+
+
+def test_user_map_noiseless_round_trip(tmp_path):
+    """A user IQU map, no noise, 2 ranks: the map comes back in every solved pixel (rtol 1e-6)."""
+    (tmp_path / "skies").mkdir()
+    sky = np.random.default_rng(3).standard_normal((3, 12 * 16**2)) * 1e-4
+    hp.write_map(tmp_path / "skies" / "input.fits", sky, dtype=np.float64)
+    text = SPEC.replace('kind = "cmb"\nseed = 4\nfwhm_arcmin = 300.0', 'kind = "map"\npath = "skies/input.fits"')
+    text = text.replace('kind = "signal+noise"', 'kind = "signal-only"')
+    spec = write_spec(tmp_path, text)
+    out = tmp_path / "out"
+    completed = realize(2, spec, 0, out, "--sky-root", str(tmp_path))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    maps = read_iqu(out)
+    solved = maps[0] != hp.UNSEEN
+    assert solved.sum() > 2000
+    np.testing.assert_allclose(maps[:, solved], sky[:, solved], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- bad input: exit 2, clear message
+
+
+def test_invalid_spec_names_the_field(tmp_path):
+    spec = write_spec(tmp_path, **{"sample_rate_hz = 5.0": "sample_rate_hz = -5.0"})
+    completed = realize(2, spec, 0, tmp_path / "out")
+    assert completed.returncode == 2
+    assert "focal_plane.sample_rate_hz" in completed.stderr and "greater than 0" in completed.stderr
+    assert completed.stderr.count("invalid spec") == 1  # said once, by rank 0
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_out_is_refused_and_left_alone(tmp_path):
+    spec = write_spec(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    completed = realize(2, spec, 0, out)
+    assert completed.returncode == 2 and "already exists" in completed.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize(
+    "change, realization, words",
+    [
+        ({}, 3, "out of range"),
+        ({"allreduce_buffer_pixels = 1000": 'allreduce_buffer_pixels = 1000\nreduction = "alltoallv"'}, 0, "not implemented"),
+        ({'kind = "cmb"\nseed = 4\nfwhm_arcmin = 300.0': 'kind = "map"\npath = "sky.fits"'}, 0, "--sky-root"),
+    ],
+)
+def test_other_bad_input_exits_2(tmp_path, change, realization, words):
+    spec = write_spec(tmp_path, **change)
+    completed = realize(2, spec, realization, tmp_path / "out")
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert words in completed.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_sky_map_escaping_the_root_is_refused(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    hp.write_map(tmp_path / "secret.fits", np.zeros((3, 12 * 16**2)), dtype=np.float64)
+    os.symlink(tmp_path / "secret.fits", root / "sky.fits")
+    spec = write_spec(tmp_path, **{'kind = "cmb"\nseed = 4\nfwhm_arcmin = 300.0': 'kind = "map"\npath = "sky.fits"'})
+    completed = realize(2, spec, 0, tmp_path / "out", "--sky-root", str(root))
+    assert completed.returncode == 2 and "outside the sky root" in completed.stderr
+
+
+def test_usage_errors_exit_2():
+    completed = subprocess.run(
+        [sys.executable, "-m", "mapmaker", "realize", "--spec", "x.toml"], capture_output=True, text=True, cwd=REPO
+    )
+    assert completed.returncode == 2 and "--realization" in completed.stderr
+
+
+def test_killed_run_leaves_no_complete_looking_folder(tmp_path):
+    # A solve that cannot converge (tol far below round-off) runs until it is killed.
+    spec = write_spec(tmp_path, **{"tol = 1e-10": "tol = 1e-300", "max_iter = 500": "max_iter = 10000"})
+    out = tmp_path / "out"
+    command = [str(mpiexec()), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "mapmaker", "realize",
+               "--spec", str(spec), "--realization", "0", "--out", str(out)]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+    seen = []
+    try:
+        for line in process.stderr:
+            seen.append(line)
+            if line.startswith("iteration"):
+                break
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=60)
+        process.stderr.close()
+    assert seen and seen[-1].startswith("iteration"), "".join(seen)[-2000:]  # killed mid-solve
+    assert not out.exists()
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.partial-")]
+    assert all(not (tmp_path / name / "result.json").exists() for name in leftovers)

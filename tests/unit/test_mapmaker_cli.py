@@ -1,0 +1,39 @@
+"""The command line: help, usage errors, and a tiny bench run (a smoke test, no timing asserted)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "mapmaker", *args], capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def test_help_lists_the_commands():
+    completed = run("--help")
+    assert completed.returncode == 0
+    assert "realize" in completed.stdout and "bench" in completed.stdout
+    realize_help = run("realize", "--help").stdout
+    for option in ("--spec", "--realization", "--out", "--threads", "--sky-root"):
+        assert option in realize_help
+
+
+def test_usage_errors_exit_2():
+    assert run().returncode == 2
+    assert run("realize", "--spec", "x.toml", "--realization", "-1", "--out", "o").returncode == 2
+    assert run("realize", "--spec", "x.toml", "--realization", "0", "--out", "o", "--threads", "0").returncode == 2
+
+
+def test_missing_spec_file_exits_2(tmp_path):
+    completed = run("realize", "--spec", str(tmp_path / "none.toml"), "--realization", "0", "--out", str(tmp_path / "o"))
+    assert completed.returncode == 2 and "cannot read the file" in completed.stderr
+
+
+def test_bench_runs_and_prints_json():
+    completed = run("bench", "--samples", "20000", "--nside", "16", "--repeat", "1", "--json")
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    report = json.loads(completed.stdout)
+    assert set(report["samples_per_second_per_core"]) == {"pointing", "P", "P^T", "N^-1", "PCG iteration"}
+    assert report["ranks"] == 1 and report["samples_per_rank"] > 0

@@ -1,0 +1,37 @@
+"""PCG against a direct solve."""
+import numpy as np
+
+from mapmaker.solver import pcg
+
+
+def test_pcg_solves_a_symmetric_positive_definite_system():
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((40, 40))
+    matrix = a @ a.T + 40 * np.eye(40)
+    b = rng.standard_normal(40)
+    diagonal = np.diag(matrix)
+    history = []
+    result = pcg(lambda p: matrix @ p, lambda r: r / diagonal, np.dot, b, tol=1e-12, max_iter=100,
+                 on_iteration=lambda k, res: history.append((k, res)))
+    assert result.converged
+    np.testing.assert_allclose(result.solution, np.linalg.solve(matrix, b), rtol=1e-10)
+    assert result.residual_history[0] == 1.0 and result.residual_history[-1] < 1e-12
+    assert len(result.residual_history) == result.iterations + 1 == len(history) + 1
+    restarted = pcg(lambda p: matrix @ p, lambda r: r / diagonal, np.dot, b, tol=1e-12, max_iter=100, x0=result.solution)
+    assert restarted.iterations <= 1
+
+
+def test_exact_preconditioner_converges_in_one_iteration():
+    matrix = np.diag([1.0, 5.0, 100.0])
+    b = np.array([1.0, 2.0, 3.0])
+    result = pcg(lambda p: matrix @ p, lambda r: np.linalg.solve(matrix, r), np.dot, b, tol=1e-14, max_iter=10)
+    assert result.iterations == 1
+    np.testing.assert_allclose(result.solution, [1.0, 0.4, 0.03])
+
+
+def test_max_iter_stops_without_convergence_and_zero_rhs():
+    matrix = np.diag(np.arange(1.0, 51.0))
+    result = pcg(lambda p: matrix @ p, lambda r: r, np.dot, np.ones(50), tol=1e-14, max_iter=3)
+    assert result.iterations == 3 and not result.converged
+    zero = pcg(lambda p: matrix @ p, lambda r: r, np.dot, np.zeros(50), tol=1e-6, max_iter=3)
+    assert zero.converged and zero.iterations == 0 and np.all(zero.solution == 0)
