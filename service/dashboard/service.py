@@ -20,7 +20,7 @@ from service.dashboard.panels import collect_products_panel
 from service.events.service import latest_event_id
 
 CAMPAIGNS_PER_PAGE = 50
-REALIZATIONS_PER_PAGE = 100
+REALIZATIONS_PER_PAGE = 50
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -144,7 +144,15 @@ def realization_page(*, session: Session, owner_id: int, campaign_id: int, index
                 realization=index, path=map_product[0], sha256=map_product[1], finished_at=detail.finished_at
             ),
         )
-    return {"campaign": campaign, "realization": detail, "result": result, "maps": maps, "after_event": after_event}
+    failed = [attempt.number for attempt in detail.attempt_history if attempt.failure_class]
+    return {
+        "campaign": campaign,
+        "realization": detail,
+        "result": result,
+        "maps": maps,
+        "open_log": max(failed) if failed else None,  # the latest failure's log is shown open
+        "after_event": after_event,
+    }
 
 
 def workers_page(*, session: Session, owner_id: int) -> list[dict[str, Any]]:

@@ -36,8 +36,11 @@
   const STATE_NAMES = new Set(Object.values(STATES));
 
   function setCell(index, state) {
+    if (!STATE_NAMES.has(state)) return;
     const cell = cells[index];
-    if (cell && STATE_NAMES.has(state)) cell.className = "cell s-" + state;
+    if (cell) cell.className = "cell s-" + state;
+    const row = document.querySelector(`table.realizations tr[data-index="${index}"]`);
+    if (row) MC.setBadge(row.querySelector("[data-role=state]"), state);
   }
 
   function cellState(cell) {
@@ -192,6 +195,7 @@
       image.dataset.field = field;
       image.width = 640;
       image.height = 397;
+      image.loading = "lazy";
       figure.appendChild(image);
       return figure;
     });
