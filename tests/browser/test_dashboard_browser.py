@@ -25,7 +25,8 @@ def cell_state(page, index: int) -> str:
 
 def wait_cell(page, index: int, state: str) -> None:
     page.wait_for_function(
-        "([i, s]) => { const c = document.querySelector(`#grid .cell[data-i='${i}']`); return c && c.className === 'cell s-' + s; }",
+        "([i, s]) => { const c = document.querySelector(`#grid .cell[data-i='${i}']`);"
+        " return c && c.className === 'cell s-' + s; }",
         arg=[index, state],
     )
 

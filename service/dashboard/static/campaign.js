@@ -278,14 +278,15 @@
     document.getElementById("window-next").disabled = resultsWindow >= windows - 1;
   }
 
-  const refreshResults = MC.debounce(async () => {
+  async function loadResults() {
     try {
       results = await MC.fetchJSON(`/ui/campaigns/${id}/results?window=${resultsWindow}`);
       drawResults();
     } catch (error) {
       /* keep the last drawing */
     }
-  }, 400);
+  }
+  const refreshResults = MC.debounce(loadResults, 400);
 
   stat.addEventListener("change", drawResults);
   document.getElementById("window-prev").addEventListener("click", () => {
@@ -340,6 +341,6 @@
       refreshResults();
     },
   });
-  refreshResults();
+  loadResults();
   MC.charts.renderRegistered(productsPanel);
 })();

@@ -96,8 +96,9 @@
   function showLiveState(state) {
     const badge = document.getElementById("live-status");
     if (!badge) return;
+    badge.hidden = false;
     badge.dataset.state = state;
-    badge.textContent = { live: "live", reconnecting: "reconnecting…", off: "offline" }[state] || state;
+    badge.textContent = { live: "live", reconnecting: "connecting…", off: "offline" }[state] || state;
   }
 
   /* Listen to the event stream. handlers.event(event) for each event; handlers.resync() after a reconnection. */
@@ -109,6 +110,7 @@
     }
     const source = new EventSource("/ui/events?" + query.toString());
     let dropped = false;
+    showLiveState("reconnecting");
     source.addEventListener("open", () => {
       showLiveState("live");
       if (dropped && handlers.resync) handlers.resync();
