@@ -480,10 +480,11 @@ async def events(
 def install_dashboard_handlers(app: Any) -> None:
     @app.exception_handler(LoginRequired)
     async def _login_required(request: Request, _error: LoginRequired) -> Response:
-        if request.url.path.startswith("/ui/") or request.method != "GET":
+        if request.url.path.startswith("/ui/"):
             return JSONResponse({"detail": "log in to the dashboard first", "code": "login_required"}, status_code=401)
+        # A page comes back after the login; a form post (its session expired) goes back to the overview.
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        return redirect("/login?" + urlencode({"next": target}))
+        return redirect("/login?" + urlencode({"next": target if request.method == "GET" else "/"}))
 
     @app.exception_handler(CsrfRejected)
     async def _csrf(request: Request, error: CsrfRejected) -> Response:

@@ -237,10 +237,16 @@ def require_session(session: Annotated[DashboardSession | None, Depends(optional
 
 
 def same_origin(request: Request) -> bool:
-    """False when the browser says the request comes from another origin (Origin, else Referer)."""
+    """False when the browser says the request comes from another origin (Origin, else Referer).
+
+    A request that names no origin at all (not a browser, or an old one) passes here; the CSRF token,
+    which only this site's pages carry, still has to match.
+    """
     claimed = request.headers.get("origin") or request.headers.get("referer")
-    if not claimed or claimed == "null":
-        return claimed != "null"
+    if not claimed:
+        return True
+    if claimed == "null":  # sandboxed frames, data: URLs, some cross-site redirects
+        return False
     parts = urlsplit(claimed)
     return f"{parts.scheme}://{parts.netloc}" == f"{request.url.scheme}://{request.url.netloc}"
 

@@ -356,3 +356,11 @@ def test_dashboard_files_load_nothing_from_the_network(api):
 def test_pages_need_a_login(api, path):
     answer = api.client.get(path, follow_redirects=False)
     assert answer.status_code == 303 and answer.headers["location"].startswith("/login?next=")
+
+
+def test_a_form_post_without_a_session_goes_to_the_login(api):
+    campaign, _ = running_campaign(api)
+    answer = api.client.post(f"/campaigns/{campaign['id']}/cancel", data={"csrf_token": "x"}, follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == "/login?next=%2F"
+    assert api.campaign(campaign["id"])["state"] == "queued"
+    assert api.client.get("/ui/overview").status_code == 401

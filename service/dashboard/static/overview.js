@@ -26,7 +26,8 @@
     event: (event) => {
       if (event.campaign_id === null || event.campaign_id === undefined) return;
       if (shown.has(event.campaign_id)) refresh();
-      else if (event.kind === "campaign" && event.state === "queued") {
+      else if (event.kind === "campaign" && event.state === "queued" && event.data && "realizations" in event.data) {
+        // a new campaign (its creation event carries its size; a retried one's does not)
         document.getElementById("new-campaigns").hidden = false;
       }
     },
