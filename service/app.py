@@ -20,6 +20,7 @@ from sqlalchemy import text
 from schemas.api import API_PREFIX, Health
 from service.campaigns.router import router as campaigns_router
 from service.config import Settings
+from service.dashboard import mount_dashboard
 from service.db import Database
 from service.errors import install_error_handlers
 from service.events.router import router as events_router
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (campaigns_router, plans_router, workers_router, tasks_router, events_router):
         api.include_router(router)
     app.include_router(api)
+    mount_dashboard(app)  # pages at /, their JSON and events under /ui, files under /static
 
     @app.get("/healthz", response_model=Health, tags=["operations"], responses={503: {"model": Health}})
     def healthz(request: Request) -> JSONResponse:

@@ -10,7 +10,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIB = 1 << 20
@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     throughput_window_s: float = Field(3_600.0, ge=1, le=30 * 86_400)
     page_size_max: int = Field(500, ge=1, le=10_000)
     log_level: str = Field("info")
+    # Dashboard (web pages at /): a signed session cookie made from a user's API token.
+    session_secret: SecretStr | None = Field(
+        None,
+        min_length=32,
+        description="Key that signs dashboard session cookies; unset: a random key kept in <data_dir>/session.key",
+    )
+    session_max_age_s: float = Field(12 * 3_600.0, ge=60, le=30 * 86_400, description="Life of a dashboard login")
+    cookie_secure: bool = Field(False, description="Mark the session cookie Secure (set when served over HTTPS)")
 
     @field_validator("data_dir")
     @classmethod
@@ -72,7 +80,7 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Settings":
+    def _consistent(self) -> Settings:
         if self.max_result_body_bytes < self.max_json_body_bytes:
             raise ValueError("max_result_body_bytes must be at least max_json_body_bytes")
         return self
@@ -108,6 +116,10 @@ class Settings(BaseSettings):
     @property
     def tokens_dir(self) -> Path:
         return self.data_dir / "tokens"
+
+    @property
+    def session_key_path(self) -> Path:
+        return self.data_dir / "session.key"
 
 
 @lru_cache

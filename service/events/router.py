@@ -20,6 +20,7 @@ from fastapi.responses import StreamingResponse
 from schemas.api import ErrorBody, EventInfo
 from service.auth.service import Principal
 from service.campaigns.service import get_campaign
+from service.config import Settings
 from service.db import Database, get_database
 from service.deps import CurrentUser, ReadSessionDep, SettingsDep
 from service.errors import Invalid
@@ -64,6 +65,18 @@ async def stream_events(
     after: Annotated[int | None, Query(ge=0, description="Start after this event id (0: from the start)")] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> StreamingResponse:
+    return await open_event_stream(request, user, settings, campaign_id, after, last_event_id)
+
+
+async def open_event_stream(
+    request: Request,
+    user: Principal,
+    settings: Settings,
+    campaign_id: int | None,
+    after: int | None,
+    last_event_id: str | None,
+) -> StreamingResponse:
+    """The SSE answer for ``user``: this endpoint's, and the dashboard's (which authenticates by cookie)."""
     database = get_database(request)
     start = _start_after(last_event_id, after)
 

@@ -1,0 +1,493 @@
+"""HTTP for the dashboard: pages at ``/``, JSON and the event stream under ``/ui``, static files at ``/static``.
+
+Pages and ``/ui`` authenticate with the session cookie (see ``session.py``);
+a page without a session redirects to the login form, ``/ui`` answers 401.
+Errors of a page (another user's campaign: 404) are HTML pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+import anyio
+from fastapi import APIRouter, Form, Header, Query, Request, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.routing import APIRoute
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES, CampaignState, RealizationState
+from service.auth.service import principal_for_token
+from service.campaigns import service as campaigns
+from service.dashboard import queries
+from service.dashboard import service as dashboard
+from service.dashboard.quicklook import FIELDS, MapUnreadable, quicklook_png
+from service.dashboard.session import (
+    CSRF_FIELD,
+    CsrfRejected,
+    DashboardUser,
+    LoginRequired,
+    MaybeDashboardUser,
+    check_csrf,
+    clear_session_cookie,
+    make_cookie,
+    same_origin,
+    session_key,
+    set_session_cookie,
+)
+from service.deps import ReadSessionDep, SessionDep, SettingsDep
+from service.errors import DomainError, NotFound
+from service.events.router import open_event_stream
+from service.workers.artifacts import ArtifactStore
+
+HERE = Path(__file__).parent
+TEMPLATES_DIR = HERE / "templates"
+STATIC_DIR = HERE / "static"
+
+SECURITY_HEADERS = {
+    # Scripts, styles, images and fonts come from this service only; no inline script can run.
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+
+NOTICES = {
+    "cancelled": "Campaign cancelled.",
+    "retried": "Failed realisations are back in the queue.",
+    "nothing-to-retry": "No failed realisations to retry.",
+    "logged-out": "You are logged out.",
+}
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def _ago(moment: datetime | None) -> str:
+    if moment is None:
+        return "never"
+    seconds = max((datetime.now(UTC) - moment).total_seconds(), 0.0)
+    return f"{_duration(seconds)} ago"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = float(seconds)
+    if seconds < 1:
+        return f"{seconds:.2f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "–"
+
+
+def _size(size: int | None) -> str:
+    if size is None:
+        return "–"
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{size} B"
+
+
+def _between(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return "–"
+    return _duration((end - start).total_seconds())
+
+
+@lru_cache
+def static_version() -> str:
+    """A digest of the static files: their URLs change when they do, so browsers may cache them."""
+    digest = hashlib.sha256()
+    for path in sorted(STATIC_DIR.rglob("*")):
+        if path.is_file():
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _static(name: str) -> str:
+    return f"/static/{quote(name)}?v={static_version()}"
+
+
+def _make_environment() -> Environment:
+    environment = Environment(
+        loader=FileSystemLoader(TEMPLATES_DIR), autoescape=True, undefined=StrictUndefined, trim_blocks=True
+    )
+    environment.filters.update(ago=_ago, duration=_duration, when=_when, size=_size)
+    environment.globals.update(
+        static=_static,
+        between=_between,
+        csrf_field=CSRF_FIELD,
+        campaign_states=CAMPAIGN_STATES,
+        realization_states=REALIZATION_STATES,
+        failure_classes=FAILURE_CLASSES,
+        state_codes=queries.STATE_CODES,
+    )
+    return environment
+
+
+templates = _make_environment()
+
+
+def render(
+    request: Request, name: str, context: dict[str, Any], *, user: Any = None, status_code: int = 200
+) -> HTMLResponse:
+    page = templates.get_template(name).render(
+        request=request,
+        user=user,
+        csrf_token=user.csrf_token if user is not None else "",
+        **context,
+    )
+    return HTMLResponse(page, status_code=status_code, headers={"Cache-Control": "no-store", **SECURITY_HEADERS})
+
+
+# --------------------------------------------------------------------------- routes
+
+
+class PageRoute(APIRoute):
+    """A page: a domain error (404, 409...) becomes an HTML page instead of JSON."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def page_handler(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except DomainError as error:
+                return error_page(request, error.status_code, error.detail)
+
+        return page_handler
+
+
+def error_page(request: Request, status_code: int, detail: str) -> HTMLResponse:
+    user = getattr(request.state, "dashboard_session", None)
+    titles = {401: "Log in first", 403: "Not allowed", 404: "Not found", 409: "Not possible now"}
+    return render(
+        request,
+        "error.html",
+        {"status_code": status_code, "title": titles.get(status_code, "Error"), "detail": detail},
+        user=user or None,
+        status_code=status_code,
+    )
+
+
+pages = APIRouter(route_class=PageRoute, include_in_schema=False)
+ui = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+def safe_next(target: str | None) -> str:
+    """Only a path of this site: never another origin (``//host``, ``/\\host``, ``https://``)."""
+    if not target or not target.startswith("/") or target.startswith("//") or target.startswith("/\\"):
+        return "/"
+    return target
+
+
+def redirect(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303, headers={"Cache-Control": "no-store"})
+
+
+@pages.get("/login", response_class=HTMLResponse)
+def login_form(
+    request: Request, user: MaybeDashboardUser, next: Annotated[str | None, Query(max_length=2_000)] = None
+) -> Response:
+    if user is not None:
+        return redirect(safe_next(next))
+    notice = NOTICES.get(request.query_params.get("notice", ""), "")
+    return render(request, "login.html", {"next": safe_next(next), "error": "", "notice": notice})
+
+
+@pages.post("/login", response_class=HTMLResponse)
+def login(
+    request: Request,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    token: Annotated[str, Form(max_length=500)] = "",
+    next: Annotated[str, Form(max_length=2_000)] = "/",
+) -> Response:
+    if not same_origin(request):
+        raise CsrfRejected("this login form was not sent by this dashboard")
+    principal = principal_for_token(session=session, token=token.strip()) if token.strip() else None
+    error = ""
+    if principal is None:
+        error = "That token is unknown or revoked. Paste the contents of a user token file."
+    elif principal.kind != "user":
+        error = "That is a worker token; log in with a user token (mapcampaign token create --user NAME)."
+    if error:
+        return render(request, "login.html", {"next": safe_next(next), "error": error, "notice": ""}, status_code=401)
+    response = redirect(safe_next(next))
+    cookie = make_cookie(session_key(request), principal=principal, max_age_s=settings.session_max_age_s)
+    set_session_cookie(response, value=cookie, settings=settings)
+    return response
+
+
+@pages.post("/logout")
+def logout(
+    request: Request, user: DashboardUser, settings: SettingsDep, csrf_token: Annotated[str, Form(max_length=200)] = ""
+) -> Response:
+    check_csrf(request, user, csrf_token)
+    response = redirect("/login?notice=logged-out")
+    clear_session_cookie(response, settings=settings)
+    return response
+
+
+@pages.get("/", response_class=HTMLResponse)
+def overview(
+    request: Request,
+    user: DashboardUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    state: CampaignState | None = None,
+    name: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> Response:
+    context = dashboard.overview(
+        session=session, owner_id=user.user_id, settings=settings, state=state, name=name or None, cursor=cursor
+    )
+    filters = {key: value for key, value in (("state", state), ("name", name)) if value}
+    next_url = "/?" + urlencode({**filters, "cursor": context["next_cursor"]}) if context["next_cursor"] else None
+    return render(
+        request,
+        "overview.html",
+        {**context, "state": state or "", "name": name or "", "next_url": next_url, "first_page": cursor is None},
+        user=user,
+    )
+
+
+@pages.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
+def campaign_page(
+    request: Request,
+    campaign_id: int,
+    user: DashboardUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    state: RealizationState | None = None,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> Response:
+    context = dashboard.campaign_page(
+        session=session, owner_id=user.user_id, campaign_id=campaign_id, settings=settings, state=state, cursor=cursor
+    )
+    base = f"/campaigns/{campaign_id}"
+    next_cursor = context["realizations_next_cursor"]
+    next_url = (
+        f"{base}?" + urlencode({**({"state": state} if state else {}), "cursor": next_cursor}) if next_cursor else None
+    )
+    notice = NOTICES.get(request.query_params.get("notice", ""), "")
+    return render(
+        request,
+        "campaign.html",
+        {**context, "next_url": next_url, "first_page": cursor is None, "notice": notice},
+        user=user,
+    )
+
+
+@pages.get("/campaigns/{campaign_id}/realizations/{index}", response_class=HTMLResponse)
+def realization_page(
+    request: Request, campaign_id: int, index: int, user: DashboardUser, session: ReadSessionDep
+) -> Response:
+    context = dashboard.realization_page(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)
+    return render(request, "realization.html", context, user=user)
+
+
+@pages.get("/workers", response_class=HTMLResponse)
+def workers_page(request: Request, user: DashboardUser, session: ReadSessionDep) -> Response:
+    workers = dashboard.workers_page(session=session, owner_id=user.user_id)
+    return render(request, "workers.html", {"workers": workers}, user=user)
+
+
+@pages.post("/campaigns/{campaign_id}/cancel")
+def cancel(
+    request: Request,
+    campaign_id: int,
+    user: DashboardUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    csrf_token: Annotated[str, Form(max_length=200)] = "",
+    reason: Annotated[str, Form(max_length=1_000)] = "",
+) -> Response:
+    check_csrf(request, user, csrf_token)
+    reason = reason.strip() or f"cancelled by {user.user_name} in the dashboard"
+    campaign = campaigns.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
+    ArtifactStore(settings.products_dir).discard(campaign_id=campaign.id)  # uploads of attempts that will not finish
+    return redirect(f"/campaigns/{campaign.id}?notice=cancelled")
+
+
+@pages.post("/campaigns/{campaign_id}/retry")
+def retry(
+    request: Request,
+    campaign_id: int,
+    user: DashboardUser,
+    session: SessionDep,
+    csrf_token: Annotated[str, Form(max_length=200)] = "",
+) -> Response:
+    check_csrf(request, user, csrf_token)
+    campaign, requeued = campaigns.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    return redirect(f"/campaigns/{campaign.id}?notice={'retried' if requeued else 'nothing-to-retry'}")
+
+
+@pages.get("/campaigns/{campaign_id}/realizations/{index}/maps/{field}.png")
+async def map_image(
+    request: Request, campaign_id: int, index: int, field: str, user: DashboardUser, settings: SettingsDep
+) -> Response:
+    if field not in FIELDS:
+        raise NotFound(f"no map field {field!r}; use I, Q or U")
+    database = request.app.state.database
+
+    def find() -> queries.MapProduct | None:
+        with database.session(write=False) as session:
+            campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+            return queries.realization_map(session=session, campaign_id=campaign_id, index=index)
+
+    product = await anyio.to_thread.run_sync(find)
+    if product is None:
+        raise NotFound(f"realisation {index} of campaign {campaign_id} has no I/Q/U map")
+    source = ArtifactStore(settings.products_dir).final_dir(campaign_id, index) / product.path
+    if not source.is_file():
+        raise NotFound(f"the map file of realisation {index} is missing from the data folder")
+
+    def draw() -> Path:
+        return quicklook_png(
+            products_dir=settings.products_dir,
+            campaign_id=campaign_id,
+            index=index,
+            product_path=source,
+            sha256=product.sha256,
+            field=field,
+        )
+
+    try:
+        png = await anyio.to_thread.run_sync(draw)
+    except MapUnreadable as error:
+        raise NotFound(str(error)) from None
+    return FileResponse(
+        png, media_type="image/png", headers={"Cache-Control": "private, max-age=86400", **SECURITY_HEADERS}
+    )
+
+
+@pages.get("/campaigns/{campaign_id}/realizations/{index}/products/{name}")
+def product_file(
+    campaign_id: int, index: int, name: str, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
+) -> Response:
+    campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    product = queries.product_of(session=session, campaign_id=campaign_id, index=index, name=name)
+    store = ArtifactStore(settings.products_dir)
+    path = store.final_dir(campaign_id, index) / name
+    if product is None or not path.is_file():
+        raise NotFound(f"realisation {index} of campaign {campaign_id} has no product {name!r}")
+    media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return FileResponse(
+        path,
+        media_type=media_type,
+        filename=name,
+        headers={"Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"},
+    )
+
+
+# --------------------------------------------------------------------------- JSON and events for the pages' scripts
+
+
+def ui_json(payload: Any) -> JSONResponse:
+    return JSONResponse(payload, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+
+@ui.get("/overview")
+def overview_progress(
+    user: DashboardUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    ids: Annotated[str, Query(max_length=2_000, pattern=r"^[0-9,]*$")] = "",
+) -> JSONResponse:
+    wanted = sorted({int(part) for part in ids.split(",") if part})[:200]
+    return ui_json(dashboard.overview_progress(session=session, owner_id=user.user_id, settings=settings, ids=wanted))
+
+
+@ui.get("/campaigns/{campaign_id}/status")
+def campaign_status(
+    campaign_id: int, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
+) -> JSONResponse:
+    return ui_json(
+        dashboard.campaign_status(session=session, owner_id=user.user_id, campaign_id=campaign_id, settings=settings)
+    )
+
+
+@ui.get("/campaigns/{campaign_id}/grid")
+def campaign_grid(campaign_id: int, user: DashboardUser, session: ReadSessionDep) -> JSONResponse:
+    campaign = campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    return ui_json({"states": queries.state_grid(session=session, campaign=campaign)})
+
+
+@ui.get("/campaigns/{campaign_id}/results")
+def campaign_results(
+    campaign_id: int,
+    user: DashboardUser,
+    session: ReadSessionDep,
+    window: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+) -> JSONResponse:
+    campaign = campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    size = queries.RESULTS_WINDOW
+    return ui_json(
+        {
+            "window": window,
+            "first": window * size,
+            "last": min((window + 1) * size, campaign.realizations) - 1,
+            "windows": (campaign.realizations + size - 1) // size,
+            "items": queries.results_window(session=session, campaign=campaign, window=window),
+        }
+    )
+
+
+@ui.get("/workers")
+def workers(user: DashboardUser, session: ReadSessionDep) -> JSONResponse:
+    return ui_json(dashboard.workers_json(session=session, owner_id=user.user_id))
+
+
+@ui.get("/events")
+async def events(
+    request: Request,
+    user: DashboardUser,
+    settings: SettingsDep,
+    campaign_id: int | None = None,
+    after: Annotated[int | None, Query(ge=0)] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+) -> StreamingResponse:
+    """The service's event stream (same events, same resumption), for a browser logged in with the cookie."""
+    return await open_event_stream(request, user.principal, settings, campaign_id, after, last_event_id)
+
+
+# --------------------------------------------------------------------------- wiring
+
+
+def install_dashboard_handlers(app: Any) -> None:
+    @app.exception_handler(LoginRequired)
+    async def _login_required(request: Request, _error: LoginRequired) -> Response:
+        if request.url.path.startswith("/ui/"):
+            return JSONResponse({"detail": "log in to the dashboard first", "code": "login_required"}, status_code=401)
+        # A page comes back after the login; a form post (its session expired) goes back to the overview.
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return redirect("/login?" + urlencode({"next": target if request.method == "GET" else "/"}))
+
+    @app.exception_handler(CsrfRejected)
+    async def _csrf(request: Request, error: CsrfRejected) -> Response:
+        if request.url.path.startswith("/ui/"):
+            return JSONResponse({"detail": str(error), "code": "csrf_rejected"}, status_code=403)
+        return error_page(request, 403, str(error))

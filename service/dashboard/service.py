@@ -1,0 +1,166 @@
+"""What each dashboard page and JSON endpoint shows, built from the service's own read functions.
+
+Each function takes the owner's user id: another user's campaign raises
+``CampaignNotFound`` (404), exactly as in the REST API.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from schemas.api import CampaignProgress
+from service.campaigns import service as campaigns
+from service.campaigns.models import Campaign
+from service.config import Settings
+from service.dashboard import queries
+from service.dashboard.panels import collect_products_panel
+from service.events.service import latest_event_id
+
+CAMPAIGNS_PER_PAGE = 50
+REALIZATIONS_PER_PAGE = 50
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def progress_json(campaign: Campaign, progress: CampaignProgress) -> dict[str, Any]:
+    return {
+        "id": campaign.id,
+        "state": campaign.state,
+        "counts": progress.counts,
+        "done": progress.done,
+        "total": progress.total,
+        "throughput_per_hour": progress.throughput_per_hour,
+        "eta_seconds": progress.eta_seconds,
+        "finished_at": iso(campaign.finished_at),
+    }
+
+
+def overview(
+    *, session: Session, owner_id: int, settings: Settings, state: str | None, name: str | None, cursor: str | None
+) -> dict[str, Any]:
+    after_event = latest_event_id(session=session)  # read first: the live stream replays anything newer
+    rows, next_cursor = campaigns.list_campaigns(
+        session=session, owner_id=owner_id, state=state, name=name, cursor=cursor, limit=CAMPAIGNS_PER_PAGE
+    )
+    progress = campaigns.progress_many(session=session, campaigns=rows, window_s=settings.throughput_window_s)
+    return {
+        "campaigns": [{"campaign": campaign, "progress": progress[campaign.id]} for campaign in rows],
+        "next_cursor": next_cursor,
+        "after_event": after_event,
+    }
+
+
+def overview_progress(*, session: Session, owner_id: int, settings: Settings, ids: list[int]) -> list[dict[str, Any]]:
+    rows = queries.campaigns_by_ids(session=session, owner_id=owner_id, ids=ids)
+    progress = campaigns.progress_many(session=session, campaigns=rows, window_s=settings.throughput_window_s)
+    return [progress_json(campaign, progress[campaign.id]) for campaign in rows]
+
+
+def map_json(campaign_id: int, product: queries.MapProduct | None) -> dict[str, Any] | None:
+    if product is None:
+        return None
+    base = f"/campaigns/{campaign_id}/realizations/{product.realization}/maps"
+    return {
+        "realization": product.realization,
+        "finished_at": iso(product.finished_at),
+        # The checksum in the URL: a new map is a new URL, an old one may be cached for long.
+        "images": {field: f"{base}/{field}.png?v={product.sha256[:16]}" for field in ("I", "Q", "U")},
+    }
+
+
+def campaign_status(*, session: Session, owner_id: int, campaign_id: int, settings: Settings) -> dict[str, Any]:
+    """What the campaign page refreshes after events: progress, plans, failures, the latest map."""
+    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    progress = campaigns.progress(session=session, campaign=campaign, window_s=settings.throughput_window_s)
+    failures = queries.failure_summary(session=session, campaign_id=campaign.id)
+    for failure in failures["recent"]:
+        failure["ended_at"] = iso(failure["ended_at"])
+    return {
+        **progress_json(campaign, progress),
+        "failure_cause": campaign.failure_cause,
+        "cancel_reason": campaign.cancel_reason,
+        "plans": [plan.as_json() for plan in queries.plans_of(session=session, campaign=campaign)],
+        "failures": failures,
+        "latest_map": map_json(campaign.id, queries.latest_map(session=session, campaign_id=campaign.id)),
+        "latest_window": queries.latest_results_window(session=session, campaign_id=campaign.id),
+    }
+
+
+def campaign_page(
+    *,
+    session: Session,
+    owner_id: int,
+    campaign_id: int,
+    settings: Settings,
+    state: str | None,
+    cursor: str | None,
+) -> dict[str, Any]:
+    after_event = latest_event_id(session=session)
+    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    progress = campaigns.progress(session=session, campaign=campaign, window_s=settings.throughput_window_s)
+    realizations, next_cursor = campaigns.list_realizations(
+        session=session,
+        owner_id=owner_id,
+        campaign_id=campaign.id,
+        state=state,
+        cursor=cursor,
+        limit=REALIZATIONS_PER_PAGE,
+    )
+    latest_map = queries.latest_map(session=session, campaign_id=campaign.id)
+    return {
+        "campaign": campaign,
+        "progress": progress,
+        "grid": queries.state_grid(session=session, campaign=campaign),
+        "plans": queries.plans_of(session=session, campaign=campaign),
+        "failures": queries.failure_summary(session=session, campaign_id=campaign.id),
+        "latest_map": latest_map,
+        "latest_map_json": map_json(campaign.id, latest_map),
+        "results_window": queries.latest_results_window(session=session, campaign_id=campaign.id),
+        "results_window_size": queries.RESULTS_WINDOW,
+        "realizations": realizations,
+        "realizations_state": state,
+        "realizations_next_cursor": next_cursor,
+        "products_panel": collect_products_panel(session=session, campaign=campaign, settings=settings),
+        "after_event": after_event,
+    }
+
+
+def realization_page(*, session: Session, owner_id: int, campaign_id: int, index: int) -> dict[str, Any]:
+    after_event = latest_event_id(session=session)
+    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    detail = campaigns.get_realization(session=session, owner_id=owner_id, campaign_id=campaign.id, index=index)
+    result = detail.result if isinstance(detail.result, dict) else None
+    map_product = queries.map_product(result.get("products")) if result else None
+    maps = None
+    if map_product is not None:
+        maps = map_json(
+            campaign.id,
+            queries.MapProduct(
+                realization=index, path=map_product[0], sha256=map_product[1], finished_at=detail.finished_at
+            ),
+        )
+    failed = [attempt.number for attempt in detail.attempt_history if attempt.failure_class]
+    return {
+        "campaign": campaign,
+        "realization": detail,
+        "result": result,
+        "maps": maps,
+        "open_log": max(failed) if failed else None,  # the latest failure's log is shown open
+        "after_event": after_event,
+    }
+
+
+def workers_page(*, session: Session, owner_id: int) -> list[dict[str, Any]]:
+    return queries.workers_with_tasks(session=session, owner_id=owner_id)
+
+
+def workers_json(*, session: Session, owner_id: int) -> list[dict[str, Any]]:
+    return [
+        {**worker, "registered_at": iso(worker["registered_at"]), "last_heartbeat_at": iso(worker["last_heartbeat_at"])}
+        for worker in queries.workers_with_tasks(session=session, owner_id=owner_id)
+    ]
