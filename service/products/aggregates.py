@@ -151,7 +151,7 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-# --------------------------------------------------------------------------- ledger: sorted, disjoint [start, stop) ranges
+# --------------------------------------------------------------------------- ledger: sorted [start, stop) ranges
 
 
 def ledger_contains(ranges: list[list[int]], index: int) -> bool:
@@ -572,7 +572,7 @@ def spectra_aggregates(state: AggregateState) -> SpectraAggregates | None:
 
 
 def mean_and_variance_maps(files: CampaignProducts, state: AggregateState) -> tuple[np.ndarray, np.ndarray] | None:
-    """Mean [3, npix] (UNSEEN where never observed) and sample variance [3, npix] (UNSEEN below 2 samples), K and K^2."""
+    """Mean [3, npix] (K; UNSEEN where never observed) and sample variance [3, npix] (K^2; UNSEEN below 2)."""
     sums = load_map_sums(files, state)
     if sums is None:
         return None
