@@ -101,11 +101,14 @@ def mc_products_panel(*, session: Any, campaign: Any, settings: Any) -> Products
                     caption="no pixel window: the simulated sky is sampled at pixel centres",
                 )
             )
-    note = (
+    return ProductsPanel(figures=figures, charts=charts, note=panel_note(state))
+
+
+def panel_note(state: AggregateState) -> str:
+    return (
         f"Monte Carlo aggregates of {state.n_included} realisation(s): "
         f"{state.n_spectra} with spectra, {state.n_maps} with maps."
     )
-    return ProductsPanel(figures=figures, charts=charts, note=note)
 
 
 def _series(
@@ -155,6 +158,7 @@ def chart_data(state: AggregateState, chart: str) -> dict[str, Any]:
         options = {"series": []}
     return {
         "generation": state.generation,
+        "note": panel_note(state),
         "n": aggregates.n,
         "xLabel": "multipole ell (bin centre)",
         **options,

@@ -6,7 +6,8 @@
  *
  * The JSON is MapCampaign.charts.lines options plus the aggregates' generation. Colours are set through
  * element.style (CSSOM, allowed by the page's Content-Security-Policy); after drawing, the running-mean
- * images of the panel are pointed at the generation the chart shows, so they follow the aggregates live.
+ * images of the panel are pointed at the generation the chart shows, so they follow the aggregates live
+ * (and the panel's note is updated).
  */
 "use strict";
 
@@ -41,9 +42,11 @@
     }
   }
 
-  function refreshImages(generation) {
+  function refreshPanel(generation, note) {
     const panel = document.getElementById("products-panel");
     if (!panel || generation === undefined) return;
+    const noteElement = panel.querySelector("p.small");
+    if (noteElement && note) noteElement.textContent = note;
     for (const image of panel.querySelectorAll("img")) {
       const source = image.getAttribute("src") || "";
       if (!/\/products\/mean-[IQU]\.png/.test(source)) continue;
@@ -76,7 +79,7 @@
       }
       legend(svg, series.filter((s) => s.label !== "ref"));
     }
-    refreshImages(data.generation);
+    refreshPanel(data.generation, data.note);
   }
 
   function register() {
