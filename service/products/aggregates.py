@@ -53,6 +53,7 @@ import math
 import os
 import shutil
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -354,7 +355,9 @@ def _read_iqu(path: Path) -> np.ndarray:
     import healpy as hp
 
     try:
-        maps = np.asarray(hp.read_map(str(path), field=(0, 1, 2), dtype=np.float64))
+        with warnings.catch_warnings():  # a broken file is reported below, once, as a warning of the state
+            warnings.simplefilter("ignore")
+            maps = np.asarray(hp.read_map(str(path), field=(0, 1, 2), dtype=np.float64))
     except Exception as error:  # healpy/astropy raise many kinds for a bad file
         raise RealizationUnusable(f"{path.name} is not a HEALPix I/Q/U map ({type(error).__name__})") from None
     if maps.ndim != 2 or maps.shape[0] != 3 or not hp.isnpixok(maps.shape[1]):

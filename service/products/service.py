@@ -246,15 +246,14 @@ def spectra_download(*, session: Session, owner_id: int, campaign_id: int, produ
         if aggregates is None:
             raise ProductsNotReady(f"campaign {campaign.id} has no Monte Carlo spectra yet")
         path = cache_path(files, state, f"spectra.{fmt}")
-        if not path.is_file():
-            if fmt == "json":
-                summary = build_summary(campaign=campaign, files=files, succeeded=succeeded)
-                payload = json.dumps(summary.model_dump(mode="json"), indent=1).encode()
-                formats.atomic_write(path, lambda handle: handle.write(payload))
-            else:
-                columns, scalars = spectra_table(aggregates)
-                writer = formats.write_spectra_fits if fmt == "fits" else formats.write_spectra_npz
-                writer(path, columns, scalars)
+        if fmt == "json":  # written every time: it also says the campaign's state and succeeded count
+            summary = build_summary(campaign=campaign, files=files, succeeded=succeeded)
+            payload = json.dumps(summary.model_dump(mode="json"), indent=1).encode()
+            formats.atomic_write(path, lambda handle: handle.write(payload))
+        elif not path.is_file():
+            columns, scalars = spectra_table(aggregates)
+            writer = formats.write_spectra_fits if fmt == "fits" else formats.write_spectra_npz
+            writer(path, columns, scalars)
         return Download(path, formats.MEDIA_TYPES[fmt], f"campaign-{campaign.id}-spectra.{fmt}")
 
     return snapshot(files, build)
