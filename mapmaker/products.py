@@ -10,6 +10,12 @@ Files (HEALPix RING, full sky, readable with ``healpy.read_map``):
 * ``hits.fits``    -- samples per pixel (int64; 0 where unobserved);
 * ``rcond.fits``   -- reciprocal condition number of the geometric 3x3
   hit matrix; UNSEEN where unobserved;
+* ``mask.fits``    -- the apodised analysis mask of the spectra (``mapmaker.spectra``);
+  it depends on the pointing only, so it is the same in every realisation;
+* ``spectra.npz``  -- pseudo-spectra: ``cl`` [6, lmax + 1] and ``cl_binned``
+  [6, n_bins] (K^2, rows TT, EE, BB, TE, EB, TB), ``ell_min``/``ell_max`` of
+  the bins, ``w2``, ``fsky``, and ``model``/``model_binned`` (C_l^in B_l^2)
+  when a CMB sky was simulated;
 * ``result.json``  -- :class:`schemas.result.RealizationResult`.
 """
 from __future__ import annotations
@@ -26,6 +32,7 @@ import numpy as np
 from schemas.result import ProductFile, RealizationResult
 
 MAP_FILES = {"iqu": "map_iqu.fits", "hits": "hits.fits", "rcond": "rcond.fits"}
+SPECTRA_FILES = {"mask": "mask.fits", "spectra": "spectra.npz"}
 RESULT_FILE = "result.json"
 
 
@@ -100,6 +107,34 @@ def write_maps(
     )
     hp.write_map(paths["hits"], hits.astype(np.int64), dtype=np.int64, column_names=["HITS"], **common)
     hp.write_map(paths["rcond"], rcond, dtype=np.float64, column_names=["RCOND"], **common)
+    return [file_record(role, path, folder.path) for role, path in paths.items()]
+
+
+def write_spectra(folder: ProductFolder, measured, header: list[tuple[str, object]], coord: str) -> list[ProductFile]:
+    """Write the mask (FITS) and the spectra (npz) of a :class:`mapmaker.spectra.RealizationSpectra`; return their records."""
+    from mapmaker.spectra import SPECTRA
+
+    paths = {role: folder.file(name) for role, name in SPECTRA_FILES.items()}
+    # The mask depends on the pointing only: without the realisation in its header, every
+    # realisation of a campaign writes the same bytes (the service checks the checksums agree).
+    mask_header = [(key, value) for key, value in header if key != "REALIZ"]
+    hp.write_map(
+        paths["mask"], measured.mask, dtype=np.float64, column_names=["MASK"], extra_header=mask_header, coord=coord
+    )
+    arrays = {
+        "spectra": np.array(SPECTRA),
+        "ell": np.arange(measured.lmax + 1),
+        "cl": measured.cl,
+        "ell_min": measured.ell_min,
+        "ell_max": measured.ell_max,
+        "cl_binned": measured.binned,
+        "w2": np.float64(measured.w2),
+        "fsky": np.float64(measured.fsky),
+    }
+    if measured.model is not None:
+        arrays.update(model=measured.model, model_binned=measured.model_binned)
+    with open(paths["spectra"], "wb") as handle:
+        np.savez(handle, **arrays)
     return [file_record(role, path, folder.path) for role, path in paths.items()]
 
 

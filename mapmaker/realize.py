@@ -13,7 +13,9 @@ Steps (every rank, collectives in the same order on all):
 5. the sky is broadcast piecewise and each rank keeps its pixels;
 6. ``b = P^T N^-1 d`` with d simulated chunk by chunk and dropped;
 7. PCG on ``P^T N^-1 P m = b``;
-8. map, hits, rcond gathered on root.
+8. map, hits, rcond gathered on root;
+9. (``realize_to_folder``) root computes the analysis mask and the pseudo-spectra
+   (:mod:`mapmaker.spectra`) and writes them beside the maps.
 
 MPI glue: everything that touches ``comm`` is here or in
 :mod:`mapmaker.distributed` / :mod:`mapmaker.reduction`; the numerics are
@@ -328,7 +330,7 @@ def realize_to_folder(
     None on the other ranks. ``out`` must not exist (checked by the caller
     before the run, and again at the rename).
     """
-    from mapmaker import products
+    from mapmaker import products, spectra
     from mapmaker.timing import peak_memory_mib
     from schemas.result import RealizationResult
     from schemas.spec import scan_key, spec_hash
@@ -347,6 +349,10 @@ def realize_to_folder(
             header = [("REALIZ", realization), ("SCANKEY", scan_key(spec))]
             coord = "C" if spec.scan.kind == "ground" else "E"  # equatorial / ecliptic
             product_records = products.write_maps(folder, outcome.iqu, outcome.hits, outcome.rcond, header, coord)
+        with timers("calc"):
+            measured = spectra.for_campaign(spec, outcome.iqu, outcome.hits)
+        with timers("io"):
+            product_records += products.write_spectra(folder, measured, header, coord)
 
     per_rank = comm.gather(
         {
@@ -397,6 +403,7 @@ def realize_to_folder(
         decomposition=outcome.fingerprint,
         versions=package_versions(),
         products=product_records,
+        spectra=spectra.result_record(spec, measured),
     )
     try:
         products.write_result(folder, result)

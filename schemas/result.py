@@ -63,6 +63,34 @@ class ProductFile(ResultModel):
     size_bytes: int
 
 
+SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")
+
+
+class BinnedSpectra(ResultModel):
+    """Pseudo power spectra of one realisation's masked map, binned in ell (``mapmaker.spectra``).
+
+    ``cl`` and ``model`` map each of TT, EE, BB, TE, EB, TB to one value per
+    bin (K^2, the plain mean over the bin's multipoles, full float precision).
+    Bin k spans ``ell_min[k] .. ell_max[k]`` inclusive.
+    """
+
+    ell_min: list[int] = Field(description="First multipole of each bin")
+    ell_max: list[int] = Field(description="Last multipole of each bin (inclusive)")
+    lmax: int
+    ell_bin_width: int
+    cl: dict[str, list[float]] = Field(description="Pseudo-spectra of (I, Q, U) x mask per bin (K^2)")
+    w2: float = Field(description="Mean of mask^2 over the sphere")
+    fsky: float = Field(description="Fraction of pixels inside the (unapodised) mask")
+    apodization_deg: float
+    min_hits: int
+    signal: bool = Field(description="The realisation simulated a sky signal")
+    noise: bool = Field(description="The realisation simulated noise")
+    model: dict[str, list[float]] | None = Field(
+        None, description="Binned C_l^in B_l^2 of the simulated CMB sky (K^2, no pixel window); None without one"
+    )
+    beam_fwhm_arcmin: float | None = Field(None, description="Gaussian beam of the simulated sky")
+
+
 class RealizationResult(ResultModel):
     format_version: int = RESULT_FORMAT_VERSION
     realization: int
@@ -94,6 +122,6 @@ class RealizationResult(ResultModel):
     plan_checksum: str | None = None
     versions: dict[str, str]
     products: list[ProductFile] = Field(default_factory=list)
-    spectra: dict[str, list[float]] | None = Field(
-        None, description="Pseudo-spectra TT, EE, BB, TE, EB, TB (K^2) per ell, when products are computed"
+    spectra: BinnedSpectra | None = Field(
+        None, description="Binned pseudo-spectra TT, EE, BB, TE, EB, TB (K^2) of the masked map"
     )

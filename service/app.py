@@ -27,6 +27,8 @@ from service.events.router import router as events_router
 from service.limits import BodyLimitMiddleware
 from service.metrics import LatencyMiddleware, Metrics
 from service.migrate import current_revisions
+from service.products import mount_products
+from service.products.reconcile import run_reconciler
 from service.queue.reaper import run_reaper
 from service.queue.router import router as plans_router
 from service.startup import ensure_local_tokens, prepare_database
@@ -55,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.database = database
         stop = asyncio.Event()
         reaper = asyncio.create_task(run_reaper(database, settings, stop), name="mapcampaign-reaper")
+        reconciler = asyncio.create_task(run_reconciler(database, settings, stop), name="mapcampaign-products")
         log.info(
             "service ready: database %s at revision %s, reaper every %.1f s",
             database.engine.url.render_as_string(hide_password=True),
@@ -66,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             stop.set()
             await reaper
+            await reconciler
             database.dispose()
 
     app = FastAPI(
@@ -88,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         api.include_router(router)
     app.include_router(api)
     mount_dashboard(app)  # pages at /, their JSON and events under /ui, files under /static
+    mount_products(app)  # Monte Carlo aggregates: API, dashboard panel, result hook
 
     @app.get("/healthz", response_model=Health, tags=["operations"], responses={503: {"model": Health}})
     def healthz(request: Request) -> JSONResponse:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from service.cli import db as db_commands
+from service.cli import products as products_commands
 from service.cli import serve as serve_commands
 from service.cli import token as token_commands
 
@@ -21,6 +22,7 @@ app = typer.Typer(
 app.command("serve")(serve_commands.serve)
 app.add_typer(db_commands.app, name="db")
 app.add_typer(token_commands.app, name="token")
+app.command("products")(products_commands.products)
 
 
 def main() -> None:

@@ -137,7 +137,7 @@ def test_result_json_describes_the_run(runs):
         assert result.rng_streams_total == 1 + 4 * 24  # sky + 4 detectors x (8 chunks x 3 intervals)
         assert "Philox" in result.rng_scheme
         assert set(result.versions) >= {"numpy", "healpy", "mpi4py", "mpi", "python"}
-        assert {p.name for p in result.products} == {"iqu", "hits", "rcond"}
+        assert {p.name for p in result.products} == {"iqu", "hits", "rcond", "mask", "spectra"}
         for product in result.products:
             data = (out / product.path).read_bytes()
             assert hashlib.sha256(data).hexdigest() == product.sha256 and len(data) == product.size_bytes

@@ -1,0 +1,586 @@
+"""Running Monte Carlo aggregates of one campaign: spectra and map sums, with the ledger of what they include.
+
+Where the state lives. Everything is in files under the campaign's folder,
+beside the realisations' products::
+
+    campaigns/<id>/products/state.json              ledger + spectra sums + pointers (the commit point)
+    campaigns/<id>/products/mapsums-<generation>.npz per-pixel count, mean, M2 of I, Q, U
+    campaigns/<id>/products/mask.fits               the analysis mask, stored once per campaign
+    campaigns/<id>/products/.lock                   per-campaign lock (flock)
+    campaigns/<id>/products/cache/                  downloads and images derived from one generation
+
+Why files and not the database: the map sums are arrays of 3 x npix x 2
+doubles (hundreds of MB at nside 2048) that belong on disk anyway; keeping
+the small spectra sums and the ledger in the *same* file as the pointer to the
+map sums makes every update a single atomic rename, so the aggregates and the
+ledger can never disagree (a database row plus a file would need a two-phase
+update). The database stays the truth about which realisations succeeded;
+:mod:`service.products.reconcile` compares the two. Deleting a campaign
+removes its folder and with it the aggregates. No migration is needed.
+
+One update (:func:`include_realization`), under the campaign's lock:
+
+1. read ``state.json``; a realisation already in the ledger is skipped
+   (idempotent: the hook and the reconciler may both offer it);
+2. add its binned spectra to the running sums and its map to the map sums
+   (Welford: mean and M2 per value, so the variance stays accurate where
+   the scatter is small against the mean); write the new map sums to
+   ``mapsums-<generation + 1>.npz`` (temporary file + rename);
+3. store the mask if the campaign has none yet;
+4. write ``state.json`` (temporary file + fsync + rename + fsync of the
+   folder): this rename commits the update;
+5. remove map-sum files of older generations.
+
+A crash before step 4 leaves the old state, which does not include the
+realisation: the reconciler adds it again later; a stray newer map-sum file
+is ignored and removed by the next update. A crash after step 4 leaves only
+stale files. Memory and state size do not grow with the number of
+realisations: the ledger is a list of index ranges.
+
+The lock is ``flock`` on ``.lock``: it serialises the API processes (and
+threads) of one host that share the data folder, which the products already
+require. Standard deviations are sample standard deviations (ddof = 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schemas.result import SPECTRA
+
+log = logging.getLogger("mapcampaign.products")
+
+STATE_FORMAT = 1
+MAX_WARNINGS = 20
+UNSEEN = -1.6375e30  # healpy.UNSEEN, without importing healpy for every state read
+
+
+# --------------------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class CampaignProducts:
+    """The files of one campaign's aggregates."""
+
+    products_dir: Path  # Settings.products_dir: <data dir>/campaigns
+    campaign_id: int
+
+    @property
+    def root(self) -> Path:
+        return self.products_dir / str(self.campaign_id) / "products"
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def mask_path(self) -> Path:
+        return self.root / "mask.fits"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.root / "cache"
+
+    def map_sums_path(self, generation: int) -> Path:
+        return self.root / f"mapsums-{generation:09d}.npz"
+
+    def realization_dir(self, index: int) -> Path:
+        """Where the accepted products of a realisation are (``service.workers.artifacts``)."""
+        return self.products_dir / str(self.campaign_id) / "realizations" / str(index)
+
+
+@contextlib.contextmanager
+def campaign_lock(files: CampaignProducts) -> Iterator[None]:
+    """Exclusive per-campaign lock across processes and threads (``flock`` on a separate open file each time)."""
+    files.root.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(files.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+def _fsync_dir(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def atomic_write(path: Path, write: Any) -> None:
+    """Write ``path`` through a temporary sibling: ``write(handle)`` fills it, then fsync and rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        with open(partial, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- ledger: sorted [start, stop) ranges
+
+
+def ledger_contains(ranges: list[list[int]], index: int) -> bool:
+    return any(start <= index < stop for start, stop in ranges)
+
+
+def ledger_add(ranges: list[list[int]], index: int) -> list[list[int]]:
+    """The ranges with ``index`` added, merged with its neighbours."""
+    merged: list[list[int]] = []
+    for start, stop in sorted([*ranges, [index, index + 1]]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], stop)
+        else:
+            merged.append([start, stop])
+    return merged
+
+
+def ledger_count(ranges: list[list[int]]) -> int:
+    return sum(stop - start for start, stop in ranges)
+
+
+def ledger_indexes(ranges: list[list[int]]) -> Iterator[int]:
+    for start, stop in ranges:
+        yield from range(start, stop)
+
+
+# --------------------------------------------------------------------------- Welford
+
+
+def welford_add(count: int, mean: np.ndarray, m2: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Add one sample to a running (mean, M2) of ``count`` samples; returns the new (mean, M2)."""
+    delta = value - mean
+    mean = mean + delta / (count + 1)
+    m2 = m2 + delta * (value - mean)
+    return mean, m2
+
+
+def sample_std(count: int, m2: np.ndarray) -> np.ndarray | None:
+    """Standard deviation with ddof = 1; None below two samples."""
+    if count < 2:
+        return None
+    return np.sqrt(np.maximum(m2, 0.0) / (count - 1))
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class AggregateState:
+    """What ``state.json`` holds (plain data; see the module doc)."""
+
+    campaign_id: int
+    generation: int = 0
+    spec_hash: str | None = None
+    included: list[list[int]] = field(default_factory=list)
+    spectra: dict[str, Any] | None = None  # binning, mask moments, model, n, mean {name: [...]}, m2 {name: [...]}
+    maps: dict[str, Any] | None = None  # {file, nside, n (realisations with a map)}
+    mask: dict[str, Any] | None = None  # {file, sha256, realization}
+    warnings: list[str] = field(default_factory=list)
+    updated_at: str | None = None
+
+    @property
+    def n_included(self) -> int:
+        return ledger_count(self.included)
+
+    @property
+    def n_spectra(self) -> int:
+        return int(self.spectra["n"]) if self.spectra else 0
+
+    @property
+    def n_maps(self) -> int:
+        return int(self.maps["n"]) if self.maps else 0
+
+    @property
+    def has_products(self) -> bool:
+        return self.n_spectra > 0 or self.n_maps > 0
+
+    def includes(self, index: int) -> bool:
+        return ledger_contains(self.included, index)
+
+    def warn(self, message: str) -> None:
+        log.warning("campaign %d products: %s", self.campaign_id, message)
+        self.warnings = [*self.warnings, message][-MAX_WARNINGS:]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "campaign_id": self.campaign_id,
+            "generation": self.generation,
+            "spec_hash": self.spec_hash,
+            "included": self.included,
+            "spectra": self.spectra,
+            "maps": self.maps,
+            "mask": self.mask,
+            "warnings": self.warnings,
+            "updated_at": self.updated_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AggregateState:
+        if data.get("format") != STATE_FORMAT:
+            raise ValueError(f"unknown state format {data.get('format')!r}")
+        return cls(
+            campaign_id=int(data["campaign_id"]),
+            generation=int(data["generation"]),
+            spec_hash=data.get("spec_hash"),
+            included=[[int(a), int(b)] for a, b in data.get("included", [])],
+            spectra=data.get("spectra"),
+            maps=data.get("maps"),
+            mask=data.get("mask"),
+            warnings=list(data.get("warnings", [])),
+            updated_at=data.get("updated_at"),
+        )
+
+
+def load_state(files: CampaignProducts) -> AggregateState | None:
+    """The committed state, or None when the campaign has none (or it cannot be read: logged, then rebuilt)."""
+    try:
+        data = json.loads(files.state_path.read_text())
+        return AggregateState.from_json(data)
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as error:
+        # Atomic renames make this unexpected; the inputs are all kept, so start again from them.
+        broken = files.state_path.with_name(f"state.json.unreadable-{uuid.uuid4().hex[:8]}")
+        log.error(
+            "campaign %d: aggregate state unreadable (%s); moved to %s and rebuilt", files.campaign_id, error, broken
+        )
+        with contextlib.suppress(OSError):
+            os.replace(files.state_path, broken)
+        return None
+
+
+def save_state(files: CampaignProducts, state: AggregateState) -> None:
+    payload = json.dumps(state.to_json(), separators=(",", ":"), allow_nan=False).encode()
+    atomic_write(files.state_path, lambda handle: handle.write(payload))
+
+
+def load_map_sums(files: CampaignProducts, state: AggregateState) -> dict[str, np.ndarray] | None:
+    """``count [npix]`` int64, ``mean`` and ``m2`` [3, npix] of the state's generation."""
+    if not state.maps:
+        return None
+    with np.load(files.root / state.maps["file"]) as data:
+        return {name: data[name] for name in ("count", "mean", "m2")}
+
+
+# --------------------------------------------------------------------------- one realisation
+
+
+SPECTRA_IDENTITY = ("ell_min", "ell_max", "lmax", "ell_bin_width", "apodization_deg", "min_hits", "signal", "noise")
+
+
+class RealizationUnusable(ValueError):
+    """A part of a realisation's products cannot join the aggregates (recorded as a warning)."""
+
+
+def _add_spectra(state: AggregateState, index: int, record: dict[str, Any]) -> None:
+    cl = record.get("cl") or {}
+    if set(cl) != set(SPECTRA):
+        raise RealizationUnusable(f"realisation {index}: spectra without all of {', '.join(SPECTRA)}")
+    bins = len(record["ell_min"])
+    if any(len(cl[name]) != bins for name in SPECTRA) or len(record["ell_max"]) != bins:
+        raise RealizationUnusable(f"realisation {index}: spectra of the wrong length")
+    values = {name: np.asarray(cl[name], dtype=np.float64) for name in SPECTRA}
+    if not all(np.all(np.isfinite(v)) for v in values.values()):
+        raise RealizationUnusable(f"realisation {index}: spectra with non-finite values")
+    if state.spectra is None:
+        state.spectra = {key: record[key] for key in SPECTRA_IDENTITY}
+        state.spectra.update(
+            w2=float(record["w2"]),
+            fsky=float(record["fsky"]),
+            model=record.get("model"),
+            beam_fwhm_arcmin=record.get("beam_fwhm_arcmin"),
+            n=0,
+            mean={name: [0.0] * bins for name in SPECTRA},
+            m2={name: [0.0] * bins for name in SPECTRA},
+        )
+    else:
+        different = [key for key in SPECTRA_IDENTITY if state.spectra[key] != record[key]]
+        if different:
+            raise RealizationUnusable(
+                f"realisation {index}: spectra differ from the campaign's in {', '.join(different)}"
+            )
+        if not math.isclose(state.spectra["w2"], float(record["w2"]), rel_tol=1e-9):
+            state.warn(f"realisation {index}: mask w2 {record['w2']:.6g} differs from {state.spectra['w2']:.6g}")
+    count = int(state.spectra["n"])
+    for name in SPECTRA:
+        mean, m2 = welford_add(
+            count,
+            np.asarray(state.spectra["mean"][name]),
+            np.asarray(state.spectra["m2"][name]),
+            values[name],
+        )
+        state.spectra["mean"][name] = mean.tolist()
+        state.spectra["m2"][name] = m2.tolist()
+    state.spectra["n"] = count + 1
+
+
+def _read_iqu(path: Path) -> np.ndarray:
+    import healpy as hp
+
+    try:
+        with warnings.catch_warnings():  # a broken file is reported below, once, as a warning of the state
+            warnings.simplefilter("ignore")
+            maps = np.asarray(hp.read_map(str(path), field=(0, 1, 2), dtype=np.float64))
+    except Exception as error:  # healpy/astropy raise many kinds for a bad file
+        raise RealizationUnusable(f"{path.name} is not a HEALPix I/Q/U map ({type(error).__name__})") from None
+    if maps.ndim != 2 or maps.shape[0] != 3 or not hp.isnpixok(maps.shape[1]):
+        raise RealizationUnusable(f"{path.name} is not a HEALPix I/Q/U map")
+    return maps
+
+
+def _add_map(
+    files: CampaignProducts, state: AggregateState, index: int, path: Path, current: dict[str, np.ndarray] | None
+) -> dict[str, np.ndarray]:
+    iqu = _read_iqu(path)
+    npix = iqu.shape[1]
+    if current is None:
+        current = {"count": np.zeros(npix, dtype=np.int64), "mean": np.zeros((3, npix)), "m2": np.zeros((3, npix))}
+    elif current["count"].size != npix:
+        raise RealizationUnusable(
+            f"realisation {index}: map of {npix} pixels, the campaign's have {current['count'].size}"
+        )
+    seen = np.all(np.isfinite(iqu), axis=0) & np.all(iqu != UNSEEN, axis=0) & np.all(np.abs(iqu) < 1e29, axis=0)
+    count = current["count"][seen]
+    mean, m2 = welford_add(count, current["mean"][:, seen], current["m2"][:, seen], iqu[:, seen])
+    current["mean"][:, seen] = mean
+    current["m2"][:, seen] = m2
+    current["count"][seen] = count + 1
+    return current
+
+
+def _store_mask(files: CampaignProducts, state: AggregateState, index: int, path: Path) -> None:
+    digest = sha256_of(path)
+    if state.mask is None:
+        with open(path, "rb") as source:
+            payload = source.read()
+        atomic_write(files.mask_path, lambda handle: handle.write(payload))
+        state.mask = {"file": files.mask_path.name, "sha256": digest, "realization": index}
+    elif state.mask["sha256"] != digest:
+        state.warn(
+            f"realisation {index}: its mask differs from the campaign's (from realisation {state.mask['realization']})"
+        )
+
+
+def _product_path(result: dict[str, Any], product_dir: Path, role: str) -> Path | None:
+    for product in result.get("products") or []:
+        if product.get("name") == role and "/" not in product.get("path", "/"):
+            path = product_dir / product["path"]
+            return path if path.is_file() else None
+    return None
+
+
+def include_realization(
+    files: CampaignProducts, index: int, result: dict[str, Any], product_dir: Path | None = None
+) -> bool:
+    """Add a succeeded realisation to the campaign's aggregates once; False when it was already included.
+
+    ``result`` is the stored :class:`schemas.result.RealizationResult` (as
+    JSON data), ``product_dir`` the folder of its accepted product files
+    (default: the campaign's ``realizations/<index>``). Parts that cannot be
+    used (no spectra, unreadable map, other binning) are left out with a
+    warning in the state; the realisation still enters the ledger, so it is
+    not offered again.
+    """
+    product_dir = product_dir or files.realization_dir(index)
+    with campaign_lock(files):
+        state = load_state(files) or AggregateState(campaign_id=files.campaign_id)
+        spec_hash = result.get("spec_hash")
+        if state.spec_hash is not None and spec_hash is not None and spec_hash != state.spec_hash:
+            # Only a campaign id reused after a deletion gets here: that state is not this campaign's.
+            log.warning("campaign %d: aggregates of another spec found; starting again", files.campaign_id)
+            state = AggregateState(campaign_id=files.campaign_id)
+        if state.includes(index):
+            return False
+        state.spec_hash = state.spec_hash or spec_hash
+        map_sums = load_map_sums(files, state)
+        new_map_file = None
+
+        record = result.get("spectra")
+        if record:
+            try:
+                _add_spectra(state, index, record)
+            except (RealizationUnusable, KeyError, TypeError, ValueError) as error:
+                state.warn(f"spectra left out: {error}")
+        iqu_path = _product_path(result, product_dir, "iqu")
+        if iqu_path is not None:
+            try:
+                map_sums = _add_map(files, state, index, iqu_path, map_sums)
+            except RealizationUnusable as error:
+                state.warn(f"map left out: {error}")
+            else:
+                new_map_file = files.map_sums_path(state.generation + 1)
+                sums = map_sums
+                atomic_write(new_map_file, lambda handle: np.savez(handle, **sums))
+                state.maps = {
+                    "file": new_map_file.name,
+                    "nside": round(math.sqrt(sums["count"].size / 12)),
+                    "n": (state.n_maps + 1),
+                }
+        mask_path = _product_path(result, product_dir, "mask")
+        if mask_path is not None:
+            _store_mask(files, state, index, mask_path)
+
+        state.included = ledger_add(state.included, index)
+        state.generation += 1
+        state.updated_at = datetime.now(UTC).isoformat()
+        save_state(files, state)  # the commit point
+        _remove_stale(files, state)
+        return True
+
+
+def _remove_stale(files: CampaignProducts, state: AggregateState) -> None:
+    keep = state.maps["file"] if state.maps else None
+    for path in files.root.glob("mapsums-*.npz"):
+        if path.name != keep:
+            path.unlink(missing_ok=True)
+    if files.cache_dir.is_dir():
+        # Files of the previous generation stay: a request may be serving one right now.
+        for path in files.cache_dir.iterdir():
+            generation = cache_generation(path.name)
+            if generation is None or generation < state.generation - 1:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+
+def cache_path(files: CampaignProducts, state: AggregateState, name: str) -> Path:
+    """Where a file derived from this generation of the aggregates is kept (``cache/g<generation>-<name>``)."""
+    return files.cache_dir / f"g{state.generation}-{name}"
+
+
+def cache_generation(file_name: str) -> int | None:
+    head = file_name.split("-", 1)[0]
+    return int(head[1:]) if head.startswith("g") and head[1:].isdigit() else None
+
+
+# --------------------------------------------------------------------------- reading the aggregates
+
+
+@dataclass(frozen=True)
+class SpectraAggregates:
+    """Mean and scatter per bin, and the corrections derived from them (arrays [n_bins])."""
+
+    n: int
+    ell_min: np.ndarray
+    ell_max: np.ndarray
+    lmax: int
+    ell_bin_width: int
+    w2: float
+    fsky: float
+    signal: bool
+    noise: bool
+    mean: dict[str, np.ndarray]
+    std: dict[str, np.ndarray] | None
+    model: dict[str, np.ndarray] | None
+    beam_fwhm_arcmin: float | None
+    apodization_deg: float
+    min_hits: int
+
+    @property
+    def ell_center(self) -> np.ndarray:
+        return (self.ell_min + self.ell_max) / 2.0
+
+    @property
+    def noise_bias_available(self) -> bool:
+        return self.noise and not self.signal and self.w2 > 0
+
+    @property
+    def transfer_available(self) -> bool:
+        return self.signal and not self.noise and self.model is not None and self.w2 > 0
+
+    def noise_bias(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """N_l = <C~_l> / w2 per spectrum, with its scatter std(C~_l) / w2 (one realisation's)."""
+        return {
+            name: (self.mean[name] / self.w2, None if self.std is None else self.std[name] / self.w2)
+            for name in SPECTRA
+        }
+
+    def transfer_function(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """F_l = <C~_l> / (w2 C_l^in B_l^2) for TT, EE, BB (NaN where the model is 0), with its scatter."""
+        out = {}
+        for name in ("TT", "EE", "BB"):
+            denominator = self.w2 * self.model[name]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                value = np.where(denominator > 0, self.mean[name] / denominator, np.nan)
+                scatter = None if self.std is None else np.where(denominator > 0, self.std[name] / denominator, np.nan)
+            out[name] = (value, scatter)
+        return out
+
+
+def spectra_aggregates(state: AggregateState) -> SpectraAggregates | None:
+    spectra = state.spectra
+    if not spectra or not spectra["n"]:
+        return None
+    n = int(spectra["n"])
+    mean = {name: np.asarray(spectra["mean"][name], dtype=np.float64) for name in SPECTRA}
+    std = None
+    if n >= 2:
+        std = {name: sample_std(n, np.asarray(spectra["m2"][name], dtype=np.float64)) for name in SPECTRA}
+    model = spectra.get("model")
+    return SpectraAggregates(
+        n=n,
+        ell_min=np.asarray(spectra["ell_min"], dtype=np.int64),
+        ell_max=np.asarray(spectra["ell_max"], dtype=np.int64),
+        lmax=int(spectra["lmax"]),
+        ell_bin_width=int(spectra["ell_bin_width"]),
+        w2=float(spectra["w2"]),
+        fsky=float(spectra["fsky"]),
+        signal=bool(spectra["signal"]),
+        noise=bool(spectra["noise"]),
+        mean=mean,
+        std=std,
+        model={name: np.asarray(model[name], dtype=np.float64) for name in SPECTRA} if model else None,
+        beam_fwhm_arcmin=spectra.get("beam_fwhm_arcmin"),
+        apodization_deg=float(spectra["apodization_deg"]),
+        min_hits=int(spectra["min_hits"]),
+    )
+
+
+def mean_and_variance_maps(files: CampaignProducts, state: AggregateState) -> tuple[np.ndarray, np.ndarray] | None:
+    """Mean [3, npix] (K; UNSEEN where never observed) and sample variance [3, npix] (K^2; UNSEEN below 2)."""
+    sums = load_map_sums(files, state)
+    if sums is None:
+        return None
+    count = sums["count"]
+    mean = np.where(count > 0, sums["mean"], UNSEEN)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        variance = np.where(count > 1, np.maximum(sums["m2"], 0.0) / (count - 1), UNSEEN)
+    return mean, variance

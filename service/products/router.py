@@ -1,0 +1,171 @@
+"""HTTP for a campaign's Monte Carlo products (user tokens; another user's campaign answers 404)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+from fastapi.responses import FileResponse, Response
+
+from schemas.api import ErrorBody
+from schemas.products import DownloadFormat, MapFormat, ProductsSummary, RealizationSpectra
+from service.deps import CurrentUser, ReadSessionDep, SettingsDep
+from service.products import service
+from service.products.formats import MEDIA_TYPES
+
+router = APIRouter(
+    prefix="/campaigns/{campaign_id}/products",
+    tags=["products"],
+    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+)
+
+_FILE = {
+    200: {
+        "description": "The file (Content-Disposition names it)",
+        "content": {MEDIA_TYPES["fits"]: {}, MEDIA_TYPES["npz"]: {}, MEDIA_TYPES["json"]: {}},
+    },
+    422: {"model": ErrorBody},
+}
+Index = Annotated[int, Path(ge=0, le=1_000_000)]
+
+
+def _file(download: service.Download) -> FileResponse:
+    return FileResponse(
+        download.path,
+        media_type=download.media_type,
+        filename=download.filename,
+        headers={"Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"},
+    )
+
+
+@router.get("", response_model=ProductsSummary)
+def products_summary(
+    campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep
+) -> ProductsSummary:
+    """Which aggregates exist, how many realisations they include, the ell bins, mean and scatter of the
+    spectra, and the noise bias N_l (noise-only) or transfer function F_l (signal-only)."""
+    return service.products_summary(
+        session=session, owner_id=user.user_id, campaign_id=campaign_id, products_dir=settings.products_dir
+    )
+
+
+@router.get("/spectra", response_class=Response, responses=_FILE)
+def spectra(
+    campaign_id: int,
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    format: DownloadFormat = "json",
+) -> Response:
+    """Mean and scatter of the binned spectra (and N_l or F_l): JSON (the summary), npz or a FITS table."""
+    return _file(
+        service.spectra_download(
+            session=session,
+            owner_id=user.user_id,
+            campaign_id=campaign_id,
+            products_dir=settings.products_dir,
+            fmt=format,
+        )
+    )
+
+
+def _map_download(campaign_id: int, user, session, settings, which: str, fmt: str) -> Response:
+    return _file(
+        service.map_download(
+            session=session,
+            owner_id=user.user_id,
+            campaign_id=campaign_id,
+            products_dir=settings.products_dir,
+            which=which,
+            fmt=fmt,
+        )
+    )
+
+
+@router.get("/mean-map", response_class=Response, responses=_FILE)
+def mean_map(
+    campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep, format: MapFormat = "fits"
+) -> Response:
+    """Running mean of the I, Q, U maps (K): HEALPix FITS (RING, UNSEEN where never observed) or npz (``mean``)."""
+    return _map_download(campaign_id, user, session, settings, "mean-map", format)
+
+
+@router.get("/variance-map", response_class=Response, responses=_FILE)
+def variance_map(
+    campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep, format: MapFormat = "fits"
+) -> Response:
+    """Per-pixel sample variance (ddof 1) of I, Q, U over the realisations (K^2); needs two realisations."""
+    return _map_download(campaign_id, user, session, settings, "variance-map", format)
+
+
+@router.get("/mask", response_class=Response, responses=_FILE)
+def mask(
+    campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep, format: MapFormat = "fits"
+) -> Response:
+    """The campaign's apodised analysis mask (stored once: it depends on the pointing only)."""
+    return _map_download(campaign_id, user, session, settings, "mask", format)
+
+
+@router.get(
+    "/realizations/{index}/spectra",
+    response_model=RealizationSpectra,
+    responses={200: {"content": {MEDIA_TYPES["fits"]: {}, MEDIA_TYPES["npz"]: {}}}, 422: {"model": ErrorBody}},
+)
+def realization_spectra(
+    campaign_id: int,
+    index: Index,
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    format: DownloadFormat = "json",
+) -> Response | RealizationSpectra:
+    """One realisation's binned pseudo-spectra as stored with its result."""
+    answer = service.realization_download(
+        session=session,
+        owner_id=user.user_id,
+        campaign_id=campaign_id,
+        index=index,
+        products_dir=settings.products_dir,
+        which="spectra",
+        fmt=format,
+    )
+    return answer if isinstance(answer, RealizationSpectra) else _file(answer)
+
+
+def _realization_file(campaign_id: int, index: int, user, session, settings, which: str, fmt: str) -> Response:
+    answer = service.realization_download(
+        session=session,
+        owner_id=user.user_id,
+        campaign_id=campaign_id,
+        index=index,
+        products_dir=settings.products_dir,
+        which=which,
+        fmt=fmt,
+    )
+    return _file(answer)
+
+
+@router.get("/realizations/{index}/map", response_class=Response, responses=_FILE)
+def realization_map(
+    campaign_id: int,
+    index: Index,
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    format: MapFormat = "fits",
+) -> Response:
+    """One realisation's I, Q, U map: the uploaded FITS file, or npz (``iqu``)."""
+    return _realization_file(campaign_id, index, user, session, settings, "map", format)
+
+
+@router.get("/realizations/{index}/mask", response_class=Response, responses=_FILE)
+def realization_mask(
+    campaign_id: int,
+    index: Index,
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    format: MapFormat = "fits",
+) -> Response:
+    """One realisation's analysis mask: the uploaded FITS file, or npz (``mask``)."""
+    return _realization_file(campaign_id, index, user, session, settings, "mask", format)

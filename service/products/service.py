@@ -1,0 +1,386 @@
+"""The Monte Carlo products of a campaign for its owner: the summary, and the files to download.
+
+Routers (API and dashboard) call these; they take a keyword-only ``session``
+and raise domain errors (another user's campaign: ``CampaignNotFound``, 404).
+Downloads are derived from one generation of the aggregates and kept in
+``products/cache/`` until the aggregates move on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from schemas.api import API_PREFIX
+from schemas.products import (
+    CorrectionStats,
+    EllBins,
+    MaskInfo,
+    NoiseBias,
+    ProductDownloads,
+    ProductsSummary,
+    RealizationSpectra,
+    SpectrumStats,
+    TransferFunction,
+)
+from schemas.result import SPECTRA
+from service.campaigns import service as campaigns
+from service.campaigns.models import Campaign, Realization
+from service.errors import Invalid, NotFound
+from service.products import formats
+from service.products.aggregates import (
+    AggregateState,
+    CampaignProducts,
+    SpectraAggregates,
+    cache_path,
+    load_state,
+    mean_and_variance_maps,
+    spectra_aggregates,
+)
+
+T = TypeVar("T")
+
+
+class ProductsNotReady(NotFound):
+    code = "products_not_ready"
+
+
+class RealizationProductsNotFound(NotFound):
+    code = "realization_products_not_found"
+
+
+class FormatNotOffered(Invalid):
+    code = "format_not_offered"
+
+
+@dataclass(frozen=True)
+class Download:
+    path: Path
+    media_type: str
+    filename: str
+
+
+def _finite(values: np.ndarray | None) -> list[float | None] | None:
+    if values is None:
+        return None
+    return [float(v) if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64)]
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    return [float(v) for v in values]
+
+
+def owned_products(
+    *, session: Session, owner_id: int, campaign_id: int, products_dir: Path
+) -> tuple[Campaign, CampaignProducts]:
+    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    return campaign, CampaignProducts(products_dir, campaign.id)
+
+
+def snapshot(files: CampaignProducts, read: Callable[[AggregateState], T]) -> T:
+    """``read(state)`` on the committed state; retried when an update removed its files meanwhile."""
+    for _ in range(5):
+        state = load_state(files)
+        if state is None or not state.has_products:
+            raise ProductsNotReady(f"campaign {files.campaign_id} has no Monte Carlo products yet")
+        try:
+            return read(state)
+        except FileNotFoundError:
+            latest = load_state(files)
+            if latest is None or latest.generation == state.generation:
+                raise  # not a race with an update: a real problem
+            # A newer generation replaced the files this state names: read the new one.
+    raise ProductsNotReady(f"campaign {files.campaign_id}: its products are changing too fast to read; try again")
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _bins(aggregates: SpectraAggregates) -> EllBins:
+    return EllBins(
+        ell_min=[int(v) for v in aggregates.ell_min],
+        ell_max=[int(v) for v in aggregates.ell_max],
+        ell_center=_floats(aggregates.ell_center),
+        lmax=aggregates.lmax,
+        ell_bin_width=aggregates.ell_bin_width,
+    )
+
+
+def _correction(value: np.ndarray, scatter: np.ndarray | None, n: int) -> CorrectionStats:
+    return CorrectionStats(
+        value=_finite(value),
+        std=_finite(scatter),
+        error=_finite(None if scatter is None else scatter / math.sqrt(n)),
+    )
+
+
+def build_summary(*, campaign: Campaign, files: CampaignProducts, succeeded: int) -> ProductsSummary:
+    state = load_state(files) or AggregateState(campaign_id=campaign.id)
+    aggregates = spectra_aggregates(state)
+    base = f"{API_PREFIX}/campaigns/{campaign.id}/products"
+    summary: dict[str, Any] = {
+        "campaign_id": campaign.id,
+        "kind": campaign.kind,
+        "campaign_state": campaign.state,
+        "succeeded": succeeded,
+        "included": state.n_included,
+        "spectra_realizations": state.n_spectra,
+        "map_realizations": state.n_maps,
+        "ready": state.has_products,
+        "generation": state.generation,
+        "updated_at": state.updated_at,
+        "warnings": state.warnings,
+        "downloads": ProductDownloads(
+            spectra=f"{base}/spectra" if aggregates else None,
+            mean_map=f"{base}/mean-map" if state.n_maps else None,
+            variance_map=f"{base}/variance-map" if state.n_maps >= 2 else None,
+            mask=f"{base}/mask" if state.mask else None,
+        ),
+    }
+    if aggregates is not None:
+        summary["bins"] = _bins(aggregates)
+        summary["mask"] = MaskInfo(
+            w2=aggregates.w2,
+            fsky=aggregates.fsky,
+            apodization_deg=aggregates.apodization_deg,
+            min_hits=aggregates.min_hits,
+            stored=state.mask is not None,
+            sha256=state.mask["sha256"] if state.mask else None,
+            from_realization=state.mask["realization"] if state.mask else None,
+        )
+        summary["spectra"] = {
+            name: SpectrumStats(
+                mean=_floats(aggregates.mean[name]),
+                std=None if aggregates.std is None else _floats(aggregates.std[name]),
+            )
+            for name in SPECTRA
+        }
+        if aggregates.noise_bias_available:
+            summary["noise_bias"] = NoiseBias(
+                spectra={
+                    name: _correction(value, scatter, aggregates.n)
+                    for name, (value, scatter) in aggregates.noise_bias().items()
+                }
+            )
+        if aggregates.transfer_available:
+            summary["transfer_function"] = TransferFunction(
+                beam_fwhm_arcmin=aggregates.beam_fwhm_arcmin,
+                model={name: _floats(aggregates.model[name]) for name in SPECTRA},
+                spectra={
+                    name: _correction(value, scatter, aggregates.n)
+                    for name, (value, scatter) in aggregates.transfer_function().items()
+                },
+            )
+    return ProductsSummary(**summary)
+
+
+def succeeded_count(*, session: Session, campaign_id: int) -> int:
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(Realization)
+            .where(Realization.campaign_id == campaign_id, Realization.state == "succeeded")
+        )
+        or 0
+    )
+
+
+def products_summary(*, session: Session, owner_id: int, campaign_id: int, products_dir: Path) -> ProductsSummary:
+    campaign, files = owned_products(
+        session=session, owner_id=owner_id, campaign_id=campaign_id, products_dir=products_dir
+    )
+    return build_summary(
+        campaign=campaign, files=files, succeeded=succeeded_count(session=session, campaign_id=campaign.id)
+    )
+
+
+# --------------------------------------------------------------------------- campaign downloads
+
+
+def spectra_table(aggregates: SpectraAggregates) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Columns [n_bins] and scalars of the spectra download (K^2; N_L_* and F_L_* where they exist)."""
+    nan = np.full(aggregates.ell_min.size, np.nan)
+    columns: dict[str, np.ndarray] = {"ell_min": aggregates.ell_min, "ell_max": aggregates.ell_max}
+    for name in SPECTRA:
+        columns[f"{name}_mean"] = aggregates.mean[name]
+        columns[f"{name}_std"] = aggregates.std[name] if aggregates.std else nan
+    if aggregates.noise_bias_available:
+        for name, (value, scatter) in aggregates.noise_bias().items():
+            columns[f"nl_{name}"] = value
+            columns[f"nl_{name}_std"] = scatter if scatter is not None else nan
+    if aggregates.transfer_available:
+        for name in SPECTRA:
+            columns[f"model_{name}"] = aggregates.model[name]
+        for name, (value, scatter) in aggregates.transfer_function().items():
+            columns[f"fl_{name}"] = value
+            columns[f"fl_{name}_std"] = scatter if scatter is not None else nan
+    scalars = {
+        "n": aggregates.n,
+        "w2": aggregates.w2,
+        "fsky": aggregates.fsky,
+        "lmax": aggregates.lmax,
+        "binwidth": aggregates.ell_bin_width,
+        "apodeg": aggregates.apodization_deg,
+        "minhits": aggregates.min_hits,
+        "fwhm": aggregates.beam_fwhm_arcmin,
+    }
+    return columns, scalars
+
+
+def spectra_download(*, session: Session, owner_id: int, campaign_id: int, products_dir: Path, fmt: str) -> Download:
+    campaign, files = owned_products(
+        session=session, owner_id=owner_id, campaign_id=campaign_id, products_dir=products_dir
+    )
+    succeeded = succeeded_count(session=session, campaign_id=campaign.id)
+
+    def build(state: AggregateState) -> Download:
+        aggregates = spectra_aggregates(state)
+        if aggregates is None:
+            raise ProductsNotReady(f"campaign {campaign.id} has no Monte Carlo spectra yet")
+        path = cache_path(files, state, f"spectra.{fmt}")
+        if fmt == "json":  # written every time: it also says the campaign's state and succeeded count
+            summary = build_summary(campaign=campaign, files=files, succeeded=succeeded)
+            payload = json.dumps(summary.model_dump(mode="json"), indent=1).encode()
+            formats.atomic_write(path, lambda handle: handle.write(payload))
+        elif not path.is_file():
+            columns, scalars = spectra_table(aggregates)
+            writer = formats.write_spectra_fits if fmt == "fits" else formats.write_spectra_npz
+            writer(path, columns, scalars)
+        return Download(path, formats.MEDIA_TYPES[fmt], f"campaign-{campaign.id}-spectra.{fmt}")
+
+    return snapshot(files, build)
+
+
+def map_download(
+    *, session: Session, owner_id: int, campaign_id: int, products_dir: Path, which: str, fmt: str
+) -> Download:
+    """``which``: ``mean-map`` (I, Q, U in K), ``variance-map`` (K^2, ddof 1) or ``mask``."""
+    if fmt not in ("fits", "npz"):
+        raise FormatNotOffered(f"the {which} comes as fits or npz, not {fmt}")
+    campaign, files = owned_products(
+        session=session, owner_id=owner_id, campaign_id=campaign_id, products_dir=products_dir
+    )
+
+    def build(state: AggregateState) -> Download:
+        name = f"campaign-{campaign.id}-{which}.{fmt}"
+        path = cache_path(files, state, f"{which}.{fmt}")
+        if which == "mask":
+            if state.mask is None:
+                raise ProductsNotReady(f"campaign {campaign.id} has no stored mask yet")
+            if fmt == "fits":
+                return Download(files.mask_path, formats.MEDIA_TYPES[fmt], name)
+            if not path.is_file():
+                import healpy as hp
+
+                formats.write_map_npz(path, mask=np.asarray(hp.read_map(str(files.mask_path), dtype=np.float64)))
+            return Download(path, formats.MEDIA_TYPES[fmt], name)
+        if which == "variance-map" and state.n_maps < 2:
+            raise ProductsNotReady(f"campaign {campaign.id}: a variance map needs two realisations with maps")
+        if not path.is_file():
+            maps = mean_and_variance_maps(files, state)
+            if maps is None:
+                raise ProductsNotReady(f"campaign {campaign.id} has no mean map yet")
+            values = maps[0] if which == "mean-map" else maps[1]
+            header = [("NREALIZ", state.n_maps), ("GENERAT", state.generation)]
+            if fmt == "fits":
+                unit = "K" if which == "mean-map" else "K^2"
+                prefix = "MEAN" if which == "mean-map" else "VAR"
+                names = [f"{prefix}_{stokes}" for stokes in "IQU"]
+                formats.write_map_fits(path, values, names, unit, header)
+            else:
+                key = "mean" if which == "mean-map" else "variance"
+                formats.write_map_npz(path, **{key: values, "n": np.int64(state.n_maps)})
+        return Download(path, formats.MEDIA_TYPES[fmt], name)
+
+    return snapshot(files, build)
+
+
+# --------------------------------------------------------------------------- one realisation
+
+
+def _succeeded_result(*, session: Session, campaign_id: int, index: int) -> dict[str, Any]:
+    row = session.execute(
+        select(Realization.state, Realization.result).where(
+            Realization.campaign_id == campaign_id, Realization.index == index
+        )
+    ).first()
+    if row is None:
+        raise RealizationProductsNotFound(f"campaign {campaign_id} has no realisation {index}")
+    if row.state != "succeeded" or not row.result:
+        raise RealizationProductsNotFound(f"realisation {index} of campaign {campaign_id} is {row.state}: no products")
+    return row.result
+
+
+def realization_spectra(*, session: Session, owner_id: int, campaign_id: int, index: int) -> RealizationSpectra:
+    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    record = _succeeded_result(session=session, campaign_id=campaign.id, index=index).get("spectra")
+    if not record:
+        raise RealizationProductsNotFound(f"realisation {index} of campaign {campaign.id} reported no spectra")
+    ell_min, ell_max = record["ell_min"], record["ell_max"]
+    return RealizationSpectra(
+        campaign_id=campaign.id,
+        realization=index,
+        bins=EllBins(
+            ell_min=ell_min,
+            ell_max=ell_max,
+            ell_center=[(a + b) / 2 for a, b in zip(ell_min, ell_max, strict=True)],
+            lmax=record["lmax"],
+            ell_bin_width=record["ell_bin_width"],
+        ),
+        spectra=record["cl"],
+        w2=record["w2"],
+        fsky=record["fsky"],
+        model=record.get("model"),
+    )
+
+
+def realization_download(
+    *, session: Session, owner_id: int, campaign_id: int, index: int, products_dir: Path, which: str, fmt: str
+) -> Download | RealizationSpectra:
+    """One realisation's ``spectra`` (json, npz, fits), ``map`` or ``mask`` (fits as uploaded, or npz)."""
+    if which == "spectra":
+        spectra = realization_spectra(session=session, owner_id=owner_id, campaign_id=campaign_id, index=index)
+        if fmt == "json":
+            return spectra
+        files = CampaignProducts(products_dir, campaign_id)
+        path = files.root / "realization-cache" / f"r{index}-spectra.{fmt}"
+        if not path.is_file():
+            columns = {"ell_min": np.asarray(spectra.bins.ell_min), "ell_max": np.asarray(spectra.bins.ell_max)}
+            columns.update({name: np.asarray(spectra.spectra[name]) for name in SPECTRA})
+            if spectra.model:
+                columns.update({f"model_{name}": np.asarray(spectra.model[name]) for name in SPECTRA})
+            scalars = {"realiz": index, "w2": spectra.w2, "fsky": spectra.fsky}
+            writer = formats.write_spectra_fits if fmt == "fits" else formats.write_spectra_npz
+            writer(path, formats.spectra_columns(columns), scalars)
+        return Download(path, formats.MEDIA_TYPES[fmt], f"campaign-{campaign_id}-r{index}-spectra.{fmt}")
+    if fmt not in ("fits", "npz"):
+        raise FormatNotOffered(f"a realisation's {which} comes as fits or npz, not {fmt}")
+    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    result = _succeeded_result(session=session, campaign_id=campaign.id, index=index)
+    role = "iqu" if which == "map" else "mask"
+    files = CampaignProducts(products_dir, campaign.id)
+    source = None
+    for product in result.get("products") or []:
+        if product.get("name") == role:
+            source = files.realization_dir(index) / product["path"]
+    if source is None or not source.is_file():
+        raise RealizationProductsNotFound(f"realisation {index} of campaign {campaign.id} has no {which} file")
+    name = f"campaign-{campaign.id}-r{index}-{which}.{fmt}"
+    if fmt == "fits":
+        return Download(source, formats.MEDIA_TYPES[fmt], name)
+    path = files.root / "realization-cache" / f"r{index}-{which}.npz"
+    if not path.is_file():
+        import healpy as hp
+
+        fields = (0, 1, 2) if which == "map" else 0
+        values = np.asarray(hp.read_map(str(source), field=fields, dtype=np.float64))
+        formats.write_map_npz(path, **{"iqu" if which == "map" else "mask": values})
+    return Download(path, formats.MEDIA_TYPES[fmt], name)
