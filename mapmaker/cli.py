@@ -63,6 +63,10 @@ def _add_realize(commands: argparse._SubParsersAction) -> None:
         "--plan", type=Path, default=None, metavar="PLAN",
         help="overlap plan from 'preprocess' for this spec and rank count; a mismatched or damaged plan exits 3",
     )
+    parser.add_argument(
+        "--calibration", type=Path, default=None, metavar="FILE",
+        help="site calibration from 'calibrate' that reduction 'auto' models with (default: the paper's Franklin figures)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -159,6 +163,13 @@ def _run_realize(args: argparse.Namespace) -> int:
     if out_problem:
         return fail(out_problem)
 
+    machine = None
+    if args.calibration is not None:
+        try:
+            machine = _load_calibration(args.calibration)
+        except ValueError as error:
+            return fail(str(error))
+
     plan, plan_document = None, None
     if args.plan is not None:
         try:
@@ -176,7 +187,7 @@ def _run_realize(args: argparse.Namespace) -> int:
     try:
         result = realize_to_folder(
             spec, args.realization, args.out, comm, sky_root=args.sky_root, threads=threads, progress=progress,
-            plan=plan, plan_document=plan_document,
+            plan=plan, plan_document=plan_document, machine=machine,
         )
     except SkyError as error:
         return fail(f"sky: {error}")
@@ -192,6 +203,20 @@ def _run_realize(args: argparse.Namespace) -> int:
             file=sys.stderr, flush=True,
         )
     return 0
+
+
+def _load_calibration(path: Path):
+    """The :class:`mapmaker.commodel.Machine` of a calibration file; ValueError with the reason."""
+    from pydantic import ValidationError
+
+    from mapmaker.commodel import load_machine
+
+    try:
+        return load_machine(path)
+    except OSError as error:
+        raise ValueError(f"--calibration {str(path)!r}: cannot read the file ({error.strerror or error})") from error
+    except ValidationError as error:
+        raise ValueError(f"--calibration {str(path)!r} is not a calibration file: {error.errors()[0]['msg']}") from error
 
 
 def _run_preprocess(args: argparse.Namespace) -> int:

@@ -38,8 +38,9 @@ from mapmaker.kernels import preconditioner as blocks
 from mapmaker.kernels import projection
 from mapmaker.local_data import build_local_data
 from mapmaker.noise import NoiseModel
+from mapmaker.overlap import build_overlap_plan
 from mapmaker.planfile import PlanRefused
-from mapmaker.reduction import make_reduction, resolve_strategy
+from mapmaker.reduction import make_reduction, needs_plan, resolve_strategy
 from mapmaker.sky import SkyError, build_sky, sky_stream_key
 from mapmaker.solver import PCGResult, pcg
 from mapmaker.timing import Timers
@@ -77,6 +78,10 @@ class SolveOutcome:
     excluded_samples: int
     stats: RankStats
     timers: Timers
+    selection: Any = None  # commodel.Selection behind auto / hybrid's threshold
+    details: dict | None = None
+    plan_source: str | None = None  # "file", "memory" or None
+    plan_build_s: float | None = None
     iqu: np.ndarray | None = None  # [3, npix], UNSEEN outside the solved pixels
     hits: np.ndarray | None = None  # [npix] int64
     rcond: np.ndarray | None = None  # [npix], UNSEEN where unobserved
@@ -93,12 +98,15 @@ def run_realization(
     progress: Progress | None = None,
     timers: Timers | None = None,
     plan: Any = None,
+    machine: Any = None,
 ) -> SolveOutcome:
     """Simulate and solve realisation ``realization`` of ``spec`` on ``comm``.
 
     ``plan`` is this rank's :class:`mapmaker.overlap.OverlapPlan` (from
     ``realize --plan``): it gives the owners of shared pixels and drives the
-    plan-based reductions. Raises :class:`mapmaker.sky.SkyError` (on every
+    plan-based reductions; without one they (and ``auto``) build it in
+    memory, with the same code as ``preprocess``. ``machine``
+    (:class:`mapmaker.commodel.Machine`) is what ``auto`` models with. Raises :class:`mapmaker.sky.SkyError` (on every
     rank) when the sky cannot be built, and
     :class:`mapmaker.reduction.ReductionUnavailable` for a reduction this
     version lacks -- both before any heavy work -- and
@@ -108,8 +116,7 @@ def run_realization(
     timers = timers or Timers()
     rank, size = comm.Get_rank(), comm.Get_size()
     say = progress if (progress is not None and rank == 0) else (lambda message: None)
-    requested = spec.solver.reduction
-    strategy = resolve_strategy(requested)
+    requested = resolve_strategy(spec.solver.reduction)
     npix = spec.pixelization.npix
 
     # 1. the sky, on root; every rank learns whether it exists before going on.
@@ -136,17 +143,27 @@ def run_realization(
         f"({local.n_samples} samples, {local.n_local} pixels on rank 0)"
     )
 
-    # 3. pixel distribution and reduction.
+    # 3. pixel distribution and reduction (the overlap plan built here when needed and not given).
+    from mapmaker.commodel import Workload
+
     buffer_pixels = spec.solver.allreduce_buffer_pixels
+    plan_source, plan_build_s = ("file" if plan is not None else None), None
     if plan is not None:
         check_plan_pixels(comm, plan, local.local_pixels)
+    elif needs_plan(requested, size):
+        with timers("comm"):
+            started = MPI.Wtime()
+            plan = build_overlap_plan(comm, local.local_pixels, npix, buffer_pixels)
+            plan_source, plan_build_s = "memory", MPI.Wtime() - started
     with timers("comm"):
         pixels = DistributedPixels(
             comm, local.local_pixels, npix, buffer_pixels, owner=None if plan is None else plan.owner
         )
         reduction = make_reduction(
-            requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan
+            requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan,
+            machine=machine, workload=Workload.of_spec(spec),
         )
+    strategy = reduction.name
 
     # 4. hit matrices, rcond cut, preconditioner.
     with timers("calc"):
@@ -247,6 +264,10 @@ def run_realization(
         excluded_samples=excluded_samples,
         stats=stats,
         timers=timers,
+        selection=reduction.selection,
+        details=reduction.details,
+        plan_source=plan_source,
+        plan_build_s=plan_build_s,
         local_map=result.solution,
     )
     if rank == 0:
@@ -328,6 +349,19 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def selection_record(selection) -> dict:
+    """The result's ``communication.selection`` from a :class:`mapmaker.commodel.Selection`."""
+    return {
+        "requested": selection.requested,
+        "chosen": selection.chosen,
+        "reason": selection.reason,
+        "machine": selection.machine,
+        "iterations": selection.iterations,
+        "realizations": selection.realizations,
+        "modeled": selection.modeled,
+    }
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {"max": float(max(values)), "mean": float(sum(values) / len(values))}
 
@@ -343,6 +377,7 @@ def realize_to_folder(
     progress: Progress | None = None,
     plan: Any = None,
     plan_document: dict | None = None,
+    machine: Any = None,
 ):
     """Run one realisation and write its products atomically into ``out`` (root writes).
 
@@ -358,7 +393,8 @@ def realize_to_folder(
     timers = Timers()
     rank = comm.Get_rank()
     outcome = run_realization(
-        spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers, plan=plan
+        spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers, plan=plan,
+        machine=machine,
     )
 
     folder = None
@@ -411,6 +447,10 @@ def realize_to_folder(
             "reductions": outcome.stats.reductions,
             "bytes_counted": outcome.bytes_counted,
             "seconds_per_iteration": _spread([r["reduce_seconds"] for r in per_rank]),
+            "plan": outcome.plan_source,
+            "plan_build_s": outcome.plan_build_s,
+            "details": outcome.details,
+            "selection": None if outcome.selection is None else selection_record(outcome.selection),
         },
         peak_memory_mb=_spread([r["memory"] for r in per_rank]),
         rng_streams=streams,
