@@ -192,17 +192,17 @@ class OverlapSifter:
         self.virtual = virtual_rank(rank, size)
         self.folds = rank >= self.base  # an extra rank: folded into virtual_rank, no interest set
         self.partner_extra = rank + self.base if rank + self.base < size else -1
-        # Per source: virtual XOR distance to this rank, its lowest/highest set bit as a mask.
+        # Per source: virtual XOR distance d to this rank; its lowest and highest set bit (-1 for d = 0).
         sources = np.arange(size)
         virtual = np.where(sources >= self.base, sources - self.base, sources)
         distance = virtual ^ self.virtual
-        self._low_bit = np.where(distance > 0, 1 << np.maximum(lowest_bit(distance), 0), 0).astype(np.uint32)
-        self._high_bit = np.where(distance > 0, 1 << np.maximum(highest_bit(distance), 0), 0).astype(np.uint32)
-        self._own_bit = np.zeros(size, dtype=np.uint8)
-        self._own_bit[rank] = OWN_SELF
-        if self.partner_extra >= 0:
-            self._own_bit[self.partner_extra] = OWN_FOLDED
+        self._low_class = lowest_bit(distance).astype(np.int8)
+        self._high_class = highest_bit(distance).astype(np.int8)
         self._is_extra = sources >= self.base
+        # Bit tables over every mask value the K steps can produce: lowest and highest set bit.
+        masks = np.arange(1 << self.steps, dtype=np.int64)
+        self._lowest_table = lowest_bit(masks).astype(np.int8)
+        self._highest_table = highest_bit(masks).astype(np.int8)
 
     def start_range(self, start: int, end: int) -> None:
         """Begin the range of global pixel ids [start, end)."""
@@ -212,7 +212,7 @@ class OverlapSifter:
         self.lookup = np.full(n, -1, dtype=np.int64)
         self.lookup[self.local_pixels[self.first : self.last] - start] = np.arange(self.first, self.last)
         self.range_multiplicity = np.zeros(n, dtype=np.int32)
-        # Butterfly masks, with the extra ranks' contributions apart: those count only for shared pixels.
+        # Butterfly masks [2, n], row 1 from the extra ranks: those count only for pixels they share.
         self.low = np.zeros((2, n), dtype=np.uint32)
         self.high = np.zeros((2, n), dtype=np.uint32)
         self.own = np.zeros((2, n), dtype=np.uint8)
@@ -222,21 +222,39 @@ class OverlapSifter:
         if len(ids) == 0:
             return
         offsets = np.asarray(ids, dtype=np.int64) - self.start
-        source_of = np.repeat(np.asarray(sources, dtype=np.int64), lengths)
+        sources = np.asarray(sources, dtype=np.int64)
+        source_of = np.repeat(sources.astype(np.int32), lengths)
         self.range_multiplicity += np.bincount(offsets, minlength=len(self.lookup)).astype(np.int32)
-        # Shared pixels: the received ids that are also this rank's.
+        # Shared pixels: the received ids that are also this rank's (O(1) lookup per id).
         local = self.lookup[offsets]
         hit = (local >= 0) & (source_of != self.rank)
         if hit.any():
-            self._pair_sources.append(source_of[hit].astype(np.int32))
+            self._pair_sources.append(source_of[hit])
             self._pair_index.append(local[hit].astype(np.int32))
-            np.minimum.at(self.owner, local[hit], source_of[hit].astype(np.int32))
+            np.minimum.at(self.owner, local[hit], source_of[hit])
         if self.folds:
             return
-        extra = self._is_extra[source_of].astype(np.int64)
-        np.bitwise_or.at(self.low, (extra, offsets), self._low_bit[source_of])
-        np.bitwise_or.at(self.high, (extra, offsets), self._high_bit[source_of])
-        np.bitwise_or.at(self.own, (extra, offsets), self._own_bit[source_of])
+        # Butterfly masks. Sources come in blocks; a block sets one bit of each mask, so the ids are
+        # grouped by (extra?, bit) and each group is one idempotent |= (duplicates write the same value).
+        ends = np.cumsum(lengths)
+        for block, source in enumerate(sources.tolist()):
+            if self._low_class[source] < 0:  # this rank itself, or the extra folded into it
+                row = int(self._is_extra[source])
+                self.own[row, offsets[ends[block] - lengths[block] : ends[block]]] |= OWN_FOLDED if row else OWN_SELF
+        low_of = np.repeat(self._low_class[sources], lengths)
+        high_of = np.repeat(self._high_class[sources], lengths)
+        extra_of = np.repeat(self._is_extra[sources], lengths)
+        for row in (0, 1):
+            chosen = extra_of if row else ~extra_of
+            if not chosen.any():
+                continue
+            for bit in range(self.steps):
+                picked = offsets[chosen & (low_of == bit)]
+                if len(picked):
+                    self.low[row, picked] |= np.uint32(1 << bit)
+                picked = offsets[chosen & (high_of == bit)]
+                if len(picked):
+                    self.high[row, picked] |= np.uint32(1 << bit)
 
     def finish_range(self) -> None:
         """Multiplicities, histogram and the butterfly interest set of the range."""
@@ -245,15 +263,16 @@ class OverlapSifter:
         self.histogram += np.bincount(multiplicity, minlength=self.size + 1)[: self.size + 1]
         if self.folds:
             return
+        seen = np.flatnonzero(multiplicity)
         # An extra rank folds only the pixels it shares; its private pixels never leave it.
-        shared = multiplicity >= 2
-        low = self.low[0] | np.where(shared, self.low[1], 0).astype(np.uint32)
-        high = self.high[0] | np.where(shared, self.high[1], 0).astype(np.uint32)
-        own = self.own[0] | np.where(shared, self.own[1], 0).astype(np.uint8)
-        first_step, last_step = interest_bounds(low, high, own, self.steps)
+        shared = multiplicity[seen] >= 2
+        low = self.low[0, seen] | np.where(shared, self.low[1, seen], 0).astype(np.uint32)
+        high = self.high[0, seen] | np.where(shared, self.high[1, seen], 0).astype(np.uint32)
+        own = self.own[0, seen] | np.where(shared, self.own[1, seen], 0).astype(np.uint8)
+        first_step, last_step = interest_bounds(low, high, own, self.steps, self._lowest_table, self._highest_table)
         keep = first_step < last_step
         if keep.any():
-            self._interest.append((np.flatnonzero(keep) + self.start, low[keep], high[keep], own[keep]))
+            self._interest.append((seen[keep] + self.start, low[keep], high[keep], own[keep]))
 
     def plan(self) -> OverlapPlan:
         """Step 3, index set-up: group the shared pixels by source rank."""
@@ -287,17 +306,22 @@ class OverlapSifter:
         )
 
 
-def interest_bounds(low: np.ndarray, high: np.ndarray, own: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+def interest_bounds(low: np.ndarray, high: np.ndarray, own: np.ndarray, steps: int,
+                    lowest_table: np.ndarray | None = None, highest_table: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """(g, t) of each pixel for one rank u of the butterfly; the pixel is in u's working set after step m iff g <= m < t.
 
     g = -1 if u (virtually) observes the pixel, else the lowest step whose
     group holds an observer (lowest bit of ``high``); t = K if u observes it,
     else the highest bit of ``low`` (the last step after which some rank that
     receives u's partial sums still observes it). No observer: g = K (never).
+    The optional tables give the lowest/highest bit of every K-bit mask.
     """
     mine = own > 0
-    g = np.where(mine, -1, np.where(high > 0, lowest_bit(high), steps))
-    t = np.where(mine, steps, highest_bit(low))
+    low_high = highest_table[low] if highest_table is not None else highest_bit(low)
+    high_low = lowest_table[high] if lowest_table is not None else lowest_bit(high)
+    g = np.where(mine, -1, np.where(high > 0, high_low, steps))
+    t = np.where(mine, steps, low_high)
     return g, t
 
 

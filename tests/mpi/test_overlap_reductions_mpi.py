@@ -93,3 +93,35 @@ def test_auto_records_its_choice(maps):
     assert communication.bytes_per_iteration.max == chosen.bytes_per_iteration
     assert communication.messages_per_iteration.max == chosen.messages_per_iteration
     assert selection.modeled["allreduce"].preprocessing_s == 0 < selection.modeled["alltoallv"].preprocessing_s
+
+
+def test_model_bytes_equal_the_bytes_a_run_counted(maps):
+    """``model`` at 2 and 4 ranks: per-iteration bytes and messages of every strategy = what realize counted."""
+    import json
+    import subprocess
+    import sys
+
+    from mpi_support import REPO
+
+    spec = maps[2, "alltoallv"].parent / "alltoallv.toml"
+    completed = subprocess.run(
+        [sys.executable, "-m", "mapmaker", "model", "--spec", str(spec), "--ranks", "2,4", "--json"],
+        check=False, capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout)
+    assert [p["ranks"] for p in report["projections"]] == [2, 4]
+    for projection in report["projections"]:
+        ranks = projection["ranks"]
+        for strategy in STRATEGIES:
+            counted = read_result(maps[ranks, strategy]).communication
+            modeled = projection["strategies"][strategy]
+            assert counted.bytes_per_iteration.max == modeled["bytes_per_iteration_max"], (ranks, strategy)
+            assert counted.bytes_per_iteration.mean == pytest.approx(modeled["bytes_per_iteration_mean"], rel=1e-12)
+            assert counted.messages_per_iteration.max == modeled["messages_per_iteration_max"], (ranks, strategy)
+        assert projection["overlap"]["neighbours_exact"]
+        # allreduce: the Rabenseifner volume of the whole map, by construction.
+        npix = report["npix"]
+        assert projection["strategies"]["allreduce"]["bytes_per_iteration_max"] == round(2 * npix * 3 * (ranks - 1) / ranks * 8)
+        if ranks == 4:  # the same figures and machine: the same choice as the run's auto
+            assert projection["chosen"] == read_result(maps[4, "auto"]).communication.strategy
