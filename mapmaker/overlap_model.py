@@ -22,6 +22,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from schemas.spec import CampaignSpec, scan_key
 Progress = Callable[[str], None]
 DEFAULT_PAIR_BUDGET = 40_000_000  # observer pairs enumerated for exact neighbour counts (8 bytes each)
 SAMPLED_RANKS = 64
+DENSE_MULTIPLICITY = 256  # butterfly counting: pixels seen by this many ranks use dense BLAS blocks
 
 
 @dataclass
@@ -84,7 +86,7 @@ def rank_pixel_sets(sets: ChunkSets, size: int) -> list[np.ndarray]:
     for first, end in decomposition.ranges:
         pieces = {(c // n_det, int(sets.position_of[c % n_det])) for c in range(first, end)}
         parts = [sets.sets[t][p] for t, p in sorted(pieces)]
-        out.append(np.unique(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64))
+        out.append(sorted_unique(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64))
     return out
 
 
@@ -170,13 +172,17 @@ def _neighbour_counts(ranks, pixels, multiplicity, size, thresholds, pair_budget
         for first in range(0, len(chosen), batch):
             part = chosen[first : first + batch]
             block = observers[starts[part][:, None] + np.arange(m)[None, :]]  # [n, m] observers
-            found.append(np.unique((block[:, :, None] * size + block[:, None, :])[:, off_diagonal]))
-        keys = np.unique(np.concatenate(found))
+            found.append(sorted_unique((block[:, :, None] * size + block[:, None, :])[:, off_diagonal].ravel()))
+        keys = sorted_unique(np.concatenate(found))
         part_keys.append(keys)
         part_least.append(np.full(len(keys), m, dtype=np.int64))
     if part_keys:
-        keys, index = np.unique(np.concatenate(part_keys), return_index=True)
-        least = np.concatenate(part_least)[index]
+        # Stable sort: among equal keys the first comes from the smallest multiplicity.
+        keys = np.concatenate(part_keys)
+        order = np.argsort(keys, kind="stable")
+        keys, least = keys[order], np.concatenate(part_least)[order]
+        first_of_run = np.concatenate([[True], keys[1:] != keys[:-1]])
+        keys, least = keys[first_of_run], least[first_of_run]
     else:
         keys, least = np.zeros(0, np.int64), np.zeros(0, np.int64)
     first = keys // size
@@ -224,8 +230,6 @@ def _butterfly_rows(ranks, pixels, multiplicity, size) -> np.ndarray:
     subtree). Per step, C[h, b] = #pixels observed by some s with s >> m = h
     and some s' with s' mod 2^(m+1) = b is one sparse product.
     """
-    from scipy import sparse
-
     base, steps = butterfly_shape(size)
     rows = np.zeros((size, steps + 1), dtype=np.int64)
     shared = multiplicity[pixels] >= 2
@@ -239,24 +243,59 @@ def _butterfly_rows(ranks, pixels, multiplicity, size) -> np.ndarray:
     vpixels = pixels[keep]
     if steps == 0 or len(vpixels) == 0:
         return rows
-    key = np.unique(vpixels * base + virtual)
+    key = sorted_unique(vpixels * base + virtual)  # pixel-major, then virtual rank
     vpixels, virtual = key // base, key % base
-    pixel_index = np.unique(vpixels, return_inverse=True)[1]
-    n_x = int(pixel_index.max()) + 1
+    new_pixel = np.concatenate([[True], vpixels[1:] != vpixels[:-1]])
+    pixel_index = np.cumsum(new_pixel) - 1
+    n_x = int(pixel_index[-1]) + 1
+    starts = np.append(np.flatnonzero(new_pixel), len(vpixels))
+    counts_per_pixel = np.diff(starts)
+    # Pixels seen by many (virtual) ranks go through dense 0/1 blocks and BLAS: their sparse
+    # products would cost up to 2 p' per pixel and step.
+    dense = (counts_per_pixel >= DENSE_MULTIPLICITY)[pixel_index]
     u = np.arange(base)
+    light_index, light_virtual = pixel_index[~dense], virtual[~dense]
+    heavy_index = np.cumsum(np.concatenate([[True], np.diff(pixel_index[dense]) != 0]))[: int(dense.sum())] - 1
+    heavy_virtual = virtual[dense]
     for m in range(steps):
-        a = np.unique(pixel_index * (base >> m) + (virtual >> m))
-        b = np.unique(pixel_index * (2 << m) + (virtual & ((2 << m) - 1)))
-        a_matrix = sparse.csr_matrix(
-            (np.ones(len(a), dtype=np.float64), (a // (base >> m), a % (base >> m))), shape=(n_x, base >> m)
-        )
-        b_matrix = sparse.csr_matrix(
-            (np.ones(len(b), dtype=np.float64), (b // (2 << m), b % (2 << m))), shape=(n_x, 2 << m)
-        )
+        groups, subtrees = base >> m, 2 << m
+        # "Some observer of the pixel is in group h" and "... in subtree b", as 0/1 matrices.
+        a_matrix = _indicator(light_index, light_virtual >> m, n_x, groups)
+        b_matrix = _indicator(light_index, light_virtual & (subtrees - 1), n_x, subtrees)
         counts = (a_matrix.T @ b_matrix).toarray()
+        if len(heavy_index):
+            n_heavy = int(heavy_index[-1]) + 1
+            block = max(1, min(1 << 20, (1 << 25) // (groups + subtrees)))  # counts stay exact in float32
+            bounds = np.searchsorted(heavy_index, np.arange(0, n_heavy + block, block))
+            for first, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+                if lo == hi:
+                    continue
+                rows_here = heavy_index[lo:hi] - first * block
+                n_here = int(rows_here[-1]) + 1
+                a_dense = np.zeros((n_here, groups), dtype=np.float32)
+                b_dense = np.zeros((n_here, subtrees), dtype=np.float32)
+                a_dense[rows_here, heavy_virtual[lo:hi] >> m] = 1.0
+                b_dense[rows_here, heavy_virtual[lo:hi] & (subtrees - 1)] = 1.0
+                counts += (a_dense.T @ b_dense).astype(np.float64)
         partner_low = (u & ((1 << m) - 1)) | ((1 - ((u >> m) & 1)) << m)
         rows[:base, m] = np.rint(counts[u >> m, partner_low]).astype(np.int64)
     return rows
+
+
+def _indicator(rows: np.ndarray, columns: np.ndarray, n_rows: int, n_columns: int):
+    """Sparse 0/1 matrix with a 1 at every (row, column) given, duplicates allowed."""
+    from scipy import sparse
+
+    matrix = sparse.csr_matrix((np.ones(len(rows), dtype=np.float64), (rows, columns)), shape=(n_rows, n_columns))
+    matrix.sum_duplicates()
+    matrix.data[:] = 1.0
+    return matrix
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique by sorting (numpy's hash-based unique is slow on large int64 arrays)."""
+    values = np.sort(values)
+    return values[np.concatenate([[True], values[1:] != values[:-1]])] if len(values) else values
 
 
 def relative_error(exact: OverlapFigures, approximate: OverlapFigures) -> dict[str, float]:

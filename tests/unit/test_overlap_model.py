@@ -14,8 +14,12 @@ from mapmaker.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets,
 FIELDS = ("n_local", "shared", "neighbours", "butterfly", "light_shared", "light_neighbours", "heavy_pixels", "thresholds")
 
 
+@pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 7, 8, 12])
-def test_model_figures_equal_the_plans_figures(size):
+def test_model_figures_equal_the_plans_figures(size, dense, monkeypatch):
+    """Exact equality; ``dense``: the butterfly counts of every shared pixel through the dense (BLAS) path."""
+    if dense:
+        monkeypatch.setattr("mapmaker.overlap_model.DENSE_MULTIPLICITY", 2)
     npix = 800
     sets = random_sets(size, npix, seed=7 * size, empty=(1,) if size > 4 else ())
     expected = figures_from_plans([plan_from_pixel_sets(r, sets, npix, 301) for r in range(size)])
