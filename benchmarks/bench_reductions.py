@@ -193,7 +193,35 @@ def project(rank_counts: list[int], machines: dict, time_step: int) -> dict:
     return out
 
 
+def subsampling_error(rank_counts: list[int], steps: list[int]) -> list[dict]:
+    """Error of the model with --time-step N against the exact one (projection spec, small rank counts)."""
+    from mapmaker import commodel
+    from mapmaker.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets, relative_error
+    from schemas.io import load_spec
+
+    spec = load_spec(PROJECTION_SPEC)
+    npix = spec.pixelization.npix
+    exact_sets = chunk_sets(spec, 1)
+    out = []
+    for size in rank_counts:
+        exact = overlap_figures(rank_pixel_sets(exact_sets, size), npix)
+        exact_cost = commodel.strategy_costs(exact, commodel.FRANKLIN)
+        for step in steps:
+            approximate = overlap_figures(rank_pixel_sets(chunk_sets(spec, step), size), npix)
+            cost = commodel.strategy_costs(approximate, commodel.FRANKLIN)
+            error = relative_error(exact, approximate)
+            error.update({
+                f"seconds_{name}": abs(cost[name].seconds - exact_cost[name].seconds) / exact_cost[name].seconds
+                for name in STRATEGIES
+            })
+            out.append({"ranks": size, "time_step": step, **error})
+            print(f"subsampling: {size} ranks, time step {step}", file=sys.stderr, flush=True)
+    return out
+
+
 def print_tables(rows: list[dict], projection: dict | None) -> None:
+    if not rows and projection is None:
+        return
     print("| scan | nside | ranks | n_local max | shared max | strategy | bytes/iter (max rank) | msgs | "
           "measured ms/iter | bytes / allreduce |")
     print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
@@ -229,12 +257,14 @@ def print_tables(rows: list[dict], projection: dict | None) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
-    parser.add_argument("--nsides", default="128,256", help="comma-separated nsides (default 128,256)")
+    parser.add_argument("--nsides", default="128,256", help="comma-separated nsides (default 128,256; '' for none)")
     parser.add_argument("--ranks", default="2,4", help="comma-separated rank counts (default 2,4)")
     parser.add_argument("--repeat", type=int, default=30, help="timed calls per strategy (default 30)")
     parser.add_argument("--calibration", default=None, help="site calibration file (default: measure one on 4 ranks)")
     parser.add_argument("--project", default="256,1024,4096,16384", help="rank counts of the projection ('' for none)")
     parser.add_argument("--time-step", type=int, default=1, help="time step of the projection's pointing (default 1)")
+    parser.add_argument("--subsampling", default="", metavar="STEPS",
+                        help="also measure the model's error with these time steps, e.g. 2,4 (at 256 and 1024 ranks)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write every figure here")
     args = parser.parse_args()
     if args.worker:
@@ -245,21 +275,32 @@ def main() -> int:
 
     load = os.getloadavg()
     calibration = args.calibration
-    if calibration is None:
+    if calibration is None and (args.nsides or args.project):
         calibration = str(Path(tempfile.mkdtemp()) / "calibration.json")
         run_ranks(4, "-m", "mapmaker", "calibrate", "--out", calibration, "--repeat", "7")
-    machine = commodel.load_machine(calibration)
-    rows = measure([int(n) for n in args.nsides.split(",")], [int(r) for r in args.ranks.split(",")], args.repeat,
-                   calibration)
+    machine = commodel.load_machine(calibration) if calibration else commodel.FRANKLIN
+    nsides = [int(n) for n in args.nsides.split(",")] if args.nsides else []
+    rows = measure(nsides, [int(r) for r in args.ranks.split(",")], args.repeat, calibration)
     projection = None
     if args.project:
         machines = {"Franklin": commodel.FRANKLIN, "this machine": machine}
         projection = project([int(r) for r in args.project.split(",")], machines, args.time_step)
+    errors = subsampling_error([256, 1024], [int(n) for n in args.subsampling.split(",")]) if args.subsampling else []
     print(f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {os.getloadavg()[0]:.2f}")
     print_tables(rows, projection)
+    if errors:
+        print("\nModel with --time-step N against the exact model (max over ranks of |error| / max exact; time: Franklin):")
+        print("| ranks | time step | n_local | shared | neighbours | butterfly rows | time: alltoallv | butterfly | hybrid |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for e in errors:
+            print(f"| {e['ranks']} | {e['time_step']} | {e['n_local']:.3f} | {e['shared']:.3f} | {e['neighbours']:.3f} | "
+                  f"{e['butterfly']:.3f} | {e['seconds_alltoallv']:.3f} | {e['seconds_butterfly']:.3f} | "
+                  f"{e['seconds_hybrid']:.3f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"load": load, "calibration": json.loads(Path(calibration).read_text()),
-                                               "measured": rows, "projection": projection}, indent=2))
+        recorded = json.loads(Path(calibration).read_text()) if calibration else None
+        Path(args.json).write_text(json.dumps({"load": load, "calibration": recorded,
+                                               "measured": rows, "projection": projection,
+                                               "subsampling": errors}, indent=2))
     return 0
 
 

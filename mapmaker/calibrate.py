@@ -12,8 +12,10 @@ Under ``mpiexec -n P`` (P >= 2), each measurement is the median over
 4. ``Allgatherv`` of n int32 pixel ids per rank: lg p alpha + 4 n (p - 1) beta;
 5. the sift: seconds per received id of :class:`mapmaker.overlap.OverlapSifter`.
 
-The fits are least squares on the points (intercept -> alpha, slope -> beta;
-a negative intercept is refitted through the origin and alpha set to 0).
+The fits are least squares of the relative residuals (weights 1/t, so that
+the small messages that fix alpha count as much as the large ones that fix
+beta); intercept -> alpha, slope -> beta; a negative intercept is refitted
+through the origin and alpha set to 0.
 """
 from __future__ import annotations
 
@@ -52,15 +54,16 @@ def _inner(nbytes: int) -> int:
 
 
 def fit(points: list[tuple[float, float]], latency_factor: float, bandwidth_factor: float, formula: str) -> OperationFit:
-    """Least squares t = a + b x over (x = bytes per rank, t); alpha = a / latency_factor, beta = b / bandwidth_factor."""
+    """Weighted least squares t = a + b x (weights 1/t); alpha = a / latency_factor, beta = b / bandwidth_factor."""
     x = np.array([p[0] for p in points], dtype=np.float64)
     t = np.array([p[1] for p in points], dtype=np.float64)
-    slope, intercept = np.polyfit(x, t, 1)
+    weights = 1.0 / np.maximum(t, 1e-12)
+    slope, intercept = np.polyfit(x, t, 1, w=weights)
     if intercept < 0:
-        slope, intercept = float(np.dot(x, t) / np.dot(x, x)), 0.0
+        slope, intercept = float(np.dot(x * weights**2, t) / np.dot(x * weights**2, x)), 0.0
     predicted = intercept + slope * x
     total = float(((t - t.mean()) ** 2).sum())
-    r2 = 1.0 - float(((t - predicted) ** 2).sum()) / total if total > 0 else None
+    r2 = 1.0 - float(((t - predicted) ** 2).sum()) / total if total > 0 else None  # unweighted, in seconds
     return OperationFit(
         alpha_s=max(intercept, 0.0) / latency_factor,
         beta_s_per_byte=max(slope, 0.0) / bandwidth_factor,

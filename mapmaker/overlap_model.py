@@ -302,8 +302,11 @@ def relative_error(exact: OverlapFigures, approximate: OverlapFigures) -> dict[s
     """max over ranks of |approx - exact| / max(exact) for the figures the costs use."""
 
     def worst(a: np.ndarray, b: np.ndarray) -> float:
-        scale = max(float(np.abs(a).max()), 1.0)
-        return float(np.abs(b.astype(np.float64) - a).max() / scale)
+        known = (a >= 0) & (b >= 0)  # sampled neighbour counts are -1 where unknown
+        if not known.any():
+            return float("nan")
+        scale = max(float(np.abs(a[known]).max()), 1.0)
+        return float(np.abs(b[known].astype(np.float64) - a[known]).max() / scale)
 
     return {
         "n_local": worst(exact.n_local, approximate.n_local),
