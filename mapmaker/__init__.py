@@ -12,13 +12,19 @@ Module map
 ``rng``             Philox keys derived from (seed, realisation, detector, interval, stream)
 ``sky``             input sky: synfast from the fiducial C_l, or a user FITS map
 ``local_data``      one rank's cached pointing (local pixel index, weights) and interval layout
-``reduction``       the pixel-reduction interface and the buffered-Allreduce baseline (MPI)
+``overlap``         the overlap plan: allgather + sift of pixel ids, shared lists, butterfly schedule
+``planfile``        the plan file format: versioned, checksummed, one section per rank (MPI-IO)
+``preprocess``      ``preprocess`` command: pixels of each rank -> plan -> file + report
+``reduction``       the pixel reductions: allreduce, alltoallv, butterfly, hybrid, auto (MPI)
+``commodel``        alpha-beta model of the reductions and the preprocessing; auto's choice
+``overlap_model``   serial simulation of every rank's pixels at large p: the ``model`` command
+``calibrate``       ``calibrate`` command: alpha and beta per operation, sift speed
 ``distributed``     distributed pixel vectors: owners, dot products, gather, broadcast (MPI)
 ``solver``          preconditioned conjugate gradients, independent of MPI
 ``realize``         one realisation end to end on a communicator (MPI)
 ``products``        FITS maps and result.json, written atomically
 ``timing``          calc / comm / io wall-clock split and peak memory of a rank
-``cli``             ``python -m mapmaker realize | bench``
+``cli``             ``python -m mapmaker realize | preprocess | calibrate | model | bench``
 ``bench``           throughput of the kernels and of one PCG iteration
 """
 

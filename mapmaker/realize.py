@@ -40,7 +40,9 @@ from mapmaker.kernels import preconditioner as blocks
 from mapmaker.kernels import projection
 from mapmaker.local_data import build_local_data
 from mapmaker.noise import NoiseModel
-from mapmaker.reduction import make_reduction, resolve_strategy
+from mapmaker.overlap import build_overlap_plan
+from mapmaker.planfile import PlanRefused
+from mapmaker.reduction import make_reduction, needs_plan, resolve_strategy
 from mapmaker.sky import SkyError, build_sky, sky_stream_key
 from mapmaker.solver import PCGResult, pcg
 from mapmaker.timing import Timers
@@ -78,6 +80,10 @@ class SolveOutcome:
     excluded_samples: int
     stats: RankStats
     timers: Timers
+    selection: Any = None  # commodel.Selection behind auto / hybrid's threshold
+    details: dict | None = None
+    plan_source: str | None = None  # "file", "memory" or None
+    plan_build_s: float | None = None
     iqu: np.ndarray | None = None  # [3, npix], UNSEEN outside the solved pixels
     hits: np.ndarray | None = None  # [npix] int64
     rcond: np.ndarray | None = None  # [npix], UNSEEN where unobserved
@@ -94,20 +100,25 @@ def run_realization(
     progress: Progress | None = None,
     timers: Timers | None = None,
     plan: Any = None,
+    machine: Any = None,
 ) -> SolveOutcome:
     """Simulate and solve realisation ``realization`` of ``spec`` on ``comm``.
 
-    ``plan`` is handed to :func:`mapmaker.reduction.make_reduction` (the
-    overlap plan of plan-driven reductions; unused by ``allreduce``).
-    Raises :class:`mapmaker.sky.SkyError` (on every rank) when the sky cannot
-    be built, and :class:`mapmaker.reduction.ReductionUnavailable` for a
-    reduction this version lacks -- both before any heavy work.
+    ``plan`` is this rank's :class:`mapmaker.overlap.OverlapPlan` (from
+    ``realize --plan``): it gives the owners of shared pixels and drives the
+    plan-based reductions; without one they (and ``auto``) build it in
+    memory, with the same code as ``preprocess``. ``machine``
+    (:class:`mapmaker.commodel.Machine`) is what ``auto`` models with. Raises :class:`mapmaker.sky.SkyError` (on every
+    rank) when the sky cannot be built, and
+    :class:`mapmaker.reduction.ReductionUnavailable` for a reduction this
+    version lacks -- both before any heavy work -- and
+    :class:`mapmaker.planfile.PlanRefused` (on every rank) when the plan's
+    pixels are not the ones this run observes.
     """
     timers = timers or Timers()
     rank, size = comm.Get_rank(), comm.Get_size()
     say = progress if (progress is not None and rank == 0) else (lambda message: None)
-    requested = spec.solver.reduction
-    strategy = resolve_strategy(requested)
+    requested = resolve_strategy(spec.solver.reduction)
     npix = spec.pixelization.npix
 
     # 1. the sky, on root; every rank learns whether it exists before going on.
@@ -134,13 +145,27 @@ def run_realization(
         f"({local.n_samples} samples, {local.n_local} pixels on rank 0)"
     )
 
-    # 3. pixel distribution and reduction.
+    # 3. pixel distribution and reduction (the overlap plan built here when needed and not given).
+    from mapmaker.commodel import Workload
+
     buffer_pixels = spec.solver.allreduce_buffer_pixels
+    plan_source, plan_build_s = ("file" if plan is not None else None), None
+    if plan is not None:
+        check_plan_pixels(comm, plan, local.local_pixels)
+    elif needs_plan(requested, size):
+        with timers("comm"):
+            started = MPI.Wtime()
+            plan = build_overlap_plan(comm, local.local_pixels, npix, buffer_pixels)
+            plan_source, plan_build_s = "memory", MPI.Wtime() - started
     with timers("comm"):
-        pixels = DistributedPixels(comm, local.local_pixels, npix, buffer_pixels)
-        reduction = make_reduction(
-            requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan
+        pixels = DistributedPixels(
+            comm, local.local_pixels, npix, buffer_pixels, owner=None if plan is None else plan.owner
         )
+        reduction = make_reduction(
+            requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan,
+            machine=machine, workload=Workload.of_spec(spec),
+        )
+    strategy = reduction.name
 
     # 4. hit matrices, rcond cut, preconditioner.
     with timers("calc"):
@@ -241,6 +266,10 @@ def run_realization(
         excluded_samples=excluded_samples,
         stats=stats,
         timers=timers,
+        selection=reduction.selection,
+        details=reduction.details,
+        plan_source=plan_source,
+        plan_build_s=plan_build_s,
         local_map=result.solution,
     )
     if rank == 0:
@@ -252,6 +281,18 @@ def run_realization(
         outcome.hits = np.where(observed, full[:, 3], 0.0).round().astype(np.int64)
         outcome.rcond = np.where(observed, full[:, 4], hp.UNSEEN)
     return outcome
+
+
+def check_plan_pixels(comm: MPI.Comm, plan: Any, local_pixels: np.ndarray) -> None:
+    """Collective: refuse (PlanRefused on every rank) a plan whose pixels are not the ones each rank observes."""
+    wrong = int(not np.array_equal(plan.local_pixels, local_pixels))
+    wrong_ranks = comm.allgather(wrong)
+    if any(wrong_ranks):
+        first = wrong_ranks.index(1)
+        raise PlanRefused(
+            f"the plan's pixels of rank {first} are not the pixels this run observes there "
+            "(built from other pointing code or data); rebuild it with 'preprocess'"
+        )
 
 
 def noise_stream_count(spec: CampaignSpec) -> int:
@@ -310,6 +351,19 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def selection_record(selection) -> dict:
+    """The result's ``communication.selection`` from a :class:`mapmaker.commodel.Selection`."""
+    return {
+        "requested": selection.requested,
+        "chosen": selection.chosen,
+        "reason": selection.reason,
+        "machine": selection.machine,
+        "iterations": selection.iterations,
+        "realizations": selection.realizations,
+        "modeled": selection.modeled,
+    }
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {"max": float(max(values)), "mean": float(sum(values) / len(values))}
 
@@ -323,6 +377,9 @@ def realize_to_folder(
     sky_root: str | Path | None = None,
     threads: int = 1,
     progress: Progress | None = None,
+    plan: Any = None,
+    plan_document: dict | None = None,
+    machine: Any = None,
 ):
     """Run one realisation and write its products atomically into ``out`` (root writes).
 
@@ -338,7 +395,8 @@ def realize_to_folder(
     timers = Timers()
     rank = comm.Get_rank()
     outcome = run_realization(
-        spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers
+        spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers, plan=plan,
+        machine=machine,
     )
 
     folder = None
@@ -395,12 +453,17 @@ def realize_to_folder(
             "reductions": outcome.stats.reductions,
             "bytes_counted": outcome.bytes_counted,
             "seconds_per_iteration": _spread([r["reduce_seconds"] for r in per_rank]),
+            "plan": outcome.plan_source,
+            "plan_build_s": outcome.plan_build_s,
+            "details": outcome.details,
+            "selection": None if outcome.selection is None else selection_record(outcome.selection),
         },
         peak_memory_mb=_spread([r["memory"] for r in per_rank]),
         rng_streams=streams,
         rng_scheme=rng.RNG_SCHEME,
         rng_streams_total=streams_total,
         decomposition=outcome.fingerprint,
+        plan_checksum=None if plan_document is None else plan_document["header_sha256"],
         versions=package_versions(),
         products=product_records,
         spectra=spectra.result_record(spec, measured),

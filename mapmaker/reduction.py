@@ -7,15 +7,23 @@ ranks that observe that pixel. Strategies differ only in how the sums travel:
 * ``allreduce`` -- the paper's baseline (section 3.2): the whole map in
   buffers of ``n_b`` pixels, each buffer filled with the local values (zero
   elsewhere) and summed with one ``MPI_Allreduce``.
-* ``alltoallv``, ``butterfly`` -- the next issue: plan-driven exchange of
-  shared pixels only. They plug in as subclasses of :class:`PixelReduction`
-  registered in ``STRATEGIES``; ``make_reduction`` passes them the overlap
-  ``plan``.
-* ``auto`` -- resolves to ``allreduce`` until an alpha-beta model exists to
-  choose by; the result records the requested and the resolved name.
+* ``alltoallv`` -- the paper's method (section 3.3), driven by the overlap
+  plan: pack the values of the pixels shared with each rank, one
+  ``MPI_Alltoallv``, add what arrives (self excluded).
+* ``butterfly`` -- sparse recursive doubling in log2 p' exchanges, any p
+  (ranks above the largest power of two p' fold into partners); each step
+  carries only the pixels the partner's remaining subtree observes
+  (:func:`mapmaker.overlap.butterfly_schedule`).
+* ``hybrid`` -- the paper's suggested improvement: pixels observed by at
+  least tau ranks are summed by one compact buffered Allreduce, the rest by
+  the Alltoallv; tau chosen by the alpha-beta model (:mod:`mapmaker.commodel`).
+* ``auto`` -- the strategy with the lowest modeled campaign cost for this
+  plan (:func:`mapmaker.commodel.select_strategy`); one rank: ``allreduce``.
 
 Counters are kept per call so that the result can report bytes and messages
-per rank per iteration; how bytes are counted is stated by ``bytes_counted``.
+per rank per iteration; how bytes are counted is stated by ``bytes_counted``:
+exactly the bytes this rank hands to MPI for the plan-based strategies, the
+Rabenseifner model for the Allreduce.
 """
 from __future__ import annotations
 
@@ -25,6 +33,27 @@ from typing import Any, ClassVar
 
 import numpy as np
 from mpi4py import MPI
+
+VALUE_BYTES = 8
+
+
+def flat_rows(rows: np.ndarray, k: int) -> np.ndarray:
+    """Positions in a C-contiguous [n, k] array, flattened, of the given rows: [len(rows) * k] int64.
+
+    1-D ``np.take`` / ``np.put`` / ``bincount`` on these are several times
+    faster than 2-D fancy indexing of rows.
+    """
+    return (np.asarray(rows, dtype=np.int64)[:, None] * k + np.arange(k, dtype=np.int64)[None, :]).reshape(-1)
+
+
+class FlatCache(dict):
+    """Flat positions per k, computed on first use: ``cache(k, name, rows)``."""
+
+    def __call__(self, k: int, name: str, rows: np.ndarray) -> np.ndarray:
+        key = (k, name)
+        if key not in self:
+            self[key] = flat_rows(rows, k)
+        return self[key]
 
 
 class ReductionUnavailable(ValueError):
@@ -40,6 +69,8 @@ class PixelReduction(ABC):
 
     name: ClassVar[str]
     bytes_counted: ClassVar[str]
+    selection: Any = None  # commodel.Selection when chosen by auto (or tau by the model, for hybrid)
+    details: dict[str, float] | None = None
 
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray):
         self.comm = comm
@@ -87,52 +118,276 @@ class AllreduceReduction(PixelReduction):
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, npix: int, buffer_pixels: int):
         super().__init__(comm, local_pixels)
         self.npix = int(npix)
-        self.buffer_pixels = int(min(buffer_pixels, npix))
+        self.buffer_pixels = int(max(1, min(buffer_pixels, npix)))
         self._piece_starts = np.append(np.arange(0, self.npix, self.buffer_pixels), self.npix)
         # Local pixels of piece i are local_pixels[bounds[i]:bounds[i + 1]].
         self._bounds = np.searchsorted(self.local_pixels, self._piece_starts)
         self._buffer = np.zeros(0)
+        self._flat = FlatCache()
 
     def _reduce(self, local_values: np.ndarray) -> tuple[int, int]:
         k = local_values.shape[1]
         if self._buffer.size != self.buffer_pixels * k:
             self._buffer = np.empty(self.buffer_pixels * k, dtype=np.float64)
+            self._flat = FlatCache()
         size = self.comm.Get_size()
+        values = local_values.reshape(-1)
         sent_bytes = 0.0
         messages = 0
         for i in range(len(self._piece_starts) - 1):
             start, end = int(self._piece_starts[i]), int(self._piece_starts[i + 1])
             first, last = self._bounds[i], self._bounds[i + 1]
-            buffer = self._buffer[: (end - start) * k].reshape(end - start, k)
-            offsets = self.local_pixels[first:last] - start
+            buffer = self._buffer[: (end - start) * k]
+            offsets = self._flat(k, f"piece{i}", self.local_pixels[first:last] - start)
             buffer.fill(0.0)
-            buffer[offsets] = local_values[first:last]
+            np.put(buffer, offsets, values[first * k : last * k])
             self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-            local_values[first:last] = buffer[offsets]
+            values[first * k : last * k] = np.take(buffer, offsets)
             if size > 1:
                 sent_bytes += 2.0 * buffer.size * (size - 1) / size * buffer.itemsize
                 messages += 2 * math.ceil(math.log2(size))
-        return int(round(sent_bytes)), messages
+        return round(sent_bytes), messages
 
 
-STRATEGIES: dict[str, type[PixelReduction]] = {"allreduce": AllreduceReduction}
-KNOWN_STRATEGIES = ("allreduce", "alltoallv", "butterfly")
+MAX_ELEMENTS = (1 << 31) - 1  # doubles per MPI count or displacement: 32-bit int
+
+
+class AlltoallvReduction(PixelReduction):
+    """The paper's sparse reduction: one ``MPI_Alltoallv`` of the shared pixels only (section 3.3).
+
+    For each neighbour j (ascending), the values of the pixels shared with j
+    (ascending) are packed into one block; the same pixels come back from j
+    in the same order and are added to the values as they were before the
+    exchange. ``exchanged`` [n_local] bool restricts the exchange to some
+    pixels (the light ones of ``hybrid``): multiplicity is a property of the
+    pixel, so both ends of a pair agree. When a block would exceed
+    ``max_elements`` doubles (32-bit counts and displacements) the exchange
+    runs in rounds of at most that many elements per rank.
+    """
+
+    name = "alltoallv"
+    bytes_counted = (
+        "exact: 8 k bytes per shared pixel value this rank passes to MPI_Alltoallv (self excluded); "
+        "messages: the non-empty blocks it sends (one per neighbour and round)"
+    )
+
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, exchanged: np.ndarray | None = None,
+                 max_elements: int = MAX_ELEMENTS):
+        super().__init__(comm, local_pixels)
+        size = comm.Get_size()
+        # 1. each neighbour's rows, in rank order: the send (and receive) layout.
+        rows, counts = [], np.zeros(size, dtype=np.int64)
+        for n, other in enumerate(plan.neighbours.tolist()):
+            shared = plan.shared_with(n).astype(np.int64)
+            if exchanged is not None:
+                shared = shared[exchanged[shared]]
+            rows.append(shared)
+            counts[other] = len(shared)
+        self.index = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+        self.counts = counts
+        self.offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        # 2. unpack-and-add: each received row goes to a slot of its local pixel; slots summed by bincount.
+        self._targets, self._slot = np.unique(self.index, return_inverse=True)
+        self._flat = FlatCache()
+        # 3. rounds: every rank must call Alltoallv the same number of times.
+        self.max_elements = int(max_elements)
+        peers = int(np.count_nonzero(counts))
+        self._max_peers = int(comm.allreduce(peers, op=MPI.MAX))
+        self._max_rows = int(comm.allreduce(int(counts.max()) if size else 0, op=MPI.MAX))
+
+    def _reduce(self, local_values: np.ndarray) -> tuple[int, int]:
+        k = local_values.shape[1]
+        if self._max_rows == 0:
+            return 0, 0
+        values = local_values.reshape(-1)
+        packed = np.take(values, self._flat(k, "index", self.index)).reshape(-1, k)
+        received = np.empty_like(packed)
+        rows_per_round = max(1, self.max_elements // (k * max(1, self._max_peers)))
+        rounds = -(-self._max_rows // rows_per_round)
+        messages = 0
+        for r in range(rounds):
+            counts = np.clip(self.counts - r * rows_per_round, 0, rows_per_round)
+            messages += int(np.count_nonzero(counts))
+            displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            if rounds == 1:
+                send, recv = packed, received
+            else:  # the r-th slice of every neighbour's block
+                starts = self.offsets + r * rows_per_round
+                positions = np.repeat(starts - displacements, counts) + np.arange(int(counts.sum()))
+                send, recv = packed[positions], np.empty((int(counts.sum()), k))
+            self.comm.Alltoallv(
+                [send, (counts * k).astype(np.int32), (displacements * k).astype(np.int32), MPI.DOUBLE],
+                [recv, (counts * k).astype(np.int32), (displacements * k).astype(np.int32), MPI.DOUBLE],
+            )
+            if rounds > 1:
+                received[positions] = recv
+        if len(received):
+            sums = np.bincount(
+                self._flat(k, "slot", self._slot), weights=received.reshape(-1), minlength=len(self._targets) * k
+            )
+            targets = self._flat(k, "targets", self._targets)
+            values[targets] += sums
+        return len(self.index) * k * VALUE_BYTES, messages
+
+
+class ButterflyReduction(PixelReduction):
+    """Sparse recursive doubling, log2 p' exchanges for any p (:func:`mapmaker.overlap.butterfly_schedule`).
+
+    Ranks e >= p' (the largest power of two) send the pixels they share to
+    e - p' first and get the sums back last; the p' others keep a working
+    array over their interest set and, at step m, swap with rank XOR 2^m the
+    partial sums of the pixels the partner's remaining subtree observes.
+    Empty messages are not sent: both ends know the sizes from the plan.
+    """
+
+    name = "butterfly"
+    bytes_counted = (
+        "exact: 8 k bytes per pixel value this rank sends in the fold, the log2 p' steps and the unfold "
+        "(point-to-point); messages: the non-empty sends (pieces of at most 2**31 - 1 doubles)"
+    )
+    FOLD, STEP, UNFOLD = 1 << 20, 2 << 20, 3 << 20  # message tags (+ step and piece)
+
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, max_elements: int = MAX_ELEMENTS):
+        from mapmaker.overlap import butterfly_schedule
+
+        super().__init__(comm, local_pixels)
+        self.schedule = butterfly_schedule(plan)
+        self.max_elements = int(max_elements)
+        self._flat = FlatCache()
+
+    def _pieces(self, n: int):
+        step = max(1, self.max_elements)
+        return [(start, min(start + step, n)) for start in range(0, n, step)]
+
+    def _exchange(self, partner: int, send: np.ndarray | None, receive: np.ndarray | None, tag: int) -> tuple[int, int]:
+        """Send ``send`` to and receive ``receive`` from ``partner``, in pieces; returns (bytes, messages) sent."""
+        requests = []
+        sent = messages = 0
+        if receive is not None and receive.size:
+            flat = receive.reshape(-1)
+            for i, (a, b) in enumerate(self._pieces(flat.size)):
+                requests.append(self.comm.Irecv([flat[a:b], MPI.DOUBLE], source=partner, tag=tag + i))
+        if send is not None and send.size:
+            flat = np.ascontiguousarray(send).reshape(-1)
+            for i, (a, b) in enumerate(self._pieces(flat.size)):
+                requests.append(self.comm.Isend([flat[a:b], MPI.DOUBLE], dest=partner, tag=tag + i))
+                sent += (b - a) * VALUE_BYTES
+                messages += 1
+        MPI.Request.Waitall(requests)
+        return sent, messages
+
+    def _reduce(self, local_values: np.ndarray) -> tuple[int, int]:
+        s, flat = self.schedule, self._flat
+        k = local_values.shape[1]
+        values = local_values.reshape(-1)
+        if s.is_extra:
+            # fold into the partner, then wait for the sums.
+            rows = flat(k, "fold_local", s.fold_local)
+            folded = np.take(values, rows)
+            b1, m1 = self._exchange(s.fold_partner, folded, None, self.FOLD)
+            sums = np.empty_like(folded)
+            self._exchange(s.fold_partner, None, sums, self.UNFOLD)
+            values[rows] = sums
+            return b1, m1
+        work = np.zeros(s.n_work * k)
+        own = flat(k, "own_work", s.own_work)
+        work[own] = values  # own_local is every local row, in order
+        sent = messages = 0
+        if s.fold_partner >= 0 and len(s.fold_work):
+            incoming = np.empty(len(s.fold_work) * k)
+            self._exchange(s.fold_partner, None, incoming, self.FOLD)
+            work[flat(k, "fold_work", s.fold_work)] += incoming
+        for m, step in enumerate(s.steps):
+            incoming = np.empty(len(step.receive) * k)
+            outgoing = np.take(work, flat(k, f"send{m}", step.send))
+            b, n = self._exchange(step.partner, outgoing, incoming, self.STEP + (m << 12))
+            work[flat(k, f"receive{m}", step.receive)] += incoming
+            sent, messages = sent + b, messages + n
+        values[:] = np.take(work, own)
+        if s.fold_partner >= 0 and len(s.fold_work):
+            b, n = self._exchange(s.fold_partner, np.take(work, flat(k, "fold_work", s.fold_work)), None, self.UNFOLD)
+            sent, messages = sent + b, messages + n
+        return sent, messages
+
+
+class HybridReduction(PixelReduction):
+    """The paper's suggestion (section 3.3): heavy pixels by a compact Allreduce, the rest by Alltoallv.
+
+    Pixels observed by at least ``threshold`` ranks ("heavy", the set H) are
+    numbered 0 .. |H| - 1 in pixel order (each owner contributes its heavy
+    pixels to one Allgatherv at set-up) and summed with the buffered
+    Allreduce over that compact vector; the others are exchanged by an
+    :class:`AlltoallvReduction` restricted to them. Many-rank pixels are
+    what make every rank a neighbour of every other in the Alltoallv.
+    """
+
+    name = "hybrid"
+    bytes_counted = (
+        "the Allreduce of the |H| heavy pixels counted by the Rabenseifner model (2 n (p-1)/p * 8 bytes in "
+        "2 ceil(log2 p) messages per buffer) plus the exact bytes and blocks of the Alltoallv of the light ones"
+    )
+
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, threshold: int, buffer_pixels: int,
+                 max_elements: int = MAX_ELEMENTS):
+        super().__init__(comm, local_pixels)
+        self.threshold = int(threshold)
+        heavy = plan.multiplicity >= self.threshold
+        self.light = AlltoallvReduction(comm, local_pixels, plan, exchanged=~heavy, max_elements=max_elements)
+        owned_heavy = np.ascontiguousarray(self.local_pixels[heavy & (plan.owner == comm.Get_rank())])
+        counts = np.array(comm.allgather(len(owned_heavy)), dtype=np.int64)
+        everyone = np.empty(int(counts.sum()), dtype=np.int64)
+        comm.Allgatherv(
+            [owned_heavy, MPI.INT64_T],
+            [everyone, counts.astype(np.int32), np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32), MPI.INT64_T],
+        )
+        heavy_ids = np.sort(everyone)
+        self.n_heavy = len(heavy_ids)
+        self.heavy_local = np.flatnonzero(heavy)
+        self.heavy = None
+        if self.n_heavy:
+            positions = np.searchsorted(heavy_ids, self.local_pixels[self.heavy_local])
+            self.heavy = AllreduceReduction(comm, positions, self.n_heavy, buffer_pixels)
+        self.details = {"threshold": float(self.threshold), "heavy_pixels": float(self.n_heavy)}
+        self._flat = FlatCache()
+
+    def _reduce(self, local_values: np.ndarray) -> tuple[int, int]:
+        sent, messages = self.light._reduce(local_values)
+        if self.heavy is not None:
+            k = local_values.shape[1]
+            positions = self._flat(k, "heavy", self.heavy_local)
+            values = local_values.reshape(-1)
+            rows = np.take(values, positions).reshape(-1, k)
+            b, n = self.heavy._reduce(rows)
+            values[positions] = rows.reshape(-1)
+            sent, messages = sent + b, messages + n
+        return sent, messages
+
+
+STRATEGIES: dict[str, type[PixelReduction]] = {
+    "allreduce": AllreduceReduction,
+    "alltoallv": AlltoallvReduction,
+    "butterfly": ButterflyReduction,
+    "hybrid": HybridReduction,
+}
+KNOWN_STRATEGIES = ("allreduce", "alltoallv", "butterfly", "hybrid")
+PLAN_STRATEGIES = ("alltoallv", "butterfly", "hybrid")
 
 
 def resolve_strategy(requested: str) -> str:
-    """The strategy a request runs with: ``auto`` -> ``allreduce`` (no cost model yet).
+    """Check a requested name: a strategy or ``auto`` (resolved later, by :func:`make_reduction`, from the plan).
 
-    Raises :class:`ReductionUnavailable` for a known name this version lacks.
+    Raises :class:`ReductionUnavailable` for an unknown name.
     """
-    if requested == "auto":
-        return "allreduce"
-    if requested not in KNOWN_STRATEGIES:
+    if requested != "auto" and requested not in KNOWN_STRATEGIES:
         raise ReductionUnavailable(f"unknown reduction {requested!r}; choose one of auto, {', '.join(KNOWN_STRATEGIES)}")
-    if requested not in STRATEGIES:
-        raise ReductionUnavailable(
-            f"reduction {requested!r} is not implemented in this version; use 'allreduce' or 'auto'"
-        )
+    if requested != "auto" and requested not in STRATEGIES:
+        raise ReductionUnavailable(f"reduction {requested!r} is not implemented in this version")
     return requested
+
+
+def needs_plan(requested: str, size: int) -> bool:
+    """Whether ``requested`` on ``size`` ranks needs the overlap plan (auto does, to choose)."""
+    return size > 1 and requested != "allreduce"
 
 
 def make_reduction(
@@ -143,13 +398,65 @@ def make_reduction(
     npix: int,
     buffer_pixels: int,
     plan: Any = None,
+    machine: Any = None,
+    workload: Any = None,
+    max_elements: int = MAX_ELEMENTS,
+    hybrid_threshold: int | None = None,
 ) -> PixelReduction:
-    """Build the reduction ``name`` (``auto`` resolved by :func:`resolve_strategy`) for this rank's pixels.
+    """Build the reduction ``name`` for this rank's pixels (collective).
 
-    ``plan`` is the overlap plan plan-driven strategies will need; the
-    Allreduce baseline ignores it.
+    ``plan`` (this rank's :class:`mapmaker.overlap.OverlapPlan`) is needed by
+    the plan-based strategies; ``auto`` chooses with it (and falls back to
+    ``allreduce`` without one);
+    ``machine`` (:class:`mapmaker.commodel.Machine`, default the paper's
+    Franklin figures) and ``workload`` (:class:`mapmaker.commodel.Workload`)
+    drive ``auto`` and the threshold of ``hybrid`` (``hybrid_threshold``
+    forces one). ``max_elements`` caps the doubles per MPI message.
     """
-    strategy = resolve_strategy(name)
+    from mapmaker import commodel
+
+    requested = resolve_strategy(name)
+    size = comm.Get_size()
+    if not needs_plan(requested, size):
+        reduction = AllreduceReduction(comm, local_pixels, npix, buffer_pixels)
+        if requested == "auto":
+            reduction.selection = commodel.Selection(
+                "auto", "allreduce", "one rank: nothing to communicate", "none", 0, 0, {}
+            )
+        return reduction
+    if plan is None and requested == "auto":
+        reduction = AllreduceReduction(comm, local_pixels, npix, buffer_pixels)
+        reduction.selection = commodel.Selection(
+            "auto", "allreduce", "no overlap plan to model the others with: the Allreduce needs none", "none", 0, 0, {}
+        )
+        return reduction
+    if plan is None:
+        raise ValueError(f"reduction {requested!r} on {size} ranks needs the overlap plan")
+    machine = machine or commodel.DEFAULT_MACHINE
+    workload = workload or commodel.Workload(1, commodel.PAPER_ITERATIONS, buffer_pixels)
+    selection = None
+    if requested in ("auto", "hybrid"):
+        figures = commodel.figures_from_plan(comm, plan)
+        selection = commodel.select_strategy(figures, machine, workload, requested)
+    if requested == "hybrid":
+        hybrid = selection.modeled["hybrid"]
+        selection.chosen = "hybrid"
+        selection.reason = (
+            f"threshold {hybrid['threshold']:.0f} ({hybrid['heavy_pixels']:.0f} heavy pixels) has the lowest modeled "
+            f"time per iteration, {hybrid['seconds_per_iteration']:.3g} s; alltoallv alone "
+            f"{selection.modeled['alltoallv']['seconds_per_iteration']:.3g} s ({machine.name})"
+        )
+    strategy = selection.chosen if requested == "auto" else requested
     if strategy == "allreduce":
-        return AllreduceReduction(comm, local_pixels, npix, buffer_pixels)
-    return STRATEGIES[strategy](comm, local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan)  # type: ignore[call-arg]
+        reduction = AllreduceReduction(comm, local_pixels, npix, buffer_pixels)
+    elif strategy == "alltoallv":
+        reduction = AlltoallvReduction(comm, local_pixels, plan, max_elements=max_elements)
+    elif strategy == "butterfly":
+        reduction = ButterflyReduction(comm, local_pixels, plan, max_elements=max_elements)
+    else:
+        threshold = hybrid_threshold or int(selection.modeled["hybrid"]["threshold"])
+        reduction = HybridReduction(
+            comm, local_pixels, plan, threshold=threshold, buffer_pixels=buffer_pixels, max_elements=max_elements
+        )
+    reduction.selection = selection
+    return reduction

@@ -33,11 +33,36 @@ class TimingSplit(ResultModel):
     total: float = Field(description="Wall time of the realisation on rank 0, start to finish")
 
 
+class ModeledStrategy(ResultModel):
+    """The alpha-beta model's figures for one strategy (mapmaker.commodel), slowest rank."""
+
+    bytes_per_iteration: float
+    messages_per_iteration: float
+    seconds_per_iteration: float
+    preprocessing_s: float = Field(description="One-time allgather + sift; 0 for allreduce")
+    campaign_s: float = Field(description="Communication of every realisation of the campaign plus the preprocessing")
+    threshold: float | None = Field(None, description="hybrid: pixels observed by at least this many ranks are heavy")
+    heavy_pixels: float | None = Field(None, description="hybrid: pixels in the compact Allreduce")
+    steps: float | None = Field(None, description="butterfly: recursive-doubling steps")
+
+
+class StrategySelection(ResultModel):
+    """Why the reduction is the one it is: the model's figures for every strategy."""
+
+    requested: str
+    chosen: str
+    reason: str
+    machine: str = Field(description="Where alpha and beta come from (calibration file or the defaults)")
+    iterations: int = Field(description="PCG iterations assumed per realisation: min(solver.max_iter, 50)")
+    realizations: int = Field(description="Realisations sharing one preprocessing")
+    modeled: dict[str, ModeledStrategy] = Field(default_factory=dict)
+
+
 class CommunicationStats(ResultModel):
     """Traffic of the per-iteration pixel reduction, per rank per reduction call."""
 
-    strategy: Literal["allreduce", "alltoallv", "butterfly"]
-    requested: Literal["auto", "allreduce", "alltoallv", "butterfly"]
+    strategy: Literal["allreduce", "alltoallv", "butterfly", "hybrid"]
+    requested: Literal["auto", "allreduce", "alltoallv", "butterfly", "hybrid"]
     bytes_per_iteration: Spread = Field(description="Bytes sent by one rank in one reduction")
     messages_per_iteration: Spread = Field(description="Messages sent by one rank in one reduction")
     reductions: int = Field(description="Reduction calls made in the whole run")
@@ -45,6 +70,12 @@ class CommunicationStats(ResultModel):
     seconds_per_iteration: Spread | None = Field(
         None, description="Wall time of the pixel reduction per PCG iteration, per rank (s)"
     )
+    plan: Literal["file", "memory"] | None = Field(
+        None, description="Where the overlap plan came from: realize --plan, or built in memory for this run"
+    )
+    plan_build_s: float | None = Field(None, description="Seconds to build the plan in memory (allgather + sift)")
+    details: dict[str, float] | None = Field(None, description="Strategy parameters (hybrid: threshold, heavy_pixels)")
+    selection: StrategySelection | None = Field(None, description="The model's figures behind auto (and hybrid's tau)")
 
 
 class RngStream(ResultModel):

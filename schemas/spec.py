@@ -248,7 +248,7 @@ class NoiseSpec(StrictModel):
         return self
 
 
-Reduction = Literal["auto", "allreduce", "alltoallv", "butterfly"]
+Reduction = Literal["auto", "allreduce", "alltoallv", "butterfly", "hybrid"]
 
 
 class SolverSpec(StrictModel):

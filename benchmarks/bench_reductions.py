@@ -1,0 +1,308 @@
+"""Benchmark of the pixel reductions: exact bytes, measured time per iteration, and the model's projection.
+
+    .venv/bin/python benchmarks/bench_reductions.py                      # nside 128 and 256, 2 and 4 ranks
+    .venv/bin/python benchmarks/bench_reductions.py --nsides 128,256,512 --calibration site.json --json out.json
+
+For a satellite and a ground scan (the bundled examples' geometry) at each
+nside and rank count, under ``mpiexec``: the overlap plan is built (phase
+times), then every strategy reduces 3 values per pixel ``--repeat`` times;
+reported are the bytes and messages each rank hands to MPI per call (max
+over ranks, exact) and the median over calls of the slowest rank's seconds.
+The bytes are checked against the alpha-beta model's figures.
+
+Then the model projects a Planck-like scan (``benchmarks/specs/projection.toml``:
+1 rpm at 85 degrees, no precession, 1 degree per day, one year) to 256 ..
+16384 ranks with the paper's Franklin figures (8.15 us, 1.65 GB/s) and with
+this site's calibration (``--calibration FILE``, or measured here with
+``calibrate`` on 4 ranks). Nothing here is a test: no figure is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+STRATEGIES = ("allreduce", "alltoallv", "butterfly", "hybrid")
+PROJECTION_SPEC = REPO / "benchmarks" / "specs" / "projection.toml"
+
+
+def scan_specs(nside: int) -> dict[str, dict]:
+    """The two benchmark scans at ``nside``: the bundled satellite (1 day) and ground (12 h) geometries."""
+    import tomllib
+
+    specs = {}
+    for kind in ("satellite", "ground"):
+        data = tomllib.loads((REPO / "schemas" / "examples" / f"{kind}.toml").read_text())
+        data["pixelization"] = {"nside": nside}
+        data["solver"] = {"reduction": "auto"}
+        specs[kind] = data
+    return specs
+
+
+# --------------------------------------------------------------------------- the MPI worker
+
+
+def worker(spec_path: str, repeat: int, calibration: str | None) -> None:
+    """Under mpiexec: plan, then time every strategy; rank 0 prints one JSON line."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from mapmaker import commodel
+    from mapmaker.overlap import build_overlap_plan
+    from mapmaker.preprocess import overlap_statistics, rank_local_pixels
+    from mapmaker.reduction import make_reduction
+    from schemas.io import load_spec
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    spec = load_spec(spec_path)
+    machine = commodel.load_machine(calibration) if calibration else commodel.FRANKLIN
+    buffer_pixels = spec.solver.allreduce_buffer_pixels
+    npix = spec.pixelization.npix
+    local_pixels = rank_local_pixels(spec, comm)
+    comm.Barrier()
+    started = MPI.Wtime()
+    plan = build_overlap_plan(comm, local_pixels, npix, buffer_pixels)
+    build = comm.allreduce(MPI.Wtime() - started, op=MPI.MAX)
+    phases = {name: comm.allreduce(seconds, op=MPI.MAX) for name, seconds in plan.timings.items()}
+    statistics_ = overlap_statistics(comm, plan)
+    figures = commodel.figures_from_plan(comm, plan)
+    modeled = commodel.strategy_costs(figures, machine, k=3, buffer_pixels=buffer_pixels)
+    rng = np.random.default_rng(rank)
+    base = rng.standard_normal((len(local_pixels), 3))
+    strategies = {}
+    for name in STRATEGIES:
+        reduction = make_reduction(
+            name, comm, local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan, machine=machine,
+            workload=commodel.Workload.of_spec(spec),
+        )
+        for _ in range(2):  # warm-up
+            reduction.reduce(base.copy())
+        times = []
+        for _ in range(repeat):
+            values = base.copy()
+            comm.Barrier()
+            tick = MPI.Wtime()
+            reduction.reduce(values)
+            times.append(comm.allreduce(MPI.Wtime() - tick, op=MPI.MAX))
+        counted = np.array(comm.allgather(reduction.bytes_sent), dtype=np.float64)
+        messages = np.array(comm.allgather(reduction.messages_sent), dtype=np.float64)
+        model = (
+            commodel.hybrid_cost(figures, machine, reduction.threshold, k=3, buffer_pixels=buffer_pixels)
+            if name == "hybrid" else modeled[name]
+        )
+        strategies[name] = {
+            "bytes_max": float(counted.max()),
+            "bytes_mean": float(counted.mean()),
+            "messages_max": float(messages.max()),
+            "seconds_median": statistics.median(times),
+            "seconds_min": min(times),
+            "modeled_bytes_max": model.bytes_max,
+            "modeled_seconds": model.seconds,
+            "bytes_equal_model": bool(counted.max() == model.bytes_max and counted.mean() == model.bytes_mean),
+            **(reduction.details or {}),
+        }
+    if rank == 0:
+        print(json.dumps({
+            "ranks": comm.Get_size(),
+            "npix": npix,
+            "samples": spec.total_samples,
+            "plan_build_s": build,
+            "phases": phases,
+            "overlap": json.loads(statistics_.model_dump_json()),
+            "strategies": strategies,
+        }))
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_ranks(ranks: int, *args: str, timeout: float = 3600) -> str:
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    command = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", *args]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{completed.stderr[-3000:]}")
+    return completed.stdout
+
+
+def measure(nsides: list[int], rank_counts: list[int], repeat: int, calibration: str | None) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for nside in nsides:
+            for kind, data in scan_specs(nside).items():
+                path = Path(folder) / f"{kind}-{nside}.json"
+                path.write_text(json.dumps(data))
+                for ranks in rank_counts:
+                    extra = ["--calibration", calibration] if calibration else []
+                    output = run_ranks(ranks, __file__, "--worker", str(path), "--repeat", str(repeat), *extra)
+                    row = json.loads(output.strip().splitlines()[-1])
+                    row.update({"scan": kind, "nside": nside, "load": os.getloadavg()[0]})
+                    rows.append(row)
+                    print(f"measured {kind} nside {nside} on {ranks} ranks", file=sys.stderr, flush=True)
+    return rows
+
+
+def project(rank_counts: list[int], machines: dict, time_step: int) -> dict:
+    """The projection spec's figures at each rank count, evaluated for every machine."""
+    from mapmaker import commodel
+    from mapmaker.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets
+    from schemas.io import load_spec
+
+    spec = load_spec(PROJECTION_SPEC)
+    workload = commodel.Workload.of_spec(spec)
+    started = time.perf_counter()
+    sets = chunk_sets(spec, time_step)
+    out = {"spec": str(PROJECTION_SPEC.relative_to(REPO)), "pointing_s": time.perf_counter() - started,
+           "time_step": time_step, "npix": spec.pixelization.npix, "projections": []}
+    for size in rank_counts:
+        tick = time.perf_counter()
+        figures = overlap_figures(rank_pixel_sets(sets, size), spec.pixelization.npix)
+        entry = {
+            "ranks": size,
+            "n_local_max": int(figures.n_local.max()),
+            "total_local": figures.total_local,
+            "observed": int(figures.histogram[1:].sum()),
+            "shared_max": int(figures.shared.max()),
+            "neighbours_max": int(figures.neighbours.max()),
+            "neighbours_exact": figures.neighbours_exact,
+            "machines": {},
+        }
+        for label, machine in machines.items():
+            costs = commodel.strategy_costs(figures, machine, k=3, buffer_pixels=workload.buffer_pixels)
+            pre = commodel.preprocessing_cost(figures, machine, workload.buffer_pixels)
+            entry["machines"][label] = {
+                "preprocessing_s": pre["total_s"],
+                "chosen": commodel.select_strategy(figures, machine, workload).chosen,
+                "strategies": {
+                    name: {"bytes_max": c.bytes_max, "messages_max": c.messages_max, "seconds": c.seconds, **c.details}
+                    for name, c in costs.items()
+                },
+            }
+        entry["model_s"] = time.perf_counter() - tick
+        out["projections"].append(entry)
+        print(f"projected {size} ranks in {entry['model_s']:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def subsampling_error(rank_counts: list[int], steps: list[int]) -> list[dict]:
+    """Error of the model with --time-step N against the exact one (projection spec, small rank counts)."""
+    from mapmaker import commodel
+    from mapmaker.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets, relative_error
+    from schemas.io import load_spec
+
+    spec = load_spec(PROJECTION_SPEC)
+    npix = spec.pixelization.npix
+    exact_sets = chunk_sets(spec, 1)
+    out = []
+    for size in rank_counts:
+        exact = overlap_figures(rank_pixel_sets(exact_sets, size), npix)
+        exact_cost = commodel.strategy_costs(exact, commodel.FRANKLIN)
+        for step in steps:
+            approximate = overlap_figures(rank_pixel_sets(chunk_sets(spec, step), size), npix)
+            cost = commodel.strategy_costs(approximate, commodel.FRANKLIN)
+            error = relative_error(exact, approximate)
+            error.update({
+                f"seconds_{name}": abs(cost[name].seconds - exact_cost[name].seconds) / exact_cost[name].seconds
+                for name in STRATEGIES
+            })
+            out.append({"ranks": size, "time_step": step, **error})
+            print(f"subsampling: {size} ranks, time step {step}", file=sys.stderr, flush=True)
+    return out
+
+
+def print_tables(rows: list[dict], projection: dict | None) -> None:
+    if not rows and projection is None:
+        return
+    print("| scan | nside | ranks | n_local max | shared max | strategy | bytes/iter (max rank) | msgs | "
+          "measured ms/iter | bytes / allreduce |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    for row in rows:
+        base = row["strategies"]["allreduce"]["bytes_max"]
+        for name in STRATEGIES:
+            s = row["strategies"][name]
+            tag = f" (tau {s['threshold']:.0f}, {s['heavy_pixels']:.0f} heavy)" if name == "hybrid" else ""
+            print(
+                f"| {row['scan']} | {row['nside']} | {row['ranks']} | {row['overlap']['local_pixels']['max']:.0f} | "
+                f"{row['overlap']['shared_pixels']['max']:.0f} | {name}{tag} | {s['bytes_max']:.0f} | "
+                f"{s['messages_max']:.0f} | {1e3 * s['seconds_median']:.2f} | {s['bytes_max'] / base:.3f} |"
+            )
+    if projection is None:
+        return
+    labels = list(projection["projections"][0]["machines"])
+    print(f"\nProjection of {projection['spec']} ({projection['npix']} pixels), seconds per iteration (k = 3):")
+    print("| ranks | n_local max | n_all / observed | machine | allreduce | alltoallv | butterfly | hybrid | "
+          "best speedup | auto |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---|")
+    for entry in projection["projections"]:
+        for label in labels:
+            m = entry["machines"][label]["strategies"]
+            best = min(m[s]["seconds"] for s in STRATEGIES[1:])
+            hybrid = f"{m['hybrid']['seconds']:.3g} (tau {m['hybrid']['threshold']:.0f})"
+            print(
+                f"| {entry['ranks']} | {entry['n_local_max']} | {entry['total_local'] / entry['observed']:.1f} | {label} | "
+                f"{m['allreduce']['seconds']:.3g} | {m['alltoallv']['seconds']:.3g} | {m['butterfly']['seconds']:.3g} | "
+                f"{hybrid} | {m['allreduce']['seconds'] / best:.1f}x | {entry['machines'][label]['chosen']} |"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    parser.add_argument("--nsides", default="128,256", help="comma-separated nsides (default 128,256; '' for none)")
+    parser.add_argument("--ranks", default="2,4", help="comma-separated rank counts (default 2,4)")
+    parser.add_argument("--repeat", type=int, default=30, help="timed calls per strategy (default 30)")
+    parser.add_argument("--calibration", default=None, help="site calibration file (default: measure one on 4 ranks)")
+    parser.add_argument("--project", default="256,1024,4096,16384", help="rank counts of the projection ('' for none)")
+    parser.add_argument("--time-step", type=int, default=1, help="time step of the projection's pointing (default 1)")
+    parser.add_argument("--subsampling", default="", metavar="STEPS",
+                        help="also measure the model's error with these time steps, e.g. 2,4 (at 256 and 1024 ranks)")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write every figure here")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.repeat, args.calibration)
+        return 0
+
+    from mapmaker import commodel
+
+    load = os.getloadavg()
+    calibration = args.calibration
+    if calibration is None and (args.nsides or args.project):
+        calibration = str(Path(tempfile.mkdtemp()) / "calibration.json")
+        run_ranks(4, "-m", "mapmaker", "calibrate", "--out", calibration, "--repeat", "7")
+    machine = commodel.load_machine(calibration) if calibration else commodel.FRANKLIN
+    nsides = [int(n) for n in args.nsides.split(",")] if args.nsides else []
+    rows = measure(nsides, [int(r) for r in args.ranks.split(",")], args.repeat, calibration)
+    projection = None
+    if args.project:
+        machines = {"Franklin": commodel.FRANKLIN, "this machine": machine}
+        projection = project([int(r) for r in args.project.split(",")], machines, args.time_step)
+    errors = subsampling_error([256, 1024], [int(n) for n in args.subsampling.split(",")]) if args.subsampling else []
+    print(f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {os.getloadavg()[0]:.2f}")
+    print_tables(rows, projection)
+    if errors:
+        print("\nModel with --time-step N against the exact model (max over ranks of |error| / max exact; time: Franklin):")
+        print("| ranks | time step | n_local | shared | neighbours | butterfly rows | time: alltoallv | butterfly | hybrid |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for e in errors:
+            print(f"| {e['ranks']} | {e['time_step']} | {e['n_local']:.3f} | {e['shared']:.3f} | {e['neighbours']:.3f} | "
+                  f"{e['butterfly']:.3f} | {e['seconds_alltoallv']:.3f} | {e['seconds_butterfly']:.3f} | "
+                  f"{e['seconds_hybrid']:.3f} |")
+    if args.json:
+        recorded = json.loads(Path(calibration).read_text()) if calibration else None
+        Path(args.json).write_text(json.dumps({"load": load, "calibration": recorded,
+                                               "measured": rows, "projection": projection,
+                                               "subsampling": errors}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
