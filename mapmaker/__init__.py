@@ -12,13 +12,16 @@ Module map
 ``rng``             Philox keys derived from (seed, realisation, detector, interval, stream)
 ``sky``             input sky: synfast from the fiducial C_l, or a user FITS map
 ``local_data``      one rank's cached pointing (local pixel index, weights) and interval layout
+``overlap``         the overlap plan: allgather + sift of pixel ids, shared lists, butterfly schedule
+``planfile``        the plan file format: versioned, checksummed, one section per rank (MPI-IO)
+``preprocess``      ``preprocess`` command: pixels of each rank -> plan -> file + report
 ``reduction``       the pixel-reduction interface and the buffered-Allreduce baseline (MPI)
 ``distributed``     distributed pixel vectors: owners, dot products, gather, broadcast (MPI)
 ``solver``          preconditioned conjugate gradients, independent of MPI
 ``realize``         one realisation end to end on a communicator (MPI)
 ``products``        FITS maps and result.json, written atomically
 ``timing``          calc / comm / io wall-clock split and peak memory of a rank
-``cli``             ``python -m mapmaker realize | bench``
+``cli``             ``python -m mapmaker realize | preprocess | bench``
 ``bench``           throughput of the kernels and of one PCG iteration
 """
 

@@ -5,7 +5,8 @@ Each rank holds the sorted unique global ids of the pixels it observes
 pixel (``[n_local, k]``). After a reduction every rank holding a pixel holds
 the same value for it. A shared pixel is *owned* by the lowest rank that
 observes it; global sums (dot products, counts) add owned rows only, so a
-shared pixel counts once.
+shared pixel counts once. The owners come from the overlap plan when there is
+one (no whole-map collective), else from one buffered ``Allreduce(MIN)``.
 """
 from __future__ import annotations
 
@@ -18,10 +19,19 @@ class DistributedPixels:
 
     comm: communicator of the solve; local_pixels [n_local] int64 sorted
     unique; npix: pixels of the full map; buffer_pixels: piece size of the
-    whole-map collectives used at set-up and for broadcasts (bounds memory).
+    whole-map collectives used at set-up and for broadcasts (bounds memory);
+    owner [n_local] int: the lowest rank observing each local pixel, when
+    known (from the overlap plan); computed here otherwise.
     """
 
-    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, npix: int, buffer_pixels: int = 1 << 16):
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        local_pixels: np.ndarray,
+        npix: int,
+        buffer_pixels: int = 1 << 16,
+        owner: np.ndarray | None = None,
+    ):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.local_pixels = np.asarray(local_pixels, dtype=np.int64)
@@ -30,7 +40,9 @@ class DistributedPixels:
         self.npix = int(npix)
         self.buffer_pixels = int(max(1, min(buffer_pixels, npix)))
         self.n_local = len(self.local_pixels)
-        self.owned = self._lowest_observer() == self.rank
+        if owner is not None and len(owner) != self.n_local:
+            raise ValueError(f"owner has {len(owner)} entries for {self.n_local} local pixels")
+        self.owned = (self._lowest_observer() if owner is None else np.asarray(owner)) == self.rank
         self.n_owned = int(self.owned.sum())
         # 0/1 weights make the owned-only sums one pass without copies; None when every pixel is owned.
         self._owned_weight = None if self.n_owned == self.n_local else self.owned.astype(np.float64)

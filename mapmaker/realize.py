@@ -38,6 +38,7 @@ from mapmaker.kernels import preconditioner as blocks
 from mapmaker.kernels import projection
 from mapmaker.local_data import build_local_data
 from mapmaker.noise import NoiseModel
+from mapmaker.planfile import PlanRefused
 from mapmaker.reduction import make_reduction, resolve_strategy
 from mapmaker.sky import SkyError, build_sky, sky_stream_key
 from mapmaker.solver import PCGResult, pcg
@@ -95,11 +96,14 @@ def run_realization(
 ) -> SolveOutcome:
     """Simulate and solve realisation ``realization`` of ``spec`` on ``comm``.
 
-    ``plan`` is handed to :func:`mapmaker.reduction.make_reduction` (the
-    overlap plan of plan-driven reductions; unused by ``allreduce``).
-    Raises :class:`mapmaker.sky.SkyError` (on every rank) when the sky cannot
-    be built, and :class:`mapmaker.reduction.ReductionUnavailable` for a
-    reduction this version lacks -- both before any heavy work.
+    ``plan`` is this rank's :class:`mapmaker.overlap.OverlapPlan` (from
+    ``realize --plan``): it gives the owners of shared pixels and drives the
+    plan-based reductions. Raises :class:`mapmaker.sky.SkyError` (on every
+    rank) when the sky cannot be built, and
+    :class:`mapmaker.reduction.ReductionUnavailable` for a reduction this
+    version lacks -- both before any heavy work -- and
+    :class:`mapmaker.planfile.PlanRefused` (on every rank) when the plan's
+    pixels are not the ones this run observes.
     """
     timers = timers or Timers()
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -134,8 +138,12 @@ def run_realization(
 
     # 3. pixel distribution and reduction.
     buffer_pixels = spec.solver.allreduce_buffer_pixels
+    if plan is not None:
+        check_plan_pixels(comm, plan, local.local_pixels)
     with timers("comm"):
-        pixels = DistributedPixels(comm, local.local_pixels, npix, buffer_pixels)
+        pixels = DistributedPixels(
+            comm, local.local_pixels, npix, buffer_pixels, owner=None if plan is None else plan.owner
+        )
         reduction = make_reduction(
             requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan
         )
@@ -252,6 +260,18 @@ def run_realization(
     return outcome
 
 
+def check_plan_pixels(comm: MPI.Comm, plan: Any, local_pixels: np.ndarray) -> None:
+    """Collective: refuse (PlanRefused on every rank) a plan whose pixels are not the ones each rank observes."""
+    wrong = int(not np.array_equal(plan.local_pixels, local_pixels))
+    wrong_ranks = comm.allgather(wrong)
+    if any(wrong_ranks):
+        first = wrong_ranks.index(1)
+        raise PlanRefused(
+            f"the plan's pixels of rank {first} are not the pixels this run observes there "
+            "(built from other pointing code or data); rebuild it with 'preprocess'"
+        )
+
+
 def noise_stream_count(spec: CampaignSpec) -> int:
     """Number of distinct noise streams (detector x interval) a realisation draws."""
     if not spec.simulates_noise:
@@ -321,6 +341,8 @@ def realize_to_folder(
     sky_root: str | Path | None = None,
     threads: int = 1,
     progress: Progress | None = None,
+    plan: Any = None,
+    plan_document: dict | None = None,
 ):
     """Run one realisation and write its products atomically into ``out`` (root writes).
 
@@ -336,7 +358,7 @@ def realize_to_folder(
     timers = Timers()
     rank = comm.Get_rank()
     outcome = run_realization(
-        spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers
+        spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers, plan=plan
     )
 
     folder = None
@@ -395,6 +417,7 @@ def realize_to_folder(
         rng_scheme=rng.RNG_SCHEME,
         rng_streams_total=streams_total,
         decomposition=outcome.fingerprint,
+        plan_checksum=None if plan_document is None else plan_document["header_sha256"],
         versions=package_versions(),
         products=product_records,
     )

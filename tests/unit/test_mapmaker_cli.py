@@ -14,10 +14,13 @@ def run(*args):
 def test_help_lists_the_commands():
     completed = run("--help")
     assert completed.returncode == 0
-    assert "realize" in completed.stdout and "bench" in completed.stdout
+    assert "realize" in completed.stdout and "bench" in completed.stdout and "preprocess" in completed.stdout
     realize_help = run("realize", "--help").stdout
-    for option in ("--spec", "--realization", "--out", "--threads", "--sky-root"):
+    for option in ("--spec", "--realization", "--out", "--threads", "--sky-root", "--plan"):
         assert option in realize_help
+    preprocess_help = run("preprocess", "--help").stdout
+    for option in ("--spec", "--out", "--report", "--quiet"):
+        assert option in preprocess_help
 
 
 def test_usage_errors_exit_2():
