@@ -10,6 +10,7 @@ import typer
 from service.cli import db as db_commands
 from service.cli import serve as serve_commands
 from service.cli import token as token_commands
+from service.cli import worker as worker_commands
 
 app = typer.Typer(
     name="mapcampaign",
@@ -21,6 +22,7 @@ app = typer.Typer(
 app.command("serve")(serve_commands.serve)
 app.add_typer(db_commands.app, name="db")
 app.add_typer(token_commands.app, name="token")
+app.command("worker")(worker_commands.worker)
 
 
 def main() -> None:
