@@ -281,8 +281,10 @@ class Agent:
                 try:
                     run.report_started()
                 except TaskGone as gone:
+                    # Cancelled or reassigned: end it either way. Reported as cancelled, which the service
+                    # records for a cancelled attempt and refuses (409, harmless) for a reassigned one.
                     log.info("%s is no longer this worker's (%s): stopping it", run.task_id, gone)
-                    run.request_stop(CancelReason.LOST)
+                    run.request_stop(CancelReason.CANCELLED)
                 except ServiceError as error:
                     log.warning("%s: started report failed: %s", run.task_id, error)
                     run.started_reported = True  # the next report carries the news

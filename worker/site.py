@@ -148,6 +148,12 @@ class RunnerSpec(SiteModel):
     liveness_timeout_s: float = Field(
         120.0, ge=1, le=86_400, description="A task whose worker stopped touching its liveness file this long ends itself"
     )
+    preprocess_walltime_s: float = Field(
+        3_600.0,
+        ge=1,
+        le=7 * 86_400,
+        description="Wall-time limit of a plan build; a plan is shared by campaigns, so the site sets it, not a spec",
+    )
 
 
 class SiteConfig(SiteModel):

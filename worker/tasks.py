@@ -191,8 +191,9 @@ class TaskRun:
 
     def limits(self) -> RunnerLimits:
         runner = self.context.site.runner
+        walltime_s = runner.preprocess_walltime_s if isinstance(self.task, PreprocessTask) else self.task.spec.resources.walltime_s
         return RunnerLimits(
-            walltime_s=self.task.spec.resources.walltime_s,
+            walltime_s=walltime_s,
             grace_s=runner.kill_grace_s,
             liveness_timeout_s=runner.liveness_timeout_s,
         )
