@@ -265,3 +265,42 @@ def test_sigterm_drains_running_tasks_then_hands_back_what_is_left(make_live_ser
     assert attempt["failure_class"] == "lost_worker" and attempt["worker"] == "w-hasty"
     assert "drain" in attempt["log_tail"]
     api.close()
+
+
+@on_database("sqlite")
+def test_refused_plan_is_invalidated_rebuilt_and_the_attempt_retried(make_live_service, tmp_path):
+    service = make_live_service(env=FAST)
+    api = Api(service)
+    site = write_site(tmp_path / "site.toml", max_tasks=1)
+    first = api.create(tiny_spec("builds the plan", realizations=1))
+    worker = start_worker(service, site, "w-plan-1")
+    try:
+        assert api.wait_state(first["id"], {"succeeded", "failed"}, 240, worker)["state"] == "succeeded"
+    finally:
+        assert worker.stop(timeout=60) == 0
+    [plan] = api.plans()
+    plan_file = Path(plan["path"])
+    damaged = bytearray(plan_file.read_bytes())
+    middle = len(damaged) // 2
+    damaged[middle : middle + 64] = bytes(64)  # damage a section in place: same size, wrong contents
+    plan_file.write_bytes(bytes(damaged))
+
+    second = api.create(tiny_spec("gets the damaged plan", realizations=1, seed=8))
+    worker = start_worker(service, site, "w-plan-2")
+    try:
+        assert api.wait_state(second["id"], {"succeeded", "failed"}, 240, worker)["state"] == "succeeded"
+    finally:
+        assert worker.stop(timeout=60) == 0
+    [realization] = api.realizations(second["id"])
+    refused, success = realization["attempt_history"]
+    assert (refused["failure_class"], refused["exit_code"]) == ("app_error", 3)
+    assert "plan refused" in refused["log_tail"]
+    assert success["failure_class"] is None and success["exit_code"] == 0
+    [rebuilt] = api.plans()
+    assert rebuilt["id"] == plan["id"] and rebuilt["state"] == "ready" and rebuilt["path"] != plan["path"]
+    assert Path(rebuilt["path"]).is_file() and rebuilt["build_attempts"] == 1  # a fresh budget for the rebuild
+    invalidated = [e for e in api.events() if e["kind"] == "plan" and e["data"].get("invalidated")]
+    assert len(invalidated) == 1 and "w-plan-2" in invalidated[0]["data"]["error"]
+    builds = [e for e in api.events() if e["kind"] == "plan" and e["state"] == "building"]
+    assert len(builds) == 2
+    api.close()
