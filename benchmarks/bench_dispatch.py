@@ -38,14 +38,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.databases import create_pg_database, drop_pg_database  # noqa: E402
-from tests.support.live_service import start_live_service  # noqa: E402
-from tests.support.worker_helpers import Api, long_spec, start_worker, tiny_spec, write_site  # noqa: E402
+from tests.support.databases import create_pg_database, drop_pg_database
+from tests.support.live_service import start_live_service
+from tests.support.worker_helpers import Api, long_spec, start_worker, tiny_spec, write_site
 
 
 def spread(values: list[float]) -> str:
     values = sorted(values)
-    p90 = values[min(len(values) - 1, int(round(0.9 * (len(values) - 1))))]
+    p90 = values[min(len(values) - 1, round(0.9 * (len(values) - 1)))]
     return f"{statistics.median(values):7.2f} {p90:7.2f} {values[-1]:7.2f}"
 
 
@@ -53,7 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--realizations", type=int, default=12)
     parser.add_argument("--max-tasks", type=int, default=1, help="tasks the worker runs at once (default 1)")
-    parser.add_argument("--spec", choices=("tiny", "long"), default="tiny", help="tiny: nside 8, 10 min; long: nside 16, 1 day")
+    parser.add_argument(
+        "--spec", choices=("tiny", "long"), default="tiny", help="tiny: nside 8, 10 min; long: nside 16, 1 day"
+    )
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--json", action="store_true", help="print only JSON on stdout")
     args = parser.parse_args()
@@ -93,7 +95,9 @@ def main() -> None:
         "dispatch in (claimed -> launched)": [t["launched_at"] - t["claimed_at"] for t in realize],
         "MPI job (launched -> exited)": [t["exited_at"] - t["launched_at"] for t in realize],
         "  in the map-maker (timing.total)": [t["mapmaker_total_s"] for t in realize],
-        "  mpiexec + Python start-up/exit": [t["exited_at"] - t["launched_at"] - t["mapmaker_total_s"] for t in realize],
+        "  mpiexec + Python start-up/exit": [
+            t["exited_at"] - t["launched_at"] - t["mapmaker_total_s"] for t in realize
+        ],
         "dispatch out (exited -> stored)": [t["reported_at"] - t["exited_at"] for t in realize],
         "claimed -> stored": [t["reported_at"] - t["claimed_at"] for t in realize],
     }
@@ -121,7 +125,9 @@ def main() -> None:
         phases["dispatch out (exited -> stored)"]
     )
     job = statistics.median(phases["MPI job (launched -> exited)"])
-    print(f"dispatch overhead (in + out, medians): {dispatch:.2f} s per realisation = {dispatch / job:.0%} of the MPI job")
+    print(
+        f"dispatch overhead (in + out, medians): {dispatch:.2f} s per realisation = {dispatch / job:.0%} of the MPI job"
+    )
 
 
 if __name__ == "__main__":

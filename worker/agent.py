@@ -98,7 +98,7 @@ class Agent:
             return EXIT_FAILED
         try:
             self._start_parsl()
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 -- any failure to start Parsl ends the worker with a message
             log.error("cannot start Parsl for site %r: %s: %s", self.site.name, type(error).__name__, error)
             return EXIT_FAILED
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -124,13 +124,18 @@ class Agent:
             try:
                 info = self.client.register(registration, retry_s=0)
             except NotAuthorized as error:
-                log.error("the service refused the worker token: %s (make one with `mapcampaign token create --worker`)", error)
+                log.error(
+                    "the service refused the worker token: %s (make one with `mapcampaign token create --worker`)",
+                    error,
+                )
                 return False
             except ServiceError as error:
                 if error.status is not None:
                     log.error("registration refused: %s", error)
                     return False
-                log.warning("cannot reach the service at %s (%s); trying again in %.0f s", self.settings.server, error, pause)
+                log.warning(
+                    "cannot reach the service at %s (%s); trying again in %.0f s", self.settings.server, error, pause
+                )
                 if self.quit.wait(pause):
                     return False
                 pause = min(pause * 2, 30.0)
@@ -162,7 +167,12 @@ class Agent:
         self.dfk = parsl.load(config)
         self.executor = self.dfk.executors[EXECUTOR_LABEL]
         self.app = mpi_task
-        log.info("Parsl started: %s provider, %s launcher (run folder %s)", self.site.provider.kind, self.site.mpi.launcher, run_dir)
+        log.info(
+            "Parsl started: %s provider, %s launcher (run folder %s)",
+            self.site.provider.kind,
+            self.site.mpi.launcher,
+            run_dir,
+        )
 
     def _stop_parsl(self) -> None:
         if self.dfk is None:
@@ -171,7 +181,7 @@ class Agent:
 
         try:
             self.dfk.cleanup()
-        except Exception as error:  # shutting down: say it, do not mask the exit status
+        except Exception as error:  # noqa: BLE001 -- shutting down: say it, do not mask the exit status
             log.warning("Parsl cleanup: %s: %s", type(error).__name__, error)
         parsl.clear()
         self.dfk = None
@@ -269,7 +279,9 @@ class Agent:
                 return
             except Exception as error:
                 log.exception("%s could not be submitted", run.task_id)
-                verdict = Verdict(Outcome.LAUNCH_ERROR, None, f"could not submit the task: {type(error).__name__}: {error}")
+                verdict = Verdict(
+                    Outcome.LAUNCH_ERROR, None, f"could not submit the task: {type(error).__name__}: {error}"
+                )
         run.early_verdict = verdict
         self._finish(run)
 

@@ -103,7 +103,9 @@ def resource_specification(
     return spec
 
 
-def task_resource_specification(resources: ResourceSpec, *, launcher: str, launcher_options: str) -> dict[str, int | str]:
+def task_resource_specification(
+    resources: ResourceSpec, *, launcher: str, launcher_options: str
+) -> dict[str, int | str]:
     return resource_specification(
         ranks=resources.ranks,
         ranks_per_node=resources.ranks_per_node,

@@ -30,7 +30,7 @@ class SiteLayout:
     root: Path
 
     @classmethod
-    def for_site(cls, site: SiteConfig, data_dir: Path) -> "SiteLayout":
+    def for_site(cls, site: SiteConfig, data_dir: Path) -> SiteLayout:
         return cls((site.data_dir or data_dir / "sites" / site.name).resolve())
 
     @property

@@ -44,7 +44,8 @@ MAX_LOG_TAIL_CHARS = 65_536
 MAX_MESSAGE_CHARS = 4_000
 
 _OOM = re.compile(
-    r"MemoryError|Out of memory|out-of-memory|oom[-_ ]kill|OUT_OF_MEMORY|KILLED BY SIGNAL: 9|\(signal 9\)", re.IGNORECASE
+    r"MemoryError|Out of memory|out-of-memory|oom[-_ ]kill|OUT_OF_MEMORY|KILLED BY SIGNAL: 9|\(signal 9\)",
+    re.IGNORECASE,
 )
 _LAUNCH = re.compile(
     r"HYDU_create_process|unable to run proxy|HYD_spawn|execvp error|srun: error: Unable to create step|"
@@ -128,7 +129,9 @@ def classify(evidence: Evidence) -> Verdict:
             return Verdict(outcome, None, f"stopped before it was launched ({evidence.requested_stop.value})")
         if evidence.app_exception in _LOST_EXCEPTIONS:
             return Verdict(
-                Outcome.LOST_WORKER, None, f"Parsl lost the block running the task: {evidence.app_exception_text}"[:MAX_MESSAGE_CHARS]
+                Outcome.LOST_WORKER,
+                None,
+                f"Parsl lost the block running the task: {evidence.app_exception_text}"[:MAX_MESSAGE_CHARS],
             )
         what = evidence.app_exception or "no status"
         detail = _last_line(evidence.app_exception_text) or _last_line(tail)
@@ -145,10 +148,14 @@ def classify(evidence: Evidence) -> Verdict:
         outcome = _stop_outcome(status.get("cancel_reason"))
         return Verdict(outcome, exit_code, f"stopped by the worker ({status.get('cancel_reason', 'cancelled')})")
     if ending == Ending.ORPHANED.value:
-        return Verdict(Outcome.LOST_WORKER, exit_code, "the worker stopped touching the liveness file; the task ended itself")
+        return Verdict(
+            Outcome.LOST_WORKER, exit_code, "the worker stopped touching the liveness file; the task ended itself"
+        )
     if ending == Ending.SIGNALLED.value:
         return Verdict(
-            Outcome.LOST_WORKER, exit_code, f"the task runner got {status.get('signal', 'a signal')} (block or node ended)"
+            Outcome.LOST_WORKER,
+            exit_code,
+            f"the task runner got {status.get('signal', 'a signal')} (block or node ended)",
         )
     if ending == Ending.LAUNCH_ERROR.value:
         return Verdict(Outcome.LAUNCH_ERROR, exit_code, f"could not start the command: {status.get('error', '')}")
@@ -163,7 +170,9 @@ def classify(evidence: Evidence) -> Verdict:
     if _signal_of(exit_code) == 9 or _OOM.search(tail):
         return Verdict(Outcome.OOM, exit_code, f"out of memory (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS])
     if exit_code in (126, 127) or _LAUNCH.search(tail):
-        return Verdict(Outcome.LAUNCH_ERROR, exit_code, f"launch failed (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS])
+        return Verdict(
+            Outcome.LAUNCH_ERROR, exit_code, f"launch failed (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS]
+        )
     what = "bad input" if exit_code == BAD_INPUT_EXIT else "failed"
     return Verdict(Outcome.APP_ERROR, exit_code, f"{what} (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS])
 

@@ -46,7 +46,7 @@ def local_nodefile_text(host: str, slots: int) -> str:
 
 def block_init(site: SiteConfig, *, python: str, nodefile: Path | None) -> str:
     """Shell lines every block runs before its worker pool starts."""
-    lines = [f"export PATH={shlex.quote(str(Path(python).parent))}:\"$PATH\""]
+    lines = [f'export PATH={shlex.quote(str(Path(python).parent))}:"$PATH"']
     if isinstance(site.provider, LocalProviderSpec):
         if nodefile is None:
             raise ValueError("a local site needs a node file")

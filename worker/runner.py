@@ -214,9 +214,9 @@ def terminate_task(child: subprocess.Popen, marker: str, grace_s: float) -> int:
     while time.monotonic() < deadline:
         child.poll()
         targets = _alive(targets + _descendants(child.pid))
-        if child.returncode is not None and not targets and not _group_alive(pgid):
-            if not marked_processes(marker, exclude=own):
-                return 0
+        quiet = child.returncode is not None and not targets and not _group_alive(pgid)
+        if quiet and not marked_processes(marker, exclude=own):
+            return 0
         time.sleep(POLL_S)
     killed = 0
     for _ in range(50):  # new processes may appear while an MPI launcher tears down; sweep until quiet
@@ -320,7 +320,12 @@ def run(
     host = socket.gethostname()
     started_wall = time.time()
     started = time.monotonic()
-    base = {"host": host, "runner_pid": os.getpid(), "marker": marker, "scheduler_job_id": scheduler_job_id(dict(os.environ))}
+    base = {
+        "host": host,
+        "runner_pid": os.getpid(),
+        "marker": marker,
+        "scheduler_job_id": scheduler_job_id(dict(os.environ)),
+    }
 
     def finish(ending: Ending, exit_code: int | None, **extra: object) -> int:
         ended_wall = time.time()
@@ -403,7 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--walltime-s", required=True, type=float, help="wall-time limit from launch (s)")
     parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL grace (s)")
     parser.add_argument(
-        "--liveness-timeout-s", type=float, default=None, help="end the task when the liveness file stays unchanged this long"
+        "--liveness-timeout-s",
+        type=float,
+        default=None,
+        help="end the task when the liveness file stays unchanged this long",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     return parser

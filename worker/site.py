@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -49,7 +49,7 @@ class BlockCounts(SiteModel):
     worker_init: str = Field("", max_length=20_000, description="Shell lines run first in every block (modules, venv)")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "BlockCounts":
+    def _ordered(self) -> BlockCounts:
         if self.min_blocks > self.max_blocks:
             raise ValueError("min_blocks must not exceed max_blocks")
         if self.init_blocks > self.max_blocks:
@@ -109,7 +109,7 @@ class PBSProProviderSpec(BatchProviderSpec):
     select_options: str = Field("", max_length=2_000, description="Added to each select chunk, e.g. 'mpiprocs=64'")
 
 
-ProviderSpec = Annotated[Union[LocalProviderSpec, SlurmProviderSpec, PBSProProviderSpec], Field(discriminator="kind")]
+ProviderSpec = Annotated[LocalProviderSpec | SlurmProviderSpec | PBSProProviderSpec, Field(discriminator="kind")]
 
 
 class MpiSpec(SiteModel):
@@ -125,7 +125,10 @@ class ExecutorSpec(SiteModel):
     """Parsl ``MPIExecutor`` settings."""
 
     tasks_per_block: int | None = Field(
-        None, ge=1, le=100_000, description="Tasks at once in one block (default: max_tasks locally, nodes_per_block in batch)"
+        None,
+        ge=1,
+        le=100_000,
+        description="Tasks at once in one block (default: max_tasks locally, nodes_per_block in batch)",
     )
     heartbeat_period_s: int = Field(30, ge=1, le=3_600)
     heartbeat_threshold_s: int = Field(
@@ -135,7 +138,7 @@ class ExecutorSpec(SiteModel):
     strategy_period_s: float = Field(5.0, gt=0, le=3_600, description="How often Parsl decides to start or end blocks")
 
     @model_validator(mode="after")
-    def _threshold(self) -> "ExecutorSpec":
+    def _threshold(self) -> ExecutorSpec:
         if self.heartbeat_threshold_s <= self.heartbeat_period_s:
             raise ValueError("heartbeat_threshold_s must exceed heartbeat_period_s")
         return self
@@ -146,7 +149,10 @@ class RunnerSpec(SiteModel):
 
     kill_grace_s: float = Field(10.0, ge=0.1, le=600, description="SIGTERM to SIGKILL grace when a task is ended")
     liveness_timeout_s: float = Field(
-        120.0, ge=1, le=86_400, description="A task whose worker stopped touching its liveness file this long ends itself"
+        120.0,
+        ge=1,
+        le=86_400,
+        description="A task whose worker stopped touching its liveness file this long ends itself",
     )
     preprocess_walltime_s: float = Field(
         3_600.0,
@@ -161,7 +167,9 @@ class SiteConfig(SiteModel):
 
     name: str = Field(pattern=NAME_PATTERN, description="Site name: the service keys overlap plans by it")
     max_tasks: int = Field(1, ge=1, le=10_000, description="Tasks this worker runs at once (its claim capacity)")
-    data_dir: Path | None = Field(None, description="Plans, products, work folders; default <MAPCAMPAIGN_DATA_DIR>/sites/<name>")
+    data_dir: Path | None = Field(
+        None, description="Plans, products, work folders; default <MAPCAMPAIGN_DATA_DIR>/sites/<name>"
+    )
     sky_root: Path | None = Field(None, description="Folder that sky.kind = 'map' paths are relative to")
     python: str | None = Field(None, description="Python on the nodes that run tasks; default: the worker's own")
     provider: ProviderSpec
@@ -170,7 +178,7 @@ class SiteConfig(SiteModel):
     runner: RunnerSpec = Field(default_factory=RunnerSpec)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SiteConfig":
+    def _consistent(self) -> SiteConfig:
         if self.mpi.launcher == "srun" and self.provider.kind != "slurm":
             raise ValueError("mpi.launcher 'srun' needs provider.kind = 'slurm'")
         if self.max_tasks > self.tasks_per_block * self.provider.max_blocks:

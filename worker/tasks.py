@@ -162,7 +162,9 @@ class TaskRun:
             )
         if isinstance(self.task, RealizeTask) and (self.plan_file is None or not self.plan_file.is_file()):
             return Verdict(
-                Outcome.PLAN_REFUSED, None, f"plan refused: the plan file {self.task.plan.path!r} is missing at this site"
+                Outcome.PLAN_REFUSED,
+                None,
+                f"plan refused: the plan file {self.task.plan.path!r} is missing at this site",
             )
         return None
 
@@ -191,7 +193,11 @@ class TaskRun:
 
     def limits(self) -> RunnerLimits:
         runner = self.context.site.runner
-        walltime_s = runner.preprocess_walltime_s if isinstance(self.task, PreprocessTask) else self.task.spec.resources.walltime_s
+        walltime_s = (
+            runner.preprocess_walltime_s
+            if isinstance(self.task, PreprocessTask)
+            else self.task.spec.resources.walltime_s
+        )
         return RunnerLimits(
             walltime_s=walltime_s,
             grace_s=runner.kill_grace_s,
@@ -265,7 +271,9 @@ class TaskRun:
 
     def report_started(self) -> None:
         info = self.runner_info() or self.status() or {}
-        report = TaskStarted(host=str(info.get("host") or "")[:255] or None, scheduler_job_id=info.get("scheduler_job_id"))
+        report = TaskStarted(
+            host=str(info.get("host") or "")[:255] or None, scheduler_job_id=info.get("scheduler_job_id")
+        )
         self.context.client.started(self.task_id, report)
         self.started_reported = True
         log.info(
@@ -299,7 +307,6 @@ class TaskRun:
 
     def finish(self) -> dict[str, Any]:
         """Classify and report; return the task's timeline (wall-clock seconds since the epoch)."""
-        client = self.context.client
         verdict = self.verdict()
         timeline: dict[str, Any] = {
             "task_id": self.task_id,
@@ -372,23 +379,33 @@ class TaskRun:
         try:
             report = PlanReport.model_validate_json(self.report_file.read_text())
         except (OSError, ValidationError, ValueError) as error:
-            raise ReportProblem(f"preprocess exited 0 but its report {self.report_file} is missing or invalid: {error}") from None
+            raise ReportProblem(
+                f"preprocess exited 0 but its report {self.report_file} is missing or invalid: {error}"
+            ) from None
         if Path(report.path).resolve() != self.plan_file.resolve() or not self.plan_file.is_file():
             raise ReportProblem(f"preprocess reported plan {report.path}, expected {self.plan_file}")
         if self.plan_file.stat().st_size != report.size_bytes:
             raise ReportProblem(
                 f"plan {self.plan_file} has {self.plan_file.stat().st_size} bytes; the report says {report.size_bytes}"
             )
-        if isinstance(self.task, PreprocessTask) and (report.scan_key, report.ranks) != (self.task.scan_key, self.task.ranks):
+        if isinstance(self.task, PreprocessTask) and (report.scan_key, report.ranks) != (
+            self.task.scan_key,
+            self.task.ranks,
+        ):
             raise ReportProblem(
                 f"preprocess built a plan for scan key {report.scan_key[:12]} on {report.ranks} ranks; "
                 f"the task asked for {self.task.scan_key[:12]} on {self.task.ranks}"
             )
         built = PlanBuilt(
-            path=str(self.plan_file), checksum=report.checksum, size_bytes=report.size_bytes, build_time_s=report.build_time_s
+            path=str(self.plan_file),
+            checksum=report.checksum,
+            size_bytes=report.size_bytes,
+            build_time_s=report.build_time_s,
         )
         self.context.client.plan_built(self.task_id, built)
-        log.info("%s built %s (%d bytes, %.2f s)", self.describe(), self.plan_file.name, built.size_bytes, built.build_time_s)
+        log.info(
+            "%s built %s (%d bytes, %.2f s)", self.describe(), self.plan_file.name, built.size_bytes, built.build_time_s
+        )
         return {"build_time_s": built.build_time_s}
 
     def _invalidate_plan(self, reason: str) -> None:

@@ -20,7 +20,8 @@ def worker(
     token_file: Annotated[
         Path | None,
         typer.Option(
-            "--token-file", help="Worker token file [env MAPCAMPAIGN_TOKEN_FILE, default <data dir>/tokens/local-worker.token]"
+            "--token-file",
+            help="Worker token file [env MAPCAMPAIGN_TOKEN_FILE, default <data dir>/tokens/local-worker.token]",
         ),
     ] = None,
     name: Annotated[

@@ -190,7 +190,9 @@ def invalidate_plan(*, session: Session, plan_id: int, checksum: str, cause: str
         },
     )
     session.commit()
-    log.warning("plan %d (%s, %d ranks, site %s) invalidated: %s", plan.id, plan.scan_key[:12], plan.ranks, plan.site, cause)
+    log.warning(
+        "plan %d (%s, %d ranks, site %s) invalidated: %s", plan.id, plan.scan_key[:12], plan.ranks, plan.site, cause
+    )
     return plan
 
 

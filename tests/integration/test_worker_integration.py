@@ -64,7 +64,9 @@ def test_campaign_runs_end_to_end(make_live_service, tmp_path):
         for realization in api.realizations(campaign["id"]):
             assert realization["state"] == "succeeded"
             [attempt] = realization["attempt_history"]
-            assert attempt["exit_code"] == 0 and attempt["host"] and attempt["started_at"] and attempt["worker"] == "w-e2e"
+            assert (
+                attempt["exit_code"] == 0 and attempt["host"] and attempt["started_at"] and attempt["worker"] == "w-e2e"
+            )
             result = realization["result"]
             assert result["realization"] == realization["index"] and result["ranks"] == 2 and result["converged"]
             assert result["plan_checksum"]
@@ -74,7 +76,9 @@ def test_campaign_runs_end_to_end(make_live_service, tmp_path):
                 stored = products_root / str(realization["index"]) / product["path"]
                 assert stored.stat().st_size == product["size_bytes"] and sha256(stored) == product["sha256"]
             # The site's own copy: the attempt's folder, complete, with result.json.
-            site_copy = worker.site_data / "campaigns" / str(campaign["id"]) / "realizations" / str(realization["index"])
+            site_copy = (
+                worker.site_data / "campaigns" / str(campaign["id"]) / "realizations" / str(realization["index"])
+            )
             assert sorted(p.name for p in site_copy.iterdir()) == ["attempt-1"]
             assert (site_copy / "attempt-1" / "result.json").is_file()
 
@@ -99,7 +103,9 @@ def test_preprocessing_runs_once_and_plans_are_shared_by_scan_and_ranks(make_liv
     twenty = api.create(tiny_spec("twenty", realizations=20))
     # Same scan pattern and ranks, different noise, sky and seeds: the same plan.
     sibling = api.create(
-        tiny_spec("sibling", realizations=2, seed=99, **{"sky.seed": 5, "noise.net_k_sqrt_s": 300e-6, "noise.f_knee_hz": 0.05})
+        tiny_spec(
+            "sibling", realizations=2, seed=99, **{"sky.seed": 5, "noise.net_k_sqrt_s": 300e-6, "noise.f_knee_hz": 0.05}
+        )
     )
     finer = api.create(tiny_spec("nside 16", realizations=1, **{"pixelization.nside": 16}))  # another scan key
     one_rank = api.create(tiny_spec("one rank", realizations=1, **{"resources.ranks": 1}))  # another rank count
@@ -137,7 +143,9 @@ def test_killed_worker_its_tasks_end_and_another_worker_finishes(make_live_servi
         # Dead-man switch: the orphaned tasks end themselves, every rank included.
         assert wait_for_no_task_processes(first.marker_prefix, timeout=30) == []
         # Parsl's interchange dies with the worker (parent-death signal), the pool after its heartbeat threshold.
-        wait_for(lambda: not any(pid_alive(p.pid) for p in first.descendants), 60, "the killed worker's processes to end")
+        wait_for(
+            lambda: not any(pid_alive(p.pid) for p in first.descendants), 60, "the killed worker's processes to end"
+        )
 
         second = start_worker(service, site, "w-rescue")
         try:

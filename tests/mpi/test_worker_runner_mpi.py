@@ -38,7 +38,10 @@ def start_runner(workdir: Path, marker: str, command: list[str], **options: floa
     (workdir / "liveness").touch()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     return subprocess.Popen(
-        args + ["--", *command], env=env, stdout=open(workdir / "stdout.txt", "wb"), stderr=open(workdir / "stderr.txt", "wb")
+        args + ["--", *command],
+        env=env,
+        stdout=open(workdir / "stdout.txt", "wb"),
+        stderr=open(workdir / "stderr.txt", "wb"),
     )
 
 
@@ -78,7 +81,7 @@ def test_ranks_that_ignore_sigterm_get_sigkill_after_the_grace(tmp_path):
     runner = start_runner(tmp_path, marker, mpi(STUBBORN), walltime_s=60, grace_s=1)
     wait_ranks_up(tmp_path, runner, marker)
     write_cancel(tmp_path, CancelReason.CANCELLED)
-    code, status = finished(tmp_path, runner)
+    _, status = finished(tmp_path, runner)
     assert status["ending"] == "cancelled" and status["cancel_reason"] == "cancelled"
     assert wait_for_no_task_processes(marker, timeout=2) == []
 
@@ -88,7 +91,7 @@ def test_dead_man_switch_ends_an_orphaned_task(tmp_path):
     runner = start_runner(tmp_path, marker, mpi(SLEEPER), walltime_s=60, grace_s=1, liveness_timeout_s=4)
     wait_ranks_up(tmp_path, runner, marker)
     # Nobody touches the liveness file: within the timeout the task ends itself.
-    code, status = finished(tmp_path, runner, timeout=30)
+    _, status = finished(tmp_path, runner, timeout=30)
     assert status["ending"] == "orphaned"
     assert wait_for_no_task_processes(marker, timeout=2) == []
 
@@ -102,7 +105,7 @@ def test_touched_liveness_keeps_it_running_and_sigterm_to_the_runner_ends_the_ta
         time.sleep(0.2)
     assert runner.poll() is None
     runner.send_signal(signal.SIGTERM)
-    code, status = finished(tmp_path, runner)
+    _, status = finished(tmp_path, runner)
     assert status["ending"] == "signalled" and status["signal"] == "SIGTERM"
     assert wait_for_no_task_processes(marker, timeout=2) == []
 
@@ -115,7 +118,9 @@ def test_exit_status_passes_through_and_stragglers_are_swept(tmp_path):
 
     # A command that leaves a process of its own session behind and exits 0.
     straggler = f"{marker}-straggler"
-    runner = start_runner(tmp_path / "b", straggler, ["bash", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & exit 0"])
+    runner = start_runner(
+        tmp_path / "b", straggler, ["bash", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 & exit 0"]
+    )
     code, status = finished(tmp_path / "b", runner)
     assert (code, status["ending"], status["exit_code"], status["stragglers"]) == (0, "exited", 0, 1)
     assert wait_for_no_task_processes(straggler, timeout=2) == []
@@ -125,7 +130,7 @@ def test_cancelled_before_launch_and_launch_errors(tmp_path):
     (tmp_path / "a").mkdir()
     write_cancel(tmp_path / "a", CancelReason.DRAIN)
     runner = start_runner(tmp_path / "a", "test-never", ["sleep", "100"])
-    code, status = finished(tmp_path / "a", runner)
+    _, status = finished(tmp_path / "a", runner)
     assert status["ending"] == "cancelled" and status["cancel_reason"] == "drain" and status["launched"] is False
     assert not (tmp_path / "a" / "runner.json").exists()
 

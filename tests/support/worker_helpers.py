@@ -192,7 +192,9 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, *, worker:
         if value:
             return value
         if worker is not None and worker.process.poll() is not None:
-            raise AssertionError(f"worker exited ({worker.process.returncode}) while waiting for {what}:\n{worker.log_tail()}")
+            raise AssertionError(
+                f"worker exited ({worker.process.returncode}) while waiting for {what}:\n{worker.log_tail()}"
+            )
         if time.monotonic() > deadline:
             tail = f"\nworker log:\n{worker.log_tail()}" if worker is not None else ""
             raise AssertionError(f"timed out after {timeout} s waiting for {what}{tail}")
@@ -233,8 +235,12 @@ class Api:
     def state(self, campaign_id: int) -> str:
         return self.campaign(campaign_id)["state"]
 
-    def wait_state(self, campaign_id: int, states: set[str], timeout: float, worker: WorkerProcess | None = None) -> dict:
-        wait_for(lambda: self.state(campaign_id) in states, timeout, f"campaign {campaign_id} in {states}", worker=worker)
+    def wait_state(
+        self, campaign_id: int, states: set[str], timeout: float, worker: WorkerProcess | None = None
+    ) -> dict:
+        wait_for(
+            lambda: self.state(campaign_id) in states, timeout, f"campaign {campaign_id} in {states}", worker=worker
+        )
         return self.campaign(campaign_id)
 
     def close(self) -> None:

@@ -32,7 +32,9 @@ def test_realize_and_preprocess_arguments():
         "--spec", "/w/spec.json", "--realization", "7", "--out", "/d/attempt-2", "--threads", "4",
         "--plan", "/d/plans/p.plan", "--sky-root", "/skies",
     ]  # fmt: skip
-    plain = mapmaker_realize_args(PY, spec_file=Path("s"), realization=0, out=Path("o"), threads=1, plan_file=None, sky_root=None)
+    plain = mapmaker_realize_args(
+        PY, spec_file=Path("s"), realization=0, out=Path("o"), threads=1, plan_file=None, sky_root=None
+    )
     assert "--plan" not in plain and "--sky-root" not in plain
     assert mapmaker_preprocess_args(PY, spec_file=Path("s.json"), out=Path("p.plan"), report=Path("p.json"))[5:] == [
         "preprocess", "--spec", "s.json", "--out", "p.plan", "--report", "p.json",
@@ -65,7 +67,7 @@ def test_bash_command_quotes_everything_but_the_mpi_prefix(tmp_path):
     )  # fmt: skip
     words = done.stdout.splitlines()[0]
     assert "<--><mpiexec><-n><2><-ppn><2><-hosts><vm></venv/bin/python><-c><print('a b')>" in words
-    assert f"<{tmp_path / 'it' }" in words and "s here>" in words
+    assert f"<{tmp_path / 'it'}" in words and "s here>" in words
     assert done.stdout.splitlines()[1] == "3"
 
 

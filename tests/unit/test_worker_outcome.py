@@ -58,7 +58,9 @@ def test_classify(evidence, outcome, failure_class, exit_code):
 
 def test_messages_say_what_happened():
     assert "60.0 s" in classify(Evidence("realize", status("walltime", 15))).message
-    refused = classify(Evidence("realize", status("exited", 3), stderr_tail="x\nmapmaker realize: plan refused: checksum\n"))
+    refused = classify(
+        Evidence("realize", status("exited", 3), stderr_tail="x\nmapmaker realize: plan refused: checksum\n")
+    )
     assert refused.message == "plan refused: mapmaker realize: plan refused: checksum"
     crash = classify(Evidence("realize", status("exited", 1), stderr_tail="Traceback\nKeyError: 'x'\n\n===\n"))
     assert crash.message == "failed (exit code 1): KeyError: 'x'"

@@ -42,7 +42,8 @@ def test_environment_and_overrides(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "variable, value", [("MAPCAMPAIGN_SERVER", "svc:9000"), ("MAPCAMPAIGN_WORKER_POLL_S", "0"), ("MAPCAMPAIGN_WORKER_NAME", "a b")]
+    "variable, value",
+    [("MAPCAMPAIGN_SERVER", "svc:9000"), ("MAPCAMPAIGN_WORKER_POLL_S", "0"), ("MAPCAMPAIGN_WORKER_NAME", "a b")],
 )
 def test_nonsense_is_refused(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)

@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 SITES = REPO / "deploy" / "sites"
 
 
-@pytest.mark.parametrize("name, kind, launcher", [("local", "local", "mpiexec"), ("slurm", "slurm", "srun"), ("pbs", "pbspro", "mpiexec")])
+@pytest.mark.parametrize(
+    "name, kind, launcher", [("local", "local", "mpiexec"), ("slurm", "slurm", "srun"), ("pbs", "pbspro", "mpiexec")]
+)
 def test_bundled_site_files_load(name, kind, launcher):
     site = load_site(SITES / f"{name}.toml")
     assert site.provider.kind == kind and site.mpi.launcher == launcher
@@ -23,7 +25,9 @@ def test_bundled_site_files_load(name, kind, launcher):
 
 
 def test_local_defaults_and_relative_paths(tmp_path):
-    (tmp_path / "site.toml").write_text('name = "laptop"\ndata_dir = "sitedata"\nsky_root = "~/skies"\n[provider]\nkind = "local"\n')
+    (tmp_path / "site.toml").write_text(
+        'name = "laptop"\ndata_dir = "sitedata"\nsky_root = "~/skies"\n[provider]\nkind = "local"\n'
+    )
     site = load_site(tmp_path / "site.toml")
     assert site.data_dir == (tmp_path / "sitedata").resolve()
     assert site.sky_root == (Path.home() / "skies").resolve()
@@ -53,11 +57,19 @@ def test_default_site_data_is_beside_the_service_data_not_inside_its_products(tm
         ({"name": "x", "provider": {"kind": "local", "max_blocks": 2}}, "provider.max_blocks", "less than or equal"),
         ({"name": "x", "provider": {"kind": "local"}, "mpi": {"launcher": "srun"}}, "(file)", "srun"),
         ({"name": "x", "provider": {"kind": "local"}, "mpi": {"launcher": "aprun"}}, "mpi.launcher", "mpiexec"),
-        ({"name": "x", "max_tasks": 3, "provider": {"kind": "local"}, "executor": {"tasks_per_block": 2}}, "(file)", "max_tasks"),
+        (
+            {"name": "x", "max_tasks": 3, "provider": {"kind": "local"}, "executor": {"tasks_per_block": 2}},
+            "(file)",
+            "max_tasks",
+        ),
         ({"name": "x", "max_tasks": 2, "provider": {"kind": "slurm", "nodes_per_block": 1}}, "(file)", "max_tasks"),
         ({"name": "x", "provider": {"kind": "local"}, "runner": {"kill_grace_s": 0}}, "runner.kill_grace_s", "greater"),
         (
-            {"name": "x", "provider": {"kind": "local"}, "executor": {"heartbeat_period_s": 60, "heartbeat_threshold_s": 30}},
+            {
+                "name": "x",
+                "provider": {"kind": "local"},
+                "executor": {"heartbeat_period_s": 60, "heartbeat_threshold_s": 30},
+            },
             "executor",
             "heartbeat_threshold_s",
         ),
@@ -83,13 +95,13 @@ def test_cli_refuses_a_bad_site_file_with_exit_2(tmp_path):
     bad = tmp_path / "site.toml"
     bad.write_text('name = "x"\n[provider]\nkind = "slurm"\nwalltime = "soon"\n')
     command = [sys.executable, "-c", "from service.cli import main; main()", "worker", "--site", str(bad)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
     assert done.returncode == 2, done.stderr
     assert "provider.walltime" in done.stderr and "HH:MM:SS" in done.stderr
     missing_token = tmp_path / "ok.toml"
     missing_token.write_text('name = "x"\n[provider]\nkind = "local"\n')
     done = subprocess.run(
         command[:-1] + [str(missing_token), "--token-file", str(tmp_path / "none.token")],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "worker token file" in done.stderr and "token create" in done.stderr
