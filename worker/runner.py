@@ -23,9 +23,9 @@ What it does:
    in its environment. MPICH's ``hydra_pmi_proxy`` and the ranks it starts
    each call ``setsid``, so neither the process group nor the parent chain
    finds every rank; the inherited marker does.
-3. It watches, every 0.1 s: the command's exit; the wall-time deadline
-   (counted from the launch on this node, not from the claim); the cancel
-   file; the liveness file, whose modification time must change at least once
+3. It watches, every 0.1 s, the command's exit and the wall-time deadline
+   (counted from the launch on this node, not from the claim); every second
+   the cancel file and the liveness file, whose modification time must change at least once
    every ``--liveness-timeout-s`` (a dead-man switch: when the worker dies,
    its orphaned tasks end themselves instead of running on); and SIGTERM,
    SIGINT or SIGHUP sent to the runner itself (a scheduler ending the block).
@@ -34,9 +34,10 @@ What it does:
 4. To end a task it sends SIGTERM to the command's process group and to
    every process of the task (descendants and marked processes), waits
    ``--grace-s``, then SIGKILLs whatever is left, and repeats the sweep until
-   nothing marked survives. ``mpiexec`` and ``srun`` get the SIGTERM first so
-   they can take down ranks on other nodes. Marked processes left behind by
-   a command that exited by itself are swept the same way.
+   nothing marked survives. ``mpiexec`` and ``srun`` get the SIGTERM with the
+   rest and take down the ranks on other nodes, which the runner cannot see.
+   Marked processes left behind by a command that exited by itself are swept
+   the same way.
 5. It writes ``status.json`` atomically and exits with the command's exit
    status (128 + signal when it was killed).
 
@@ -68,7 +69,8 @@ STATUS_FILE = "status.json"
 STDOUT_FILE = "stdout.txt"
 STDERR_FILE = "stderr.txt"
 
-POLL_S = 0.1
+POLL_S = 0.1  # how often the command's exit and the deadline are checked
+FILE_POLL_S = 1.0  # how often the cancel and liveness files are looked at (metadata load on shared file systems)
 # Scheduler variables naming the batch job the task runs in (the block), in order of preference.
 SCHEDULER_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID", "FLUX_JOB_ID")
 
@@ -368,19 +370,24 @@ def run(
     deadline = started + walltime_s
     ending: Ending | None = None
     extra: dict[str, object] = {}
+    next_file_check = time.monotonic() + FILE_POLL_S
     while True:
         try:
             child.wait(timeout=POLL_S)
             break
         except subprocess.TimeoutExpired:
             pass
+        now = time.monotonic()
+        look_at_files = now >= next_file_check
+        if look_at_files:
+            next_file_check = now + FILE_POLL_S
         if signals.received is not None:
             ending, extra = Ending.SIGNALLED, {"signal": signal.Signals(signals.received).name}
-        elif time.monotonic() >= deadline:
+        elif now >= deadline:
             ending = Ending.WALLTIME
-        elif (reason := read_cancel(workdir)) is not None:
+        elif look_at_files and (reason := read_cancel(workdir)) is not None:
             ending, extra = Ending.CANCELLED, {"cancel_reason": reason}
-        elif liveness is not None and liveness.stale():
+        elif look_at_files and liveness is not None and liveness.stale():
             ending = Ending.ORPHANED
         if ending is not None:
             print(

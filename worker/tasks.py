@@ -266,8 +266,10 @@ class TaskRun:
         if self.stop_reason is None or reason is CancelReason.LOST:
             self.stop_reason = reason
         self.stop_requested_at = self.stop_requested_at or time.monotonic()
-        if self.workdir.exists():
+        try:
             write_cancel(self.workdir, reason)
+        except OSError:  # the work folder is gone: the task was reported and tidied meanwhile
+            pass
 
     def report_started(self) -> None:
         info = self.runner_info() or self.status() or {}
