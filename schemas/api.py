@@ -333,6 +333,18 @@ class TaskFailed(ApiModel):
     message: str | None = Field(None, max_length=4_000, description="One line for people: what went wrong")
 
 
+class PlanInvalid(ApiModel):
+    """A worker found a ready plan unusable (the map-maker refused it, or its file is gone): build it again.
+
+    Only a worker holding a realize task that uses the plan may say so; a plan
+    rebuilt since (another checksum) is left alone.
+    """
+
+    task_id: str = Field(max_length=64, description="The realize task (held by the caller) that was given the plan")
+    checksum: str = Field(min_length=1, max_length=200, description="Checksum of the plan that was refused")
+    reason: str = Field("", max_length=4_000, description="What was wrong, e.g. the map-maker's refusal message")
+
+
 class TaskAnswer(ApiModel):
     """What a report changed."""
 

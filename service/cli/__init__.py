@@ -11,6 +11,7 @@ from service.cli import db as db_commands
 from service.cli import products as products_commands
 from service.cli import serve as serve_commands
 from service.cli import token as token_commands
+from service.cli import worker as worker_commands
 
 app = typer.Typer(
     name="mapcampaign",
@@ -23,6 +24,7 @@ app.command("serve")(serve_commands.serve)
 app.add_typer(db_commands.app, name="db")
 app.add_typer(token_commands.app, name="token")
 app.command("products")(products_commands.products)
+app.command("worker")(worker_commands.worker)
 
 
 def main() -> None:

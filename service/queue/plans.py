@@ -157,6 +157,45 @@ def report_built(*, session: Session, plan: PreprocessingPlan, report: PlanBuilt
     session.commit()
 
 
+def invalidate_plan(*, session: Session, plan_id: int, checksum: str, cause: str) -> PreprocessingPlan:
+    """A worker refused the ready plan ``checksum``: mark it failed so the next claim builds it again; commit.
+
+    The build had succeeded, so the rebuild gets a fresh build budget. A plan
+    that is no longer ready with that checksum (invalidated already, being
+    rebuilt, rebuilt) is left as it is: the call is idempotent.
+    """
+    plan = session.scalar(select(PreprocessingPlan).where(PreprocessingPlan.id == plan_id).with_for_update())
+    if plan is None:
+        raise PlanNotFound(f"plan {plan_id} not found")
+    if plan.state != "ready" or plan.checksum != checksum:
+        session.rollback()
+        return plan
+    plan.state = "failed"
+    plan.last_error = cause[-4_000:]
+    plan.failed_at = utcnow()
+    plan.build_attempts = 0
+    plan.lease_holder_id = None
+    plan.lease_expires_at = None
+    record_event(
+        session,
+        "plan",
+        state="failed",
+        plan_id=plan.id,
+        data={
+            "scan_key": plan.scan_key,
+            "ranks": plan.ranks,
+            "site": plan.site,
+            "invalidated": True,
+            "error": plan.last_error[-500:],
+        },
+    )
+    session.commit()
+    log.warning(
+        "plan %d (%s, %d ranks, site %s) invalidated: %s", plan.id, plan.scan_key[:12], plan.ranks, plan.site, cause
+    )
+    return plan
+
+
 def report_build_failed(
     *, database: Database, session: Session, plan: PreprocessingPlan, cause: str, max_builds: int
 ) -> None:

@@ -93,6 +93,52 @@ def hold_attempt(*, session: Session, task_id: str, principal: Principal, for_re
     return HeldAttempt(attempt=attempt, realization=realization, campaign=campaign, worker=worker)
 
 
+def check_plan_user(*, session: Session, task_id: str, principal: Principal, plan_id: int) -> Worker:
+    """The caller holds realize task ``task_id``, whose attempt was given plan ``plan_id``; return its worker.
+
+    A read, without row locks: it only decides who may invalidate a plan, and
+    a task that ends meanwhile does not make the plan any better.
+    """
+    kind, attempt_id, _ = _parse(task_id)
+    if kind != "realize":
+        raise WrongTaskKind(f"task {task_id} is a preprocess task; only a realize task can refuse a plan")
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise TaskNotFound(f"task {task_id} not found (its campaign may have been deleted)")
+    worker = _check_token(session.get(Worker, attempt.worker_id) if attempt.worker_id else None, principal, task_id)
+    realization = session.get(Realization, attempt.realization_id)
+    if realization is None or realization.current_attempt_id != attempt.id or attempt.ended_at is not None:
+        raise LeaseLost(f"task {task_id} is no longer this worker's")
+    if attempt.plan_id != plan_id:
+        raise ResultMismatch(f"task {task_id} was given plan {attempt.plan_id}, not plan {plan_id}")
+    return worker
+
+
+def record_cancelled_exit(*, session: Session, task_id: str, principal: Principal, report: TaskFailed) -> str | None:
+    """The worker's report on an attempt the service itself ended as cancelled: keep its exit code and log tail.
+
+    Returns the realisation's state when the report was such a one (recorded once;
+    a repeat changes nothing), else None.
+    """
+    kind, attempt_id, _ = _parse(task_id)
+    if kind != "realize" or report.failure_class != "cancelled":
+        return None
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None or attempt.ended_at is None or attempt.failure_class != "cancelled":
+        return None
+    _check_token(session.get(Worker, attempt.worker_id) if attempt.worker_id else None, principal, task_id)
+    if attempt.exit_code is None and attempt.log_tail is None:
+        session.execute(
+            update(Attempt)
+            .where(Attempt.id == attempt.id, Attempt.exit_code.is_(None), Attempt.log_tail.is_(None))
+            .values(exit_code=report.exit_code, log_tail=report.log_tail or None)
+            .execution_options(synchronize_session=False)
+        )
+    state = session.scalar(select(Realization.state).where(Realization.id == attempt.realization_id))
+    session.commit()
+    return state or "cancelled"
+
+
 def report_started(
     *, session: Session, task_id: str, principal: Principal, report: TaskStarted, settings: Settings
 ) -> str:
@@ -192,6 +238,9 @@ def report_failed(
             database=database, session=session, plan=plan, cause=cause, max_builds=settings.max_plan_builds
         )
         return "failed"
+    recorded = record_cancelled_exit(session=session, task_id=task_id, principal=principal, report=report)
+    if recorded is not None:
+        return recorded
     held = hold_attempt(session=session, task_id=task_id, principal=principal)
     end_attempt(
         session=session,

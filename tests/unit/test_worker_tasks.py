@@ -1,0 +1,194 @@
+"""One task from its work folder to its report, with a recording client in place of the service."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from schemas.api import PlanRef, RealizeTask
+from schemas.spec import CampaignSpec
+from tests.support.service_helpers import result_for
+from tests.support.worker_helpers import tiny_spec
+from worker.client import TaskGone
+from worker.layout import SiteLayout
+from worker.outcome import Outcome
+from worker.runner import STATUS_FILE, CancelReason
+from worker.site import parse_site
+from worker.tasks import TaskContext, TaskRun
+
+
+class RecordingClient:
+    def __init__(self, gone: set[str] = frozenset()):
+        self.calls: list[tuple] = []
+        self.gone = gone
+
+    def _call(self, *call):
+        self.calls.append(call)
+        if call[0] in self.gone:
+            raise TaskGone(f"{call[0]}: 409", status=409)
+
+    def started(self, task_id, report):
+        self._call("started", task_id, report.host)
+
+    def upload(self, task_id, name, path, sha256):
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha256
+        self._call("upload", task_id, name)
+
+    def succeeded(self, task_id, result):
+        self._call("succeeded", task_id, result.realization)
+
+    def failed(self, task_id, report):
+        self._call("failed", task_id, report.failure_class, report.exit_code, report.message, report.log_tail)
+
+    def plan_invalid(self, plan_id, report):
+        self._call("plan_invalid", plan_id, report.task_id, report.checksum)
+
+
+def make_run(
+    tmp_path: Path, client: RecordingClient, *, attempt: int = 2, plan_exists: bool = True, **changes
+) -> TaskRun:
+    site = parse_site({"name": "local", "max_tasks": 1, "provider": {"kind": "local"}})
+    layout = SiteLayout(tmp_path / "site")
+    layout.create()
+    plan = layout.plans / "p.plan"
+    if plan_exists:
+        plan.write_bytes(b"plan")
+    spec = CampaignSpec.model_validate(tiny_spec(**changes))
+    task = RealizeTask(
+        task_id="realize-5",
+        attempt_id=5,
+        campaign_id=1,
+        realization=0,
+        attempt=attempt,
+        spec=spec,
+        plan=PlanRef(id=3, path=str(plan), checksum="sha:plan"),
+        lease_expires_at=datetime.now(UTC),
+    )
+    context = TaskContext(
+        site=site, layout=layout, python="/venv/bin/python", marker_prefix="local:w:run", client=client
+    )
+    return TaskRun(task, context)
+
+
+def finish_with(run: TaskRun, ending: str, exit_code: int | None, stderr: str = "", **extra) -> dict:
+    (run.workdir / "runner.json").write_text(json.dumps({"host": "node7", "launched_at": 1.0}))
+    (run.workdir / "stderr.txt").write_text(stderr)
+    status = {"ending": ending, "exit_code": exit_code, "launched_at": 1.0, "ended_at": 2.0, "walltime_s": 300.0}
+    (run.workdir / STATUS_FILE).write_text(json.dumps({**status, **extra}))
+    assert run.ended()
+    return run.finish()
+
+
+def write_products(run: TaskRun, *, corrupt: bool = False) -> None:
+    run.out.mkdir(parents=True)
+    products = []
+    for name in ("map_iqu.fits", "hits.fits"):
+        payload = name.encode() * 10
+        (run.out / name).write_bytes(payload)
+        digest = hashlib.sha256(payload).hexdigest()
+        products.append({"name": name.split(".")[0], "path": name, "sha256": digest, "size_bytes": len(payload)})
+    if corrupt:
+        (run.out / "hits.fits").write_bytes(b"x" * products[1]["size_bytes"])
+    result = result_for(run.task.spec.model_dump(mode="json"), 0, products)
+    (run.out / "result.json").write_text(json.dumps(result))
+
+
+def test_prepare_makes_a_fresh_work_folder_and_clears_a_stale_product_folder(tmp_path):
+    run = make_run(tmp_path, RecordingClient())
+    run.out.mkdir(parents=True)
+    (run.out / "result.json").write_text("{}")  # left by an earlier incarnation of this attempt
+    run.workdir.mkdir(parents=True)
+    (run.workdir / "status.json").write_text("{}")
+    run.prepare()
+    assert not run.out.exists() and run.out.parent.is_dir()
+    assert sorted(p.name for p in run.workdir.iterdir()) == ["liveness", "spec.json"]
+    assert CampaignSpec.model_validate_json((run.workdir / "spec.json").read_text()) == run.task.spec
+    command = run.command()
+    assert "--plan" in command and str(run.task.plan.path) in command and "--threads 1" in command
+    assert "--marker local:w:run:realize-5 --walltime-s 300" in command
+    assert run.resource_specification() == {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
+
+
+def test_prechecks(tmp_path):
+    too_wide = make_run(tmp_path / "a", RecordingClient(), **{"resources.ranks": 4, "resources.ranks_per_node": 2})
+    verdict = too_wide.precheck()
+    assert verdict.outcome is Outcome.LAUNCH_ERROR and "needs 2 nodes" in verdict.message
+    no_plan = make_run(tmp_path / "b", RecordingClient(), plan_exists=False)
+    assert no_plan.precheck().outcome is Outcome.PLAN_REFUSED
+    assert make_run(tmp_path / "c", RecordingClient()).precheck() is None
+
+
+def test_success_uploads_every_product_then_reports_and_tidies(tmp_path):
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    old = run.out.with_name("attempt-1")
+    old.mkdir()
+    partial = run.out.with_name(".attempt-1.partial-abc")
+    partial.mkdir()
+    write_products(run)
+    timeline = finish_with(run, "exited", 0)
+    assert client.calls == [
+        ("started", "realize-5", "node7"),
+        ("upload", "realize-5", "map_iqu.fits"),
+        ("upload", "realize-5", "hits.fits"),
+        ("succeeded", "realize-5", 0),
+    ]
+    assert timeline["outcome"] == "succeeded" and timeline["launched_at"] == 1.0 and timeline["exited_at"] == 2.0
+    assert not old.exists() and not partial.exists() and run.out.is_dir()  # earlier attempts' folders go
+    assert not run.workdir.exists()  # the work folder of a succeeded task goes
+
+
+def test_a_product_that_does_not_match_result_json_is_an_app_error(tmp_path):
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    write_products(run, corrupt=True)
+    finish_with(run, "exited", 0)
+    [failed] = [call for call in client.calls if call[0] == "failed"]
+    assert failed[2:4] == ("app_error", 0) and "does not match" in failed[4]
+    assert not any(call[0] in ("upload", "succeeded") for call in client.calls)
+    assert run.workdir.is_dir()  # kept for a look
+
+
+def test_refused_plan_is_invalidated_before_the_failure_report(tmp_path):
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    finish_with(run, "exited", 3, stderr="mapmaker realize: plan refused: section 2 checksum mismatch\n")
+    assert [call[0] for call in client.calls] == ["started", "plan_invalid", "failed"]
+    assert client.calls[1] == ("plan_invalid", 3, "realize-5", "sha:plan")
+    assert client.calls[2][2:4] == ("app_error", 3) and "section 2 checksum mismatch" in client.calls[2][5]
+
+
+def test_walltime_failure_reports_class_exit_code_and_log_tail(tmp_path):
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    partial = run.out.with_name(f".{run.out.name}.partial-xyz")
+    partial.mkdir()
+    stderr = "".join(f"iteration {i}\n" for i in range(150)) + "worker.runner: walltime: ending every process\n"
+    finish_with(run, "walltime", -15, stderr=stderr)
+    [failed] = [call for call in client.calls if call[0] == "failed"]
+    assert failed[2:4] == ("walltime", -15)
+    assert len(failed[5].splitlines()) == 100 and failed[5].endswith("ending every process")
+    assert not partial.exists()  # every process of the attempt is gone: its temporary folder is garbage
+
+
+@pytest.mark.parametrize(
+    "reason, reported",
+    [(CancelReason.CANCELLED, "cancelled"), (CancelReason.DRAIN, "lost_worker"), (CancelReason.LOST, None)],
+)
+def test_stopped_tasks(tmp_path, reason, reported):
+    client = RecordingClient(gone={"failed"})
+    run = make_run(tmp_path, client)
+    run.prepare()
+    run.request_stop(reason)
+    assert (run.workdir / "cancel").read_text().strip() == reason.value
+    finish_with(run, "cancelled", -15, cancel_reason=reason.value)
+    failed = [call for call in client.calls if call[0] == "failed"]
+    assert [call[2] for call in failed] == ([reported] if reported else [])  # a 409 answer is fine

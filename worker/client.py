@@ -1,0 +1,158 @@
+"""The service's worker protocol over HTTP (``schemas.api`` models in and out).
+
+Connection errors and 502/503/504 answers are retried with backoff for up to
+``retry_s`` seconds; other errors raise :class:`ServiceError` at once. A 409
+is :class:`TaskGone`: the task is no longer this worker's (lease expired and
+reaped, campaign cancelled, result already accepted), so a report about it
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from schemas.api import (
+    ARTIFACT_SHA256_HEADER,
+    ClaimAnswer,
+    ClaimRequest,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+    PlanBuilt,
+    PlanInvalid,
+    TaskFailed,
+    TaskStarted,
+    TaskSucceeded,
+    WorkerInfo,
+    WorkerRegistration,
+)
+from schemas.result import RealizationResult
+
+log = logging.getLogger("mapcampaign.worker")
+
+_RETRY_STATUS = {502, 503, 504}
+
+
+class ServiceError(Exception):
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class TaskGone(ServiceError):
+    """409: the task is no longer this worker's; nothing to report any more."""
+
+
+class NotAuthorized(ServiceError):
+    """401/403: the token is wrong, or not a worker token."""
+
+
+def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while chunk := handle.read(size):
+            yield chunk
+
+
+class ServiceClient:
+    def __init__(self, api_url: str, token: str, *, timeout_s: float = 30.0, retry_s: float = 60.0):
+        self.api_url = api_url.rstrip("/")
+        self.retry_s = retry_s
+        self._http = httpx.Client(
+            base_url=self.api_url,
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "mapcampaign-worker"},
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ------------------------------------------------------------------ transport
+
+    def _request(self, method: str, path: str, *, retry_s: float | None = None, **kwargs: Any) -> httpx.Response:
+        give_up = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        pause = 0.2
+        while True:
+            body = kwargs.get("content")
+            if callable(body):  # a fresh stream for every try
+                kwargs = {**kwargs, "content": body()}
+            try:
+                answer = self._http.request(method, path, **{**kwargs, "content": kwargs.get("content")})
+            except httpx.TransportError as error:
+                problem = f"{type(error).__name__}: {error}"
+            else:
+                if answer.status_code not in _RETRY_STATUS:
+                    return self._checked(answer, method, path)
+                problem = f"HTTP {answer.status_code}"
+            if time.monotonic() + pause > give_up:
+                raise ServiceError(f"{method} {path}: the service did not answer ({problem})")
+            log.warning("%s %s: %s; trying again in %.1f s", method, path, problem, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 10.0)
+
+    @staticmethod
+    def _checked(answer: httpx.Response, method: str, path: str) -> httpx.Response:
+        if answer.status_code < 400:
+            return answer
+        try:
+            body = answer.json()
+            detail, code = body.get("detail"), body.get("code")
+        except ValueError:
+            detail, code = answer.text[:500], None
+        message = f"{method} {path}: HTTP {answer.status_code}: {detail}"
+        if answer.status_code == 409:
+            raise TaskGone(message, status=409, code=code)
+        if answer.status_code in (401, 403):
+            raise NotAuthorized(message, status=answer.status_code, code=code)
+        raise ServiceError(message, status=answer.status_code, code=code)
+
+    def _post(self, path: str, model: Any | None = None, **kwargs: Any) -> httpx.Response:
+        payload = model.model_dump(mode="json") if model is not None else None
+        return self._request("POST", path, json=payload, **kwargs)
+
+    # ------------------------------------------------------------------ protocol
+
+    def register(self, registration: WorkerRegistration, *, retry_s: float | None = None) -> WorkerInfo:
+        return WorkerInfo.model_validate(self._post("/workers", registration, retry_s=retry_s).json())
+
+    def claim(self, worker_id: int, max_tasks: int) -> ClaimAnswer:
+        answer = self._post(f"/workers/{worker_id}/claim", ClaimRequest(max_tasks=max_tasks), retry_s=0)
+        return ClaimAnswer.model_validate(answer.json())
+
+    def heartbeat(self, worker_id: int, running: list[str]) -> HeartbeatAnswer:
+        answer = self._post(f"/workers/{worker_id}/heartbeat", HeartbeatRequest(running=running), retry_s=0)
+        return HeartbeatAnswer.model_validate(answer.json())
+
+    def started(self, task_id: str, report: TaskStarted) -> None:
+        self._post(f"/tasks/{task_id}/started", report)
+
+    def upload(self, task_id: str, name: str, path: Path, sha256: str) -> None:
+        """PUT one product file, streamed in 1 MiB pieces, with its SHA-256 for the service to check."""
+        size = path.stat().st_size
+        self._request(
+            "PUT",
+            f"/tasks/{task_id}/artifacts/{name}",
+            content=lambda: _file_chunks(path),
+            headers={
+                ARTIFACT_SHA256_HEADER: sha256,
+                "Content-Type": "application/octet-stream",
+                "Content-Length": str(size),
+            },
+        )
+
+    def succeeded(self, task_id: str, result: RealizationResult) -> None:
+        self._post(f"/tasks/{task_id}/succeeded", TaskSucceeded(result=result))
+
+    def plan_built(self, task_id: str, report: PlanBuilt) -> None:
+        self._post(f"/tasks/{task_id}/plan-built", report)
+
+    def failed(self, task_id: str, report: TaskFailed) -> None:
+        self._post(f"/tasks/{task_id}/failed", report)
+
+    def plan_invalid(self, plan_id: int, report: PlanInvalid) -> None:
+        self._post(f"/plans/{plan_id}/invalid", report)

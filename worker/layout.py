@@ -1,0 +1,65 @@
+"""The site data folder: where a site keeps plans, products and the work folders of tasks.
+
+::
+
+    <site data>/                       default <MAPCAMPAIGN_DATA_DIR>/sites/<site name>/
+        plans/<scan key[:16]>-r<ranks>-p<plan id>-b<build>.plan
+        plans/<...>.report.json        the preprocess report beside its plan
+        campaigns/<id>/realizations/<n>/attempt-<k>/   products of attempt k (map-maker --out)
+        work/<task id>/                spec, runner files, stdout/stderr of one task
+        parsl/<worker name>/           Parsl's run folder (logs, submit scripts) and the local node file
+
+The service keeps uploaded products under its own data folder
+(``<MAPCAMPAIGN_DATA_DIR>/campaigns/...``); the default site folder is beside it
+under ``sites/``, so the two never collide. Every attempt writes its own
+product folder, and the map-maker creates it by renaming a hidden temporary
+folder at the very end, so a killed attempt never leaves a folder that looks
+complete and never touches another attempt's products.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from worker.site import SiteConfig
+
+
+@dataclass(frozen=True)
+class SiteLayout:
+    root: Path
+
+    @classmethod
+    def for_site(cls, site: SiteConfig, data_dir: Path) -> SiteLayout:
+        return cls((site.data_dir or data_dir / "sites" / site.name).resolve())
+
+    @property
+    def plans(self) -> Path:
+        return self.root / "plans"
+
+    @property
+    def campaigns(self) -> Path:
+        return self.root / "campaigns"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    def parsl_dir(self, worker_name: str) -> Path:
+        return self.root / "parsl" / worker_name
+
+    def plan_file(self, *, scan_key: str, ranks: int, plan_id: int, build: int) -> Path:
+        return self.plans / f"{scan_key[:16]}-r{ranks}-p{plan_id}-b{build}.plan"
+
+    def realization_dir(self, campaign_id: int, index: int) -> Path:
+        return self.campaigns / str(campaign_id) / "realizations" / str(index)
+
+    def product_dir(self, campaign_id: int, index: int, attempt: int) -> Path:
+        return self.realization_dir(campaign_id, index) / f"attempt-{attempt}"
+
+    def work_dir(self, task_id: str) -> Path:
+        return self.work / task_id
+
+    def create(self) -> None:
+        for folder in (self.plans, self.campaigns, self.work):
+            folder.mkdir(parents=True, exist_ok=True)

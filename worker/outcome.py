@@ -1,0 +1,183 @@
+"""How a task ended: one enum, :class:`Outcome`, and the pure function that decides it, :func:`classify`.
+
+The evidence, in order of trust:
+
+1. ``status.json`` from :mod:`worker.runner` (how the task ended, the command's exit code);
+2. the Parsl future's exception, when the runner never wrote a status (``ManagerLost``:
+   the block or its node went away; anything else: the task could not be launched);
+3. what the worker itself asked for (cancel file) when the runner never started;
+4. the tail of the task's stderr, for the out-of-memory and launch-failure signatures.
+
+=========================  =====================================================  ==================
+outcome                    when                                                   reported as
+=========================  =====================================================  ==================
+``succeeded``              the command exited 0                                   succeeded / plan-built
+``app_error``              it exited non-zero (2: bad input; 1: crash)            ``app_error``
+``plan_refused``           ``realize`` exited 3: the plan does not match or is    ``app_error`` (and the
+                           corrupted                                              plan is invalidated)
+``walltime``               the runner killed it at ``resources.walltime_s``       ``walltime``
+``oom``                    a rank was SIGKILLed by someone else (the kernel's     ``oom``
+                           OOM killer), or Python raised MemoryError
+``launch_error``           the runner or the MPI launcher could not start it      ``launch_error``
+                           (exit 126/127, Hydra/srun launch errors, Parsl refused)
+``lost_worker``            the worker or the block went away: orphaned (dead-man  ``lost_worker``
+                           switch), runner signalled by the scheduler, drained on
+                           SIGTERM, Parsl lost the manager
+``cancelled``              the service said cancel (campaign cancelled)           ``cancelled``
+``dropped``                the service gave the task to someone else              (nothing)
+=========================  =====================================================  ==================
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from worker.runner import CancelReason, Ending
+
+PLAN_REFUSED_EXIT = 3
+BAD_INPUT_EXIT = 2
+LOG_TAIL_LINES = 100
+MAX_LOG_TAIL_CHARS = 65_536
+MAX_MESSAGE_CHARS = 4_000
+
+_OOM = re.compile(
+    r"MemoryError|Out of memory|out-of-memory|oom[-_ ]kill|OUT_OF_MEMORY|KILLED BY SIGNAL: 9|\(signal 9\)",
+    re.IGNORECASE,
+)
+_LAUNCH = re.compile(
+    r"HYDU_create_process|unable to run proxy|HYD_spawn|execvp error|srun: error: Unable to create step|"
+    r"srun: error: .*(?:invalid|Unable to allocate)|No such file or directory.*mpiexec",
+    re.IGNORECASE,
+)
+_LOST_EXCEPTIONS = {"ManagerLost", "WorkerLost"}
+
+
+class Outcome(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    APP_ERROR = "app_error"
+    PLAN_REFUSED = "plan_refused"
+    WALLTIME = "walltime"
+    OOM = "oom"
+    LAUNCH_ERROR = "launch_error"
+    LOST_WORKER = "lost_worker"
+    CANCELLED = "cancelled"
+    DROPPED = "dropped"
+
+    @property
+    def failure_class(self) -> str | None:
+        """The service's failure class (``schemas.api.FailureClass``); None for succeeded and dropped."""
+        if self in (Outcome.SUCCEEDED, Outcome.DROPPED):
+            return None
+        if self is Outcome.PLAN_REFUSED:
+            return "app_error"
+        return self.value
+
+
+@dataclass(frozen=True)
+class Evidence:
+    kind: Literal["preprocess", "realize"]
+    status: dict | None = None  # status.json, when the runner wrote one
+    app_exception: str | None = None  # class name of the Parsl future's exception
+    app_exception_text: str = ""
+    stderr_tail: str = ""
+    requested_stop: CancelReason | None = None  # what the worker asked for through the cancel file
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    exit_code: int | None
+    message: str
+
+
+def _last_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        if line.strip() and not set(line.strip()) <= {"=", "-"}:
+            return line.strip()
+    return ""
+
+
+def _stop_outcome(reason: CancelReason | str | None) -> Outcome:
+    reason = CancelReason(reason) if reason in {r.value for r in CancelReason} else CancelReason.CANCELLED
+    return {
+        CancelReason.CANCELLED: Outcome.CANCELLED,
+        CancelReason.DRAIN: Outcome.LOST_WORKER,
+        CancelReason.LOST: Outcome.DROPPED,
+    }[reason]
+
+
+def _signal_of(exit_code: int | None) -> int | None:
+    if exit_code is None:
+        return None
+    if exit_code < 0:
+        return -exit_code
+    if exit_code > 128:
+        return exit_code - 128
+    return None
+
+
+def classify(evidence: Evidence) -> Verdict:
+    """Decide how a task ended from what the runner, Parsl and the worker recorded."""
+    status = evidence.status
+    tail = evidence.stderr_tail
+    if status is None:
+        if evidence.requested_stop is not None:
+            outcome = _stop_outcome(evidence.requested_stop)
+            return Verdict(outcome, None, f"stopped before it was launched ({evidence.requested_stop.value})")
+        if evidence.app_exception in _LOST_EXCEPTIONS:
+            return Verdict(
+                Outcome.LOST_WORKER,
+                None,
+                f"Parsl lost the block running the task: {evidence.app_exception_text}"[:MAX_MESSAGE_CHARS],
+            )
+        what = evidence.app_exception or "no status"
+        detail = _last_line(evidence.app_exception_text) or _last_line(tail)
+        return Verdict(
+            Outcome.LAUNCH_ERROR, None, f"the task runner did not run to the end ({what}): {detail}"[:MAX_MESSAGE_CHARS]
+        )
+
+    ending = status.get("ending")
+    exit_code = status.get("exit_code")
+    exit_code = int(exit_code) if isinstance(exit_code, int) else None
+    if ending == Ending.WALLTIME.value:
+        return Verdict(Outcome.WALLTIME, exit_code, f"killed at the wall-time limit of {status.get('walltime_s')} s")
+    if ending == Ending.CANCELLED.value:
+        outcome = _stop_outcome(status.get("cancel_reason"))
+        return Verdict(outcome, exit_code, f"stopped by the worker ({status.get('cancel_reason', 'cancelled')})")
+    if ending == Ending.ORPHANED.value:
+        return Verdict(
+            Outcome.LOST_WORKER, exit_code, "the worker stopped touching the liveness file; the task ended itself"
+        )
+    if ending == Ending.SIGNALLED.value:
+        return Verdict(
+            Outcome.LOST_WORKER,
+            exit_code,
+            f"the task runner got {status.get('signal', 'a signal')} (block or node ended)",
+        )
+    if ending == Ending.LAUNCH_ERROR.value:
+        return Verdict(Outcome.LAUNCH_ERROR, exit_code, f"could not start the command: {status.get('error', '')}")
+    if ending != Ending.EXITED.value:
+        return Verdict(Outcome.LAUNCH_ERROR, exit_code, f"unknown ending {ending!r} in status.json")
+
+    if exit_code == 0:
+        return Verdict(Outcome.SUCCEEDED, 0, "")
+    last = _last_line(tail)
+    if evidence.kind == "realize" and exit_code == PLAN_REFUSED_EXIT:
+        return Verdict(Outcome.PLAN_REFUSED, exit_code, f"plan refused: {last}"[:MAX_MESSAGE_CHARS])
+    if _signal_of(exit_code) == 9 or _OOM.search(tail):
+        return Verdict(Outcome.OOM, exit_code, f"out of memory (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS])
+    if exit_code in (126, 127) or _LAUNCH.search(tail):
+        return Verdict(
+            Outcome.LAUNCH_ERROR, exit_code, f"launch failed (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS]
+        )
+    what = "bad input" if exit_code == BAD_INPUT_EXIT else "failed"
+    return Verdict(Outcome.APP_ERROR, exit_code, f"{what} (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS])
+
+
+def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``text``, at most MAX_LOG_TAIL_CHARS characters."""
+    tail = "\n".join(text.splitlines()[-lines:])
+    return tail[-MAX_LOG_TAIL_CHARS:]
