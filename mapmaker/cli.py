@@ -53,7 +53,11 @@ def _add_realize(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="product folder to create (must not exist)")
     parser.add_argument(
         "--threads", type=_positive_int, default=None, metavar="T",
-        help="threads per rank for the FFTs (default: the spec's resources.threads_per_rank)",
+        help="threads per rank: numba loops, FFTs over intervals, BLAS (default: the spec's resources.threads_per_rank)",
+    )
+    parser.add_argument(
+        "--kernels", choices=("fast", "numpy"), default="fast",
+        help="fast: numba + ducc0 (default; compiled once per machine, then cached); numpy: the reference",
     )
     parser.add_argument(
         "--sky-root", type=Path, default=None, metavar="DIR",
@@ -155,16 +159,34 @@ def _add_model(commands: argparse._SubParsersAction) -> None:
 def _add_bench(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "bench",
-        help="throughput of pointing, P, P^T, N^-1 and one PCG iteration",
+        help="throughput of pointing, P, P^T, N^-1 and one PCG iteration, numpy vs fast, against the memory floor",
         description=(
-            "Time the map-maker's kernels and one whole PCG iteration on a synthetic satellite scan and print "
-            "samples per second per core. Runs serially or under mpiexec; takes about a minute at the default size."
+            "Time the map-maker's kernels and one whole PCG iteration on a synthetic satellite scan with both "
+            "implementations and print samples per second per core, bytes per sample and the ratio to the "
+            "memory-bandwidth floor measured in the same run (STREAM triad). Runs serially or under mpiexec; "
+            "--hybrid CORES runs every ranks x threads split of CORES cores under mpiexec and prints the "
+            "calc/comm split per iteration. Takes a few minutes at the default size."
         ),
     )
     parser.add_argument("--samples", type=_positive_int, default=12_000_000, help="samples per rank (default 12,000,000)")
     parser.add_argument("--nside", type=_positive_int, default=256, help="HEALPix nside (default 256)")
     parser.add_argument("--repeat", type=_positive_int, default=5, help="timed repetitions; the best is kept (default 5)")
-    parser.add_argument("--threads", type=_positive_int, default=1, help="threads per rank for the FFTs (default 1)")
+    parser.add_argument("--threads", type=_positive_int, default=1, help="threads per rank (default 1)")
+    parser.add_argument(
+        "--kernels", default="numpy,fast", help="comma-separated implementations to time (default numpy,fast)"
+    )
+    parser.add_argument(
+        "--hybrid", type=_positive_int, default=None, metavar="CORES",
+        help="run each ranks x threads split of CORES cores under mpiexec (same total samples: --samples x CORES)",
+    )
+    parser.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall",
+        help="wall time, or the process's CPU time (all threads): steadier on a machine others are using",
+    )
+    parser.add_argument(
+        "--spec", type=Path, default=None, metavar="FILE",
+        help="benchmark this campaign's observation (scan, detectors, nside, noise) instead of the synthetic one",
+    )
     parser.add_argument("--json", action="store_true", help="print only JSON on stdout")
 
 
@@ -250,7 +272,7 @@ def _run_realize(args: argparse.Namespace) -> int:
     try:
         result = realize_to_folder(
             spec, args.realization, args.out, comm, sky_root=args.sky_root, threads=threads, progress=progress,
-            plan=plan, plan_document=plan_document, machine=machine,
+            plan=plan, plan_document=plan_document, machine=machine, kernels=args.kernels,
         )
     except SkyError as error:
         return fail(f"sky: {error}")
@@ -422,9 +444,19 @@ def _run_model(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from mapmaker.bench import run_bench
+    from mapmaker.bench import run_bench, run_hybrid
 
-    return run_bench(samples=args.samples, nside=args.nside, repeat=args.repeat, threads=args.threads, as_json=args.json)
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    if not kernels or any(k not in ("numpy", "fast") for k in kernels):
+        print(f"mapmaker bench: --kernels takes numpy and/or fast, got {args.kernels!r}", file=sys.stderr)
+        return BAD_INPUT
+    if args.hybrid:
+        return run_hybrid(cores=args.hybrid, samples_total=args.samples * args.hybrid, nside=args.nside,
+                          repeat=args.repeat, kernels=",".join(kernels), as_json=args.json,
+                          spec_path=str(args.spec) if args.spec else None, clock_name=args.clock)
+    return run_bench(samples=args.samples, nside=args.nside, repeat=args.repeat, threads=args.threads,
+                     as_json=args.json, kernels=",".join(kernels), spec_path=str(args.spec) if args.spec else None,
+                     clock_name=args.clock)
 
 
 def main(argv: list[str] | None = None) -> int:

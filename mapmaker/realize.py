@@ -34,10 +34,11 @@ import numpy as np
 from mpi4py import MPI
 
 from mapmaker import rng
+from mapmaker import threads as threading
 from mapmaker.decomposition import chunk_layout, decompose, decomposition_fingerprint
 from mapmaker.distributed import DistributedPixels
+from mapmaker.kernels import implementation
 from mapmaker.kernels import preconditioner as blocks
-from mapmaker.kernels import projection
 from mapmaker.local_data import build_local_data
 from mapmaker.noise import NoiseModel
 from mapmaker.overlap import build_overlap_plan
@@ -101,6 +102,7 @@ def run_realization(
     timers: Timers | None = None,
     plan: Any = None,
     machine: Any = None,
+    kernels: str = implementation.DEFAULT,
 ) -> SolveOutcome:
     """Simulate and solve realisation ``realization`` of ``spec`` on ``comm``.
 
@@ -108,10 +110,12 @@ def run_realization(
     ``realize --plan``): it gives the owners of shared pixels and drives the
     plan-based reductions; without one they (and ``auto``) build it in
     memory, with the same code as ``preprocess``. ``machine``
-    (:class:`mapmaker.commodel.Machine`) is what ``auto`` models with. Raises :class:`mapmaker.sky.SkyError` (on every
-    rank) when the sky cannot be built, and
-    :class:`mapmaker.reduction.ReductionUnavailable` for a reduction this
-    version lacks -- both before any heavy work -- and
+    (:class:`mapmaker.commodel.Machine`) is what ``auto`` models with.
+    ``threads`` per rank (numba, FFT pool, BLAS: :mod:`mapmaker.threads`);
+    ``kernels`` ``"fast"`` or ``"numpy"`` (:mod:`mapmaker.kernels.implementation`).
+    Raises :class:`mapmaker.sky.SkyError` (on every rank) when the sky cannot
+    be built, and :class:`mapmaker.reduction.ReductionUnavailable` for a
+    reduction this version lacks -- both before any heavy work -- and
     :class:`mapmaker.planfile.PlanRefused` (on every rank) when the plan's
     pixels are not the ones this run observes.
     """
@@ -120,6 +124,13 @@ def run_realization(
     say = progress if (progress is not None and rank == 0) else (lambda message: None)
     requested = resolve_strategy(spec.solver.reduction)
     npix = spec.pixelization.npix
+    kernel_set = implementation.get(kernels)
+    threading.configure(threads, numba_threads=kernel_set.fast)
+    with timers("calc"):
+        compile_seconds = implementation.warm_up(kernels)
+    if kernel_set.fast:
+        say(f"kernels: fast (numba, {threads} thread(s) per rank), ready in {compile_seconds:.1f} s"
+            + (" -- compiled now; later runs load them from the cache" if compile_seconds > 10 else ""))
 
     # 1. the sky, on root; every rank learns whether it exists before going on.
     sky_full, sky_problem = None, None
@@ -139,7 +150,7 @@ def run_realization(
     decomposition = decompose(layout, size)
     noise = NoiseModel(spec, layout)
     with timers("calc"):
-        local = build_local_data(spec, layout, decomposition.chunks_of(rank), noise)
+        local = build_local_data(spec, layout, decomposition.chunks_of(rank), noise, kernels)
     say(
         f"pointing: {spec.total_samples} samples in {layout.n_chunks} chunks on {size} ranks "
         f"({local.n_samples} samples, {local.n_local} pixels on rank 0)"
@@ -170,10 +181,8 @@ def run_realization(
     # 4. hit matrices, rcond cut, preconditioner.
     with timers("calc"):
         both = np.empty((local.n_local, 12))
-        both[:, :6] = blocks.accumulate_blocks(local.local_index, local.weights, local.n_local)
-        both[:, 6:] = blocks.accumulate_blocks(
-            local.local_index, local.weights, local.n_local, local.sample_noise_diagonal()
-        )
+        both[:, :6] = local.accumulate_blocks(noise_weighted=False)
+        both[:, 6:] = local.accumulate_blocks(noise_weighted=True)
     with timers("comm"):
         reduction.reduce(both)
     with timers("calc"):
@@ -200,29 +209,30 @@ def run_realization(
 
     # 6. b = P^T N^-1 d, one chunk at a time.
     with timers("calc"):
-        b = np.zeros((local.n_local, 3))
+        b = np.zeros((local.n_local, 3))  # compute order until the loop ends
+        sky_compute = local.to_compute(sky_local) if sky_local is not None else None
         for i, chunk in enumerate(local.chunks):
             samples = slice(int(local.chunk_offsets[i]), int(local.chunk_offsets[i + 1]))
             tod = np.zeros(chunk.n_samples)
-            if sky_local is not None:
-                projection.project_map_to_tod(sky_local, local.local_index[samples], local.weights[samples], out=tod)
+            if sky_compute is not None:
+                local.project(sky_compute, samples, out=tod)
             if noise.simulated:
                 tod += noise.simulate_chunk(chunk, spec.seed, realization)
-            tod[local.excluded[samples]] = 0.0
+            tod[local.excluded_in(samples)] = 0.0
             local.apply_inverse_noise_chunk(i, tod, workers=threads)
-            projection.accumulate_tod_to_map(tod, local.local_index[samples], local.weights[samples], local.n_local, out=b)
+            local.accumulate(tod, samples, out=b)
+            del tod
+        b = local.to_sorted(b)
+        del sky_compute
     with timers("comm"):
         reduction.reduce(b)
 
     # 7. PCG.
     stats = RankStats(samples=local.n_samples, local_pixels=local.n_local)
-    scratch_tod = np.empty(local.n_samples)
 
     def apply_matrix(direction: np.ndarray) -> np.ndarray:
         with timers("calc"):
-            projection.project_map_to_tod(direction, local.local_index, local.weights, out=scratch_tod)
-            local.apply_inverse_noise(scratch_tod, workers=threads)
-            product = projection.accumulate_tod_to_map(scratch_tod, local.local_index, local.weights, local.n_local)
+            product = local.apply_operator(direction, workers=threads)
         with timers("comm"):
             started = MPI.Wtime()
             reduction.reduce(product)
@@ -231,7 +241,7 @@ def run_realization(
 
     def apply_preconditioner(residual: np.ndarray) -> np.ndarray:
         with timers("calc"):
-            return blocks.apply(inverse_blocks, residual)
+            return kernel_set.blocks.apply(inverse_blocks, residual)
 
     def dot(u: np.ndarray, v: np.ndarray) -> float:
         with timers("comm"):
@@ -380,6 +390,7 @@ def realize_to_folder(
     plan: Any = None,
     plan_document: dict | None = None,
     machine: Any = None,
+    kernels: str = implementation.DEFAULT,
 ):
     """Run one realisation and write its products atomically into ``out`` (root writes).
 
@@ -396,7 +407,7 @@ def realize_to_folder(
     rank = comm.Get_rank()
     outcome = run_realization(
         spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers, plan=plan,
-        machine=machine,
+        machine=machine, kernels=kernels,
     )
 
     folder = None
@@ -459,6 +470,7 @@ def realize_to_folder(
             "selection": None if outcome.selection is None else selection_record(outcome.selection),
         },
         peak_memory_mb=_spread([r["memory"] for r in per_rank]),
+        kernels=kernels,
         rng_streams=streams,
         rng_scheme=rng.RNG_SCHEME,
         rng_streams_total=streams_total,

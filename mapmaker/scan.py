@@ -6,11 +6,12 @@ owns the chunk; nothing here holds the pointing of the whole observation.
 from __future__ import annotations
 
 import math
+from types import ModuleType
 
 import numpy as np
 
 from mapmaker.decomposition import ChunkLayout
-from mapmaker.kernels import boresight, pointing
+from mapmaker.kernels import boresight, implementation, pointing
 from schemas.spec import CampaignSpec, FocalPlane, GroundScan, SatelliteScan
 
 DEG = math.pi / 180.0
@@ -22,10 +23,12 @@ def sample_times(layout: ChunkLayout, time_chunk: int, sample_rate_hz: float) ->
     return (first + np.arange(n, dtype=np.float64)) / sample_rate_hz
 
 
-def boresight_quaternions(scan: SatelliteScan | GroundScan, times_s: np.ndarray) -> np.ndarray:
-    """Boresight orientation [n, 4] at ``times_s`` [n] (s) for either scan family."""
+def boresight_quaternions(
+    scan: SatelliteScan | GroundScan, times_s: np.ndarray, kernels: ModuleType = boresight
+) -> np.ndarray:
+    """Boresight orientation [n, 4] at ``times_s`` [n] (s) for either scan family (``kernels``: its module)."""
     if isinstance(scan, SatelliteScan):
-        return boresight.satellite(
+        return kernels.satellite(
             times_s,
             start_longitude=scan.start_longitude_deg * DEG,
             drift_rate=scan.drift_deg_per_day * DEG / 86_400.0,
@@ -35,7 +38,7 @@ def boresight_quaternions(scan: SatelliteScan | GroundScan, times_s: np.ndarray)
             spin_angle=scan.spin_angle_deg * DEG,
         )
     if isinstance(scan, GroundScan):
-        return boresight.ground(
+        return kernels.ground(
             times_s,
             site_latitude=scan.site_latitude_deg * DEG,
             elevation=scan.elevation_deg * DEG,
@@ -63,9 +66,11 @@ class ChunkPointing:
 
     Chunks are visited in time-major order, so consecutive calls mostly share
     a time chunk and its boresight is computed once for all its detectors.
+    ``kernels``: ``"fast"`` (numba, the default) or ``"numpy"`` (the reference; same pixels).
     """
 
-    def __init__(self, spec: CampaignSpec, layout: ChunkLayout):
+    def __init__(self, spec: CampaignSpec, layout: ChunkLayout, kernels: str = implementation.DEFAULT):
+        self._kernels = implementation.get(kernels)
         self._scan = spec.scan
         self._rate = spec.focal_plane.sample_rate_hz
         self._nside = spec.pixelization.nside
@@ -77,10 +82,10 @@ class ChunkPointing:
     def boresight(self, time_chunk: int) -> np.ndarray:
         if time_chunk != self._cached_time_chunk:
             times = sample_times(self._layout, time_chunk, self._rate)
-            self._cached_boresight = boresight_quaternions(self._scan, times)
+            self._cached_boresight = boresight_quaternions(self._scan, times, self._kernels.boresight)
             self._cached_time_chunk = time_chunk
         return self._cached_boresight
 
     def __call__(self, time_chunk: int, detector: int) -> tuple[np.ndarray, np.ndarray]:
         """``pixels [n] int64`` (RING) and ``weights [n, 3]`` of one chunk."""
-        return pointing.detector_pointing(self.boresight(time_chunk), self._detectors[detector], self._nside)
+        return self._kernels.pointing.detector_pointing(self.boresight(time_chunk), self._detectors[detector], self._nside)

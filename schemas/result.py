@@ -137,7 +137,8 @@ class RealizationResult(ResultModel):
     residual_history: list[float] = Field(description="||r_k|| / ||b|| for k = 0 .. iterations")
     timing: TimingSplit
     communication: CommunicationStats
-    peak_memory_mb: Spread = Field(description="Peak resident memory per rank (MiB)")
+    peak_memory_mb: Spread = Field(description="Peak resident memory per rank (MiB): the RSS high-water mark")
+    kernels: str | None = Field(None, description="Map-maker kernels used: 'fast' (numba + ducc0) or 'numpy' (reference)")
     rng_streams: list[RngStream] = Field(
         default_factory=list,
         description="Keys of the first streams the run drew (the sky first, then noise in time-major order), at most 64",

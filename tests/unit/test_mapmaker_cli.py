@@ -17,7 +17,7 @@ def test_help_lists_the_commands():
     for command in ("realize", "preprocess", "calibrate", "model", "bench"):
         assert command in completed.stdout
     realize_help = run("realize", "--help").stdout
-    for option in ("--spec", "--realization", "--out", "--threads", "--sky-root", "--plan"):
+    for option in ("--spec", "--realization", "--out", "--threads", "--kernels", "--sky-root", "--plan"):
         assert option in realize_help
     preprocess_help = run("preprocess", "--help").stdout
     for option in ("--spec", "--out", "--report", "--quiet"):
@@ -39,5 +39,16 @@ def test_bench_runs_and_prints_json():
     completed = run("bench", "--samples", "20000", "--nside", "16", "--repeat", "1", "--json")
     assert completed.returncode == 0, completed.stderr[-2000:]
     report = json.loads(completed.stdout)
-    assert set(report["samples_per_second_per_core"]) == {"pointing", "P", "P^T", "N^-1", "PCG iteration"}
+    assert set(report["operations"]) == {"pointing", "P", "P^T", "N^-1", "PCG iteration"}
+    for row in report["operations"].values():
+        assert set(row) == {"numpy", "fast"}
+        for figures in row.values():
+            assert figures["samples_per_second_per_core"] > 0 and figures["times_floor"] > 0
+            assert figures["bytes_per_sample"] in (16, 28, 36)
+    assert report["stream_triad_bytes_per_second_per_rank"] > 0
+    assert set(report["pcg_split_seconds_per_iteration"]["fast"]) == {"calc", "comm"}
     assert report["ranks"] == 1 and report["samples_per_rank"] > 0
+
+
+def test_bench_rejects_unknown_kernels():
+    assert run("bench", "--kernels", "cuda").returncode == 2

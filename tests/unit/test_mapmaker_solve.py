@@ -23,10 +23,13 @@ def solved_mask(outcome):
 
 
 def simulate_all(spec, realization):
-    """The TOD of every chunk in one flat array, with the cached pointing (one rank holds all)."""
+    """The TOD of every chunk in one flat array, with the cached pointing (one rank holds all).
+
+    The numpy reference's cache: its local_index counts rows in sorted pixel order.
+    """
     layout = chunk_layout(spec)
     noise = NoiseModel(spec, layout)
-    local = build_local_data(spec, layout, decompose(layout, 1).chunks_of(0), noise)
+    local = build_local_data(spec, layout, decompose(layout, 1).chunks_of(0), noise, kernels="numpy")
     full_sky = build_sky(spec, realization, None)
     tod = np.zeros(local.n_samples)
     if full_sky is not None:

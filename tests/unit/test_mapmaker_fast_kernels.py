@@ -1,0 +1,306 @@
+"""The fast kernels (numba + ducc0) against the numpy reference and healpy.
+
+Pixels must match exactly; everything else to 1e-10 of the result's scale
+(``assert_close``). Each kernel is run through the switch for both
+implementations, ``for impl in [DEFAULT, NUMPY]``, and with 1 and 2 threads
+where threads change the code path (private maps, interval groups).
+"""
+from pathlib import Path
+
+import healpy as hp
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mapmaker import local_data, threads
+from mapmaker.kernels import (
+    boresight,
+    implementation,
+    noise,
+    noise_fast,
+    operator_fast,
+    pointing,
+    pointing_fast,
+    preconditioner,
+    projection,
+)
+from tests.unit.mapmaker_cases import make_spec
+
+IMPLEMENTATIONS = [implementation.DEFAULT, "numpy"]
+RELATIVE = 1e-10
+
+
+def assert_close(actual, expected, rel=RELATIVE):
+    """Elementwise agreement within ``rel`` of the largest reference value."""
+    expected = np.asarray(expected)
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    np.testing.assert_allclose(actual, expected, rtol=rel, atol=rel * max(scale, 1e-300))
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def thread_count(request):
+    threads.configure(request.param)
+    yield request.param
+    threads.configure(1)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(2011)
+
+
+# ----------------------------------------------------------------------------- HEALPix RING vec2pix
+
+
+def edge_case_vectors(nside: int) -> np.ndarray:
+    """Poles, the equator, z = +-2/3 and +-0.99, phi = 0 / 2 pi / negative zero, and pixel corners and centres."""
+    vectors = [
+        (0.0, 0.0, 1.0), (0.0, 0.0, -1.0), (1e-300, 0.0, 1.0), (0.0, -1e-300, -1.0), (1e-17, 1e-17, 1.0),
+        (1.0, 0.0, 0.0), (-1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, -1.0, 0.0), (1.0, -0.0, 0.0), (1.0, -1e-300, 0.0),
+        (1.0, -1e-17, 0.3), (1.0, 1e-17, -0.3), (3.0, 4.0, 5.0),
+    ]
+    for z in (2.0 / 3.0, -2.0 / 3.0, 0.99, -0.99, 0.0):
+        for nudge in (-1, 0, 1):
+            zz = np.nextafter(z, z + nudge) if nudge else z
+            for phi in (0.0, np.pi / 4, np.pi / 2, np.pi, 1.5 * np.pi, 2.0 * np.pi, np.nextafter(2.0 * np.pi, 0.0), -1e-16):
+                r = np.sqrt(1.0 - zz * zz)
+                vectors.append((r * np.cos(phi), r * np.sin(phi), zz))
+    corners = np.concatenate([np.moveaxis(hp.boundaries(nside, p, step=2), -1, 1).reshape(-1, 3)
+                              for p in np.linspace(0, 12 * nside * nside - 1, 64).astype(int)])
+    centres = np.column_stack(hp.pix2vec(nside, np.arange(min(12 * nside * nside, 50_000))))
+    # ring boundaries in z and meridians of pixel edges (phi = k pi / (2 nside))
+    rings = np.unique(np.linspace(1, 4 * nside - 1, min(4 * nside - 1, 128)).astype(int))
+    z_ring = np.cos(hp.ringinfo(nside, rings)[2])
+    edges = np.unique(np.linspace(0, 8 * nside, min(8 * nside + 1, 257)).astype(int))
+    phis = edges * np.pi / (4 * nside)
+    zz, pp = np.meshgrid(np.concatenate([z_ring, [2 / 3, -2 / 3]]), phis)
+    rr = np.sqrt(1 - zz**2)
+    grid = np.column_stack([(rr * np.cos(pp)).ravel(), (rr * np.sin(pp)).ravel(), zz.ravel()])
+    return np.concatenate([np.array(vectors), corners, centres, grid])
+
+
+@pytest.mark.parametrize("nside", [1, 2, 4, 8, 64, 256, 2048, 8192])
+def test_vec2pix_matches_healpy_exactly(nside, rng):
+    random = rng.standard_normal((200_000, 3)) * rng.uniform(0.1, 10.0, (200_000, 1))  # not unit length
+    near_poles = np.column_stack([rng.normal(0, 1e-3, (20_000, 2)), np.sign(rng.standard_normal(20_000))])
+    vectors = np.concatenate([random, near_poles, edge_case_vectors(nside)])
+    x, y, z = (np.ascontiguousarray(vectors[:, i]) for i in range(3))
+    expected = hp.vec2pix(nside, x, y, z)
+    np.testing.assert_array_equal(pointing_fast.vec2pix(nside, x, y, z), expected)
+
+
+# ----------------------------------------------------------------------------- pointing
+
+
+SATELLITE = {"start_longitude": 0.3, "drift_rate": 2 * np.pi / 86400, "precession_rate": 2 * np.pi / 600,
+                 "precession_angle": np.radians(45), "spin_rate": 2 * np.pi / 60, "spin_angle": np.radians(50)}
+GROUND = {"site_latitude": np.radians(-22.9), "elevation": np.radians(50), "azimuth_min": np.radians(-30),
+              "azimuth_max": np.radians(60), "azimuth_rate": np.radians(1.0), "start_lst": 1.0, "earth_rotation": True}
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("scan", ["satellite", "ground"])
+def test_pointing_matches_the_reference(impl, scan, thread_count):
+    kernels = implementation.get(impl)
+    times = np.arange(300_000) / 50.0
+    angles = SATELLITE if scan == "satellite" else GROUND
+    q_reference = getattr(boresight, scan)(times, **angles)
+    q = getattr(kernels.boresight, scan)(times, **angles)
+    assert_close(q, q_reference, rel=1e-13)
+    for offset_x, offset_y, psi in [(0.01, -0.02, 0.7), (0.0, 0.0, 0.0), (-0.03, 0.0, np.pi / 2)]:
+        q_detector = pointing.detector_quaternion(offset_x, offset_y, psi)
+        pixels_reference, weights_reference = pointing.detector_pointing(q_reference, q_detector, 256)
+        pixels, weights = kernels.pointing.detector_pointing(q_reference, q_detector, 256)
+        np.testing.assert_array_equal(pixels, pixels_reference)
+        assert pixels.dtype == np.int64
+        assert_close(weights, weights_reference)
+
+
+# ----------------------------------------------------------------------------- P, P^T, blocks
+
+
+def smooth_pointing(rng, n_samp=400_000, n_local=5_000, index_dtype=np.int32):
+    """Runs of samples on neighbouring pixels, like a scan, with some cut (zero-weight) samples."""
+    local_index = (np.cumsum(rng.integers(0, 2, n_samp)) * 7 % n_local).astype(index_dtype)
+    psi = rng.uniform(0, np.pi, n_samp)
+    weights = np.column_stack([np.ones(n_samp), np.cos(2 * psi), np.sin(2 * psi)])
+    weights[local_index % 97 == 3] = 0.0
+    return local_index, weights
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_projection_matches_the_reference(impl, index_dtype, thread_count, rng):
+    kernels = implementation.get(impl)
+    local_index, weights = smooth_pointing(rng, index_dtype=index_dtype)
+    local_map = rng.standard_normal((5_000, 3))
+    tod = rng.standard_normal(len(local_index))
+    reference_tod = projection.project_map_to_tod(local_map, local_index.astype(np.int64), weights)
+    np.testing.assert_array_equal(kernels.projection.project_map_to_tod(local_map, local_index, weights), reference_tod)
+    out = np.empty(len(tod))
+    assert kernels.projection.project_map_to_tod(local_map.T.copy().T, local_index, weights, out=out) is out
+    np.testing.assert_array_equal(out, reference_tod)
+
+    reference_map = projection.accumulate_tod_to_map(tod, local_index.astype(np.int64), weights, 5_000)
+    assert_close(kernels.projection.accumulate_tod_to_map(tod, local_index, weights, 5_000), reference_map)
+    added = np.ones((5_000, 3))
+    kernels.projection.accumulate_tod_to_map(tod, local_index, weights, 5_000, out=added)
+    assert_close(added, reference_map + 1)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_blocks_match_the_reference(impl, thread_count, rng):
+    kernels = implementation.get(impl)
+    local_index, weights = smooth_pointing(rng)
+    sample_weight = rng.uniform(0.5, 2.0, len(local_index))
+    for weight in (None, sample_weight):
+        reference = preconditioner.accumulate_blocks(local_index.astype(np.int64), weights, 5_000, weight)
+        assert_close(kernels.blocks.accumulate_blocks(local_index, weights, 5_000, weight), reference)
+    keep = preconditioner.rcond(reference) > 1e-3
+    inverse = preconditioner.invert(reference, keep)
+    vectors = rng.standard_normal((5_000, 3))
+    assert_close(kernels.blocks.apply(inverse, vectors), preconditioner.apply(inverse, vectors))
+
+
+# ----------------------------------------------------------------------------- N^-1 and the fused operator
+
+
+def interval_layout(rng):
+    lengths = np.array([4000, 4000, 2501, 4000, 1, 2, 2501, 3999, 4000])
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    filter_of_length: dict[tuple[int, int], int] = {}
+    filters, filter_index = [], []
+    for i, length in enumerate(lengths):
+        key = (int(length), i % 2)
+        if key not in filter_of_length:
+            filter_of_length[key] = len(filters)
+            psd = noise.psd(noise.rfft_frequencies(length, 20.0), 1.0 + key[1], f_knee_hz=0.5, alpha=1.5, f_min_hz=0.01)
+            filters.append(1.0 / psd)
+        filter_index.append(filter_of_length[key])
+    by_index = {index: length for (length, _), index in filter_of_length.items()}
+    halfcomplex = [noise_fast.halfcomplex_filter(filters[i], by_index[i]) for i in range(len(filters))]
+    return starts, lengths, np.array(filter_index), filters, halfcomplex
+
+
+def test_halfcomplex_filter_layout():
+    inverse = np.array([1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(noise_fast.halfcomplex_filter(inverse, 6) * 6, [1, 2, 2, 3, 3, 4])
+    np.testing.assert_array_equal(noise_fast.halfcomplex_filter(inverse, 7) * 7, [1, 2, 2, 3, 3, 4, 4])
+    with pytest.raises(ValueError):
+        noise_fast.halfcomplex_filter(inverse, 9)
+
+
+def test_inverse_noise_matches_the_reference(thread_count, rng):
+    starts, lengths, filter_index, filters, halfcomplex = interval_layout(rng)
+    tod = rng.standard_normal(int(lengths.sum()))
+    tod[starts[3] : starts[3] + lengths[3]] *= 1e-9  # a faint interval keeps its own precision
+    tod[starts[8] : starts[8] + lengths[8]] = 0.0  # a cut interval stays exactly zero
+    reference = noise.apply_inverse_noise(tod.copy(), starts, lengths, filter_index, filters)
+    fast = noise_fast.apply_inverse_noise(tod.copy(), starts, lengths, filter_index, halfcomplex, threads=thread_count)
+    for start, length in zip(starts, lengths, strict=True):  # each interval to 1e-10 of its own scale
+        assert_close(fast[start : start + length], reference[start : start + length])
+    assert np.all(fast[starts[8] : starts[8] + lengths[8]] == 0.0)
+
+
+@pytest.mark.parametrize("batch_samples", [1, 12_000, 1 << 22])
+def test_fused_operator_matches_p_n_pt(batch_samples, thread_count, rng):
+    starts, lengths, filter_index, filters, halfcomplex = interval_layout(rng)
+    n_samp = int(lengths.sum())
+    local_index, weights = smooth_pointing(rng, n_samp=n_samp, n_local=700)
+    local_map = rng.standard_normal((700, 3))
+    tod = projection.project_map_to_tod(local_map, local_index, weights)
+    noise.apply_inverse_noise(tod, starts, lengths, filter_index, filters)
+    reference = projection.accumulate_tod_to_map(tod, local_index, weights, 700)
+    fused = operator_fast.apply_inverse_noise_operator(
+        local_map, local_index, weights, starts, lengths, filter_index, halfcomplex, threads=thread_count,
+        batch_samples=batch_samples,
+    )
+    assert_close(fused, reference)
+
+    inverse_variance = rng.uniform(0.5, 2.0, len(lengths))
+    tod = projection.project_map_to_tod(local_map, local_index, weights)
+    noise.apply_inverse_white(tod, starts, lengths, inverse_variance)
+    reference = projection.accumulate_tod_to_map(tod, local_index, weights, 700)
+    out = np.full((700, 3), np.nan)
+    white = operator_fast.apply_white_operator(local_map, local_index, weights, starts, lengths, inverse_variance, out=out)
+    assert white is out
+    assert_close(white, reference)
+
+
+def test_batches_take_back_to_back_intervals():
+    starts, lengths = [0, 10, 20, 35, 40], [10, 10, 10, 5, 10]  # a gap between 30 and 35
+    assert operator_fast.batches(starts, lengths, range(5), 25) == [(0, 20, range(2)), (20, 10, range(2, 3)),
+                                                                   (35, 15, range(3, 5))]
+    assert operator_fast.batches(starts, lengths, range(5), 1) == [(s, n, range(i, i + 1)) for i, (s, n) in
+                                                                  enumerate(zip(starts, lengths, strict=True))]
+    assert operator_fast.batches(starts, lengths, range(1, 3), 100) == [(10, 20, range(1, 3))]
+    assert operator_fast.batches(starts, lengths, range(0), 100) == []
+
+
+def test_first_visit_order_renumbers_in_place(rng):
+    from mapmaker.kernels.projection_fast import first_visit_order
+
+    sorted_index = np.array([5, 5, 2, 7, 2, 0, 7, 1, 3, 4, 6, 0], dtype=np.int32)
+    index = sorted_index.copy()
+    order, position = first_visit_order(index, 8)
+    np.testing.assert_array_equal(index, [0, 0, 1, 2, 1, 3, 2, 4, 5, 6, 7, 3])
+    np.testing.assert_array_equal(order[index], sorted_index)  # compute row -> sorted row
+    np.testing.assert_array_equal(position[order], np.arange(8))
+
+
+def test_balanced_groups_cover_every_item_once():
+    for lengths, groups in [([5, 5, 5, 5], 2), ([100, 1, 1, 1], 3), ([1], 4), ([], 2), ([3, 1, 4, 1, 5, 9, 2, 6], 3)]:
+        ranges = threads.balanced_groups(lengths, groups)
+        assert [i for r in ranges for i in r] == list(range(len(lengths)))
+        assert len(ranges) <= max(groups, 1)
+
+
+# ----------------------------------------------------------------------------- whole solves
+
+
+@pytest.mark.parametrize("changes", [
+    {"noise.f_knee_hz": 0.05, "noise.interval_s": 300.0},  # 1/f: FFT N^-1, fused operator
+    {},  # white noise: fused white operator
+    {"scan.kind": "ground", "scan.duration_s": 3600.0},
+])
+def test_whole_solve_matches_the_reference(changes, thread_count, monkeypatch):
+    if changes.get("scan.kind") == "ground":
+        spec = make_spec(scan={"kind": "ground", "duration_s": 3600.0, "chunk_s": 600.0, "elevation_deg": 50.0,
+                               "azimuth_min_deg": 20.0, "azimuth_max_deg": 80.0, "azimuth_rate_deg_s": 1.0},
+                         solver={"tol": 1e-10, "max_iter": 40, "rcond_min": 0.01})
+    else:
+        spec = make_spec(changes, solver={"tol": 1e-10, "max_iter": 40, "rcond_min": 0.01})
+    from mapmaker.realize import run_realization
+
+    reference = run_realization(spec, 1, MPI.COMM_SELF, kernels="numpy", threads=thread_count)
+    for pixel_order in ("sorted", "visit"):
+        with monkeypatch.context() as patch:
+            patch.setattr(local_data, "VISIT_ORDER_SAMPLES_PER_PIXEL", 0 if pixel_order == "visit" else 10**9)
+            fast = run_realization(spec, 1, MPI.COMM_SELF, kernels="fast", threads=thread_count)
+        assert fast.pcg.iterations == reference.pcg.iterations
+        np.testing.assert_array_equal(fast.hits, reference.hits)
+        assert fast.cut_pixels == reference.cut_pixels
+        assert_close(fast.pcg.residual_history, reference.pcg.residual_history, rel=1e-6)
+        seen = reference.iqu != hp.UNSEEN
+        np.testing.assert_array_equal(fast.iqu != hp.UNSEEN, seen)
+        assert_close(fast.iqu[seen], reference.iqu[seen])
+
+
+def test_the_numpy_path_runs_without_numba():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from mpi4py import MPI\n"
+        "from tests.unit.mapmaker_cases import make_spec\n"
+        "from mapmaker.realize import run_realization\n"
+        "run_realization(make_spec({'noise.f_knee_hz': 0.05}), 0, MPI.COMM_SELF, kernels='numpy')\n"
+        "print('numba' in sys.modules, 'ducc0' in sys.modules)\n"
+    )
+    repository = Path(__file__).resolve().parents[2]
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=repository, check=False
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.split() == ["False", "False"]
