@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 
 import psutil
 
 MARKER_VAR = "MAPCAMPAIGN_TASK_MARKER"
+
+# Workers started by this pytest process carry this in their environment, and so does every process of
+# their tasks: two test sessions on one machine (two checkouts) use the same worker names, and must not
+# count each other's tasks as their own.
+SCOPE_VAR = "MAPCAMPAIGN_TEST_SCOPE"
+SCOPE = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _ours(environment: dict[str, str]) -> bool:
+    """A process without the scope variable (an MPI launcher that dropped it) is counted, to be safe."""
+    return environment.get(SCOPE_VAR, SCOPE) == SCOPE
 
 
 def task_processes(prefix: str) -> list[tuple[int, str, str]]:
@@ -14,8 +27,14 @@ def task_processes(prefix: str) -> list[tuple[int, str, str]]:
     found = []
     for process in psutil.process_iter():
         try:
-            marker = process.environ().get(MARKER_VAR)
-            if marker and marker.startswith(prefix) and process.status() != psutil.STATUS_ZOMBIE:
+            environment = process.environ()
+            marker = environment.get(MARKER_VAR)
+            if (
+                marker
+                and marker.startswith(prefix)
+                and _ours(environment)
+                and process.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append((process.pid, marker, " ".join(process.cmdline())[:200]))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue

@@ -19,7 +19,7 @@ import httpx
 import psutil
 
 from tests.support.live_service import LiveService, mapcampaign_command
-from tests.support.processes import task_processes
+from tests.support.processes import SCOPE, SCOPE_VAR, task_processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,6 +168,7 @@ def start_worker(
         "MAPCAMPAIGN_WORKER_POLL_S": "0.3",
         "MAPCAMPAIGN_WORKER_HEARTBEAT_S": "1",
         "MAPCAMPAIGN_LOG_LEVEL": "info",
+        SCOPE_VAR: SCOPE,
         **(env or {}),
     }
     log_path = log_dir / f"worker-{name}.log"
@@ -232,8 +233,13 @@ class Api:
     def events(self) -> list[dict[str, Any]]:
         return self.client.get("/events/log", params={"limit": 500}).json()
 
-    def state(self, campaign_id: int) -> str:
-        return self.campaign(campaign_id)["state"]
+    def state(self, campaign_id: int) -> str | None:
+        """The campaign's state; None while the service answers 503 (its database restarting), as a poller retries."""
+        answer = self.client.get(f"/campaigns/{campaign_id}")
+        if answer.status_code == 503:
+            return None
+        assert answer.status_code == 200, answer.text
+        return answer.json()["state"]
 
     def wait_state(
         self, campaign_id: int, states: set[str], timeout: float, worker: WorkerProcess | None = None
