@@ -69,6 +69,10 @@ def demo(
     host: HostOption = None,
     port: PortOption = None,
     max_tasks: MaxTasksOption = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Folder for the Monte Carlo products (default <data dir>/demo/campaign-ID-products)"),
+    ] = None,
     stay: Annotated[
         bool, typer.Option("--stay", help="Keep the API and dashboard running after the campaign, until Ctrl-C")
     ] = False,
@@ -111,7 +115,8 @@ def demo(
             detail = watch_campaign(client, campaign_id)
             stack.check_children()
         code = exit_code_for(detail["state"]) if detail["state"] in FINISHED else 1
-        _describe_results(stack, detail)
+        products_dir = _download_products(stack, detail, out)
+        _describe_results(stack, detail, products_dir, stay=stay)
         if stay:
             typer.echo(f"the dashboard stays at {stack.url}/campaigns/{campaign_id}; Ctrl-C stops it", err=True)
             stack.wait()
@@ -123,7 +128,26 @@ def demo(
     raise typer.Exit(code)
 
 
-def _describe_results(stack: object, detail: dict) -> None:
+def _download_products(stack: object, detail: dict, out: Path | None) -> Path | None:
+    """Fetch the campaign's Monte Carlo products (FITS) while the service is still up; None when there are none."""
+    from service.cli._stack import LocalStack
+    from service.cli.products import Format, products
+
+    assert isinstance(stack, LocalStack)
+    if not detail["progress"]["counts"].get("succeeded"):
+        return None
+    target = out or stack.data_dir / "demo" / f"campaign-{detail['id']}-products"
+    try:
+        products(
+            detail["id"], format=Format.fits, out=target, realization=None, as_json=False,
+            url=stack.url, token_file=stack.user_token_file,
+        )
+    except typer.Exit:  # the products command said why on stderr; the demo still reports the rest
+        return None
+    return target
+
+
+def _describe_results(stack: object, detail: dict, products_dir: Path | None, *, stay: bool) -> None:
     from service.cli._stack import LocalStack
 
     assert isinstance(stack, LocalStack)
@@ -135,10 +159,15 @@ def _describe_results(stack: object, detail: dict) -> None:
         f"campaign {campaign_id} {detail['state']}: {counts.get('succeeded', 0)} of {detail['realizations']} "
         f"realisations succeeded" + (f" ({detail['failure_cause']})" if detail.get("failure_cause") else ""),
         f"maps (HEALPix RING, K) of each realisation: {folder}/<n>/map_iqu.fits ({len(maps)} found)",
-        f"Monte Carlo products (mean and variance maps, spectra): mapcampaign products {campaign_id}",
-        f"dashboard: {stack.url}/campaigns/{campaign_id} while `mapcampaign up` runs "
-        f"(token: {stack.user_token_file})",
+        (
+            f"Monte Carlo products (mean and variance maps, mask, spectra): {products_dir}"
+            if products_dir
+            else "Monte Carlo products: none (no realisation succeeded)"
+        ),
+        f"dashboard: {stack.url}/campaigns/{campaign_id} (log in with the token in {stack.user_token_file}"
+        + ("" if stay else "; the demo stops the service at its end, `mapcampaign up` starts it again")
+        + ")",
     ]
     if counts.get("failed"):
-        lines.append(f"why realisations failed: mapcampaign logs {campaign_id}")
+        lines.append(f"why realisations failed: `mapcampaign logs {campaign_id}` (with `mapcampaign up` running)")
     typer.echo("\n".join(lines))
