@@ -165,8 +165,11 @@ def watch_campaign(
     try:
         with ProgressView(campaign_id, quiet=quiet) as view:
             view.show(detail)
-            # Wait briefly for the stream so that an event right after the first read is not missed.
-            poker.connected.wait(timeout=5.0)
+            # Wait briefly for the stream (or its failure) so that an event right after the first read is not missed.
+            try:
+                poker.pokes.get(timeout=5.0)
+            except queue.Empty:
+                pass
             while True:
                 detail = client.get(f"/campaigns/{campaign_id}")
                 view.show(detail, polling=poker.lost.is_set() and not poker.connected.is_set())
