@@ -45,7 +45,10 @@ def connection(
             metavar="URL",
             envvar="MAPCAMPAIGN_SERVER",
             show_envvar=True,
-            help="Service root URL [default http://MAPCAMPAIGN_HOST:MAPCAMPAIGN_PORT, i.e. http://127.0.0.1:8765]",
+            help=(
+                "Service root URL [default: the `mapcampaign up` running on this data folder, else "
+                "http://MAPCAMPAIGN_HOST:MAPCAMPAIGN_PORT, i.e. http://127.0.0.1:8765]"
+            ),
         ),
     ] = None,
     token: Annotated[

@@ -2,8 +2,8 @@
 
 Connection, first found wins:
 
-* the service: ``--server``, ``MAPCAMPAIGN_SERVER``, ``MAPCAMPAIGN_URL`` (older name), else
-  ``http://MAPCAMPAIGN_HOST:MAPCAMPAIGN_PORT`` (the address ``mapcampaign up`` listens on);
+* the service: ``--server``, ``MAPCAMPAIGN_SERVER``, ``MAPCAMPAIGN_URL`` (older name), the address of a
+  running ``mapcampaign up`` on the same data folder, else ``http://MAPCAMPAIGN_HOST:MAPCAMPAIGN_PORT``;
 * the user token: ``--token``, ``MAPCAMPAIGN_TOKEN``, the file ``MAPCAMPAIGN_TOKEN_FILE``, else
   ``<data dir>/tokens/local-user.token`` (written by ``up``, ``demo`` and ``serve`` on the embedded default).
 
@@ -46,11 +46,26 @@ def local_server_url(host: str, port: int) -> str:
     return f"http://{reachable}:{port}"
 
 
+def up_record_path(data_dir: Path) -> Path:
+    """Where ``mapcampaign up`` notes its URL and pid while it runs (so ``up --port P`` needs no --server later)."""
+    return data_dir / "up" / "server.json"
+
+
+def running_up_url(data_dir: Path) -> str | None:
+    """The URL of the ``up`` running on this data folder, or None (no record, or its process is gone)."""
+    try:
+        record = json.loads(up_record_path(data_dir).read_text())
+        os.kill(int(record["pid"]), 0)
+        return str(record["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def server_url(explicit: str | None = None) -> str:
     url = explicit or global_options.server or os.environ.get("MAPCAMPAIGN_SERVER") or os.environ.get("MAPCAMPAIGN_URL")
     if not url:
         settings = load_settings()
-        url = local_server_url(settings.host, settings.port)
+        url = running_up_url(settings.data_dir) or local_server_url(settings.host, settings.port)
     url = url.strip().rstrip("/")
     if url.endswith(API_PREFIX):
         url = url[: -len(API_PREFIX)]

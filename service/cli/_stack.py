@@ -9,6 +9,7 @@ whole process group.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from service.cli._client import local_server_url
+from service.cli._client import local_server_url, up_record_path
 from service.cli._utilities import fail
 
 if TYPE_CHECKING:
@@ -179,6 +180,9 @@ class LocalStack:
                 fail(f"the API did not answer within {startup_timeout_s:.0f} s:\n{self.log_tail('serve')}")
             time.sleep(0.2)
         self.worker = self._spawn("worker", "worker", "--site", str(site), "--token-file", str(self.worker_token_file))
+        record = up_record_path(self.data_dir)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"url": self.url, "pid": os.getpid()}))
 
     def check_children(self) -> None:
         """Fail (after stopping the rest) when the API or the worker has exited on its own."""
@@ -208,6 +212,7 @@ class LocalStack:
         # The worker first: it must report its tasks to a service that is still up.
         _terminate(self.worker, timeout_s=drain_s + 60.0)
         _terminate(self.serve, timeout_s=SERVE_STOP_S)
+        up_record_path(self.data_dir).unlink(missing_ok=True)
         self.restore_signal_handlers()
 
 

@@ -63,6 +63,9 @@ def test_up_serves_runs_a_realisation_and_stops_everything_on_sigterm(tmp_path):
         spec["solver"] = {"tol": 1e-30, "max_iter": 10000}
         spec_file.write_text(json.dumps(spec))
         campaign_id = stdout_json(run_cli(env, "submit", "--json", str(spec_file)))[0]["campaign_id"]
+        # Not even the port: a running `up` notes its address in the data folder.
+        without_port = {k: v for k, v in env.items() if k not in ("MAPCAMPAIGN_PORT", "MAPCAMPAIGN_HOST")}
+        assert [c["id"] for c in stdout_json(run_cli(without_port, "list", "--json"))] == [campaign_id]
 
         def running():
             status = stdout_json(run_cli(env, "status", "--json", str(campaign_id)))
@@ -76,6 +79,7 @@ def test_up_serves_runs_a_realisation_and_stops_everything_on_sigterm(tmp_path):
         assert up.returncode == 0, output
         assert "stopped" in output
         assert_no_processes_left(data_dir)
+        assert not (data_dir / "up" / "server.json").exists()
     finally:
         if up.poll() is None:
             up.kill()
