@@ -14,6 +14,7 @@ import typer
 
 from service.cli._client import (
     ApiClient,
+    answer_detail,
     duration,
     field_problems,
     print_json,
@@ -91,16 +92,9 @@ def submit_one(client: ApiClient | None, path: Path, *, dry_run: bool, new: bool
     if answer.status_code == 422:
         return _outcome(path, "invalid", problems=field_problems(answer))
     if answer.status_code not in (200, 201):
-        from service.cli._client import answer_detail
-
-        outcome = "invalid" if answer.status_code == 409 else "error"
-        return _outcome(
-            path,
-            outcome,
-            problems=[("", f"{answer_detail(answer)} (HTTP {answer.status_code})")] if outcome == "invalid" else [],
-            reason=f"{answer_detail(answer)} (HTTP {answer.status_code})",
-            **summary,
-        )
+        # A 4xx (bad token, conflict) is the user's to fix; a 5xx is the service's failure.
+        outcome = "refused" if answer.status_code < 500 else "error"
+        return _outcome(path, outcome, reason=f"{answer_detail(answer)} (HTTP {answer.status_code})", **summary)
     campaign = answer.json()
     return _outcome(
         path,
@@ -119,7 +113,7 @@ def describe_outcome(record: dict[str, Any]) -> str:
             for problem in record["problems"]
         )
         return f"{file}: invalid: {reasons}"
-    if outcome == "error":
+    if outcome in ("error", "refused"):
         return f"{file}: not submitted: {record['reason']}"
     if outcome == "valid":
         return f"{file}: valid ({record['kind']}, {record['realizations']} realisations); dry run, nothing stored"
@@ -145,8 +139,8 @@ def submit(
     reason, and the valid ones are still submitted. Every request carries an Idempotency-Key made from
     the file's bytes, so submitting the same file again gives back its campaign instead of a second one.
 
-    Exit status: 0 all submitted (or valid, with --dry-run); 2 some file was invalid; 1 the service
-    could not take some valid file.
+    Exit status: 0 all submitted (or valid, with --dry-run); 2 some file was invalid or refused (e.g. a
+    bad token); 1 the service could not be reached or failed.
     """
     files, records = spec_files(paths)
     client = None if dry_run else ApiClient()
@@ -161,9 +155,9 @@ def submit(
     else:
         for record in records:
             line = describe_outcome(record)
-            typer.echo(line, err=record["outcome"] in ("invalid", "error"))
+            typer.echo(line, err=record["outcome"] in ("invalid", "refused", "error"))
     outcomes = {record["outcome"] for record in records}
-    raise typer.Exit(2 if "invalid" in outcomes else 1 if "error" in outcomes else 0)
+    raise typer.Exit(2 if outcomes & {"invalid", "refused"} else 1 if "error" in outcomes else 0)
 
 
 # --------------------------------------------------------------------------- list, status

@@ -105,11 +105,17 @@ def test_list_status_cancel_and_json_output(fresh_user, tmp_path):
     assert refused.returncode == 2 and "was cancelled" in refused.stderr and "HTTP 409" in refused.stderr
 
 
-def test_unknown_campaign_bad_token_and_unreachable_service_exit_codes(fresh_user):
+def test_unknown_campaign_bad_token_and_unreachable_service_exit_codes(fresh_user, tmp_path):
     missing = run_cli(fresh_user, "status", "999999")
     assert missing.returncode == 2 and "HTTP 404" in missing.stderr
     bad_token = run_cli({**fresh_user, "MAPCAMPAIGN_TOKEN": "not-a-token"}, "list")
     assert bad_token.returncode == 2 and "HTTP 401" in bad_token.stderr
+    spec_file = tmp_path / "s.json"
+    spec_file.write_text(json.dumps(tiny_spec("refused")))
+    refused = run_cli({**fresh_user, "MAPCAMPAIGN_TOKEN": "not-a-token"}, "submit", str(spec_file))
+    assert refused.returncode == 2 and "s.json: not submitted:" in refused.stderr and "HTTP 401" in refused.stderr
+    unreachable = run_cli(fresh_user, "--server", "http://127.0.0.1:9", "submit", str(spec_file))
+    assert unreachable.returncode == 1 and "s.json: not submitted: cannot reach the service" in unreachable.stderr
     nowhere = run_cli(fresh_user, "--server", "http://127.0.0.1:9", "list")
     assert nowhere.returncode == 1 and "cannot reach the service at http://127.0.0.1:9" in nowhere.stderr
 
