@@ -222,7 +222,7 @@ def describe_campaign(detail: dict[str, Any]) -> str:
     lines = [
         f"campaign {detail['id']}: {detail['name']}",
         f"  state        {detail['state']}" + (f" ({detail['failure_cause']})" if detail.get("failure_cause") else ""),
-        f"  kind         {detail['kind']}, {detail['realizations']} realisations on {detail['ranks']} ranks each",
+        f"  kind         {detail['kind']}, {detail['realizations']} realisations on {detail['ranks']} MPI rank(s) each",
         "  realisations " + ", ".join(f"{state} {counts.get(state, 0)}" for state in STATE_STYLE),
         f"  done         {progress['done']} of {progress['total']}",
     ]

@@ -108,7 +108,7 @@ def demo(
             campaign_id = detail["id"]
             typer.echo(
                 f"campaign {campaign_id} submitted: {campaign_spec.name} -- {campaign_spec.realizations} realisations "
-                f"at nside {campaign_spec.pixelization.nside} on {campaign_spec.resources.ranks} ranks each",
+                f"at nside {campaign_spec.pixelization.nside} on {campaign_spec.resources.ranks} MPI rank(s) each",
                 err=True,
             )
             typer.echo(f"watch it in the dashboard: {stack.url}/campaigns/{campaign_id}", err=True)

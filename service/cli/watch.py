@@ -111,7 +111,7 @@ class ProgressView:
         if self.progress is not None:
             self.progress.__exit__(*exc)
 
-    def show(self, detail: dict[str, Any], *, polling: bool = False) -> None:
+    def show(self, detail: dict[str, Any], *, polling: bool = False, waiting_for: str = "") -> None:
         progress = detail["progress"]
         counts = dict(progress["counts"])
         counts["running"] = counts.get("running", 0) + counts.get("claimed", 0)
@@ -119,6 +119,8 @@ class ProgressView:
         total = progress["total"]
         header = f"campaign {detail['id']} {detail['state']}"
         note = f"ETA {duration(eta)}" if eta is not None and detail["state"] not in FINISHED else ""
+        if waiting_for and detail["state"] not in FINISHED:
+            note = (note + "  " + waiting_for).strip()
         if polling and detail["state"] not in FINISHED:
             note = (note + "  (polling)").strip()
         if self.progress is not None:
@@ -145,10 +147,28 @@ class ProgressView:
             f"{header}: "
             + ", ".join(f"{state} {counts.get(state, 0)}" for state in (*BAR_STATES, "cancelled"))
             + f" of {total}"
+            + (f" ({waiting_for})" if waiting_for else "")
         )
         if line != self.last_line:  # a log, not a display: a new line only when the counts change
-            typer.echo(line + (f", {note}" if note else ""), err=True)
+            eta = f", ETA {duration(eta)}" if eta is not None and detail["state"] not in FINISHED else ""
+            typer.echo(line + eta + (" (polling)" if polling else ""), err=True)
             self.last_line = line
+
+
+def plan_wait(client: ApiClient, detail: dict[str, Any]) -> str:
+    """What queued realisations wait for when nothing runs: their overlap plan being built (or failed)."""
+    counts = detail["progress"]["counts"]
+    if detail["state"] in FINISHED or counts.get("running") or counts.get("claimed") or not counts.get("queued"):
+        return ""
+    plans = client.get("/plans", params={"scan_key": detail["scan_key"], "limit": 50})["items"]
+    states = {plan["state"] for plan in plans if plan["ranks"] == detail["ranks"]}
+    if "building" in states:
+        return "overlap plan: building"
+    if states == {"failed"}:
+        return "overlap plan: failed, to be rebuilt"
+    if not states:
+        return "waiting for a worker"
+    return ""
 
 
 def watch_campaign(
@@ -172,7 +192,11 @@ def watch_campaign(
                 pass
             while True:
                 detail = client.get(f"/campaigns/{campaign_id}")
-                view.show(detail, polling=poker.lost.is_set() and not poker.connected.is_set())
+                view.show(
+                    detail,
+                    polling=poker.lost.is_set() and not poker.connected.is_set(),
+                    waiting_for=plan_wait(client, detail),
+                )
                 if detail["state"] in FINISHED:
                     return detail
                 # With the stream up, events wake us at once and the timeout is only a safety net.
