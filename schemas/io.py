@@ -86,10 +86,29 @@ def _parse(text: str, suffix: str, source: str) -> Any:
     raise SpecError(source, [("", f"unknown spec format {suffix!r}")])
 
 
+EXAMPLE_NAMES = ("demo", "satellite", "ground")
+
+
+def example_spec_text(name: str) -> str:
+    """TOML text of a bundled example spec (``demo``, ``satellite``, ``ground``), read as package data so that
+    it works from an installed wheel as well as from a checkout."""
+    from importlib.resources import files
+
+    resource = files("schemas") / "examples" / f"{name}.toml"
+    if not resource.is_file():
+        raise FileNotFoundError(f"no bundled example {name!r}; available: {', '.join(EXAMPLE_NAMES)}")
+    return resource.read_text(encoding="utf-8")
+
+
+def load_example_spec(name: str) -> CampaignSpec:
+    return parse_spec_text(example_spec_text(name), ".toml", f"bundled example {name}.toml")
+
+
 def example_spec_path(name: str) -> Path:
-    """Path of a bundled example spec (``demo``, ``satellite``, ``ground``)."""
-    path = Path(__file__).with_name("examples") / f"{name}.toml"
-    if not path.is_file():
-        available = sorted(p.stem for p in path.parent.glob("*.toml"))
-        raise FileNotFoundError(f"no bundled example {name!r}; available: {', '.join(available)}")
-    return path
+    """Path of a bundled example spec on disk (a checkout or an unpacked install)."""
+    from importlib.resources import as_file, files
+
+    with as_file(files("schemas") / "examples" / f"{name}.toml") as path:
+        if not path.is_file():
+            raise FileNotFoundError(f"no bundled example {name!r}; available: {', '.join(EXAMPLE_NAMES)}")
+        return Path(path)

@@ -57,9 +57,11 @@ class SatelliteScan(StrictModel):
     kind: Literal["satellite"] = "satellite"
     duration_s: float = Field(86_400.0, gt=0, le=5 * 365.25 * 86_400, description="Length of the observation")
     chunk_s: float = Field(3_600.0, gt=0, description="Length of one data chunk, the unit of the MPI decomposition")
-    spin_period_s: float = Field(60.0, gt=0, le=86_400)
+    spin_period_s: float = Field(60.0, gt=0, le=86_400, description="Period of the boresight around the spin axis")
     spin_angle_deg: float = Field(50.0, gt=0, lt=180, description="Boresight angle from the spin axis")
-    precession_period_s: float = Field(3_600.0, gt=0, le=365.25 * 86_400)
+    precession_period_s: float = Field(
+        3_600.0, gt=0, le=365.25 * 86_400, description="Period of the spin axis around the anti-Sun direction"
+    )
     precession_angle_deg: float = Field(45.0, ge=0, lt=180, description="Spin-axis angle from the anti-Sun direction")
     drift_deg_per_day: float = Field(360.0 / 365.25, ge=0, le=3_600, description="Motion of the anti-Sun direction")
     start_longitude_deg: float = Field(0.0, ge=-360, le=360, description="Ecliptic longitude of the anti-Sun direction at t=0")
@@ -78,14 +80,14 @@ class GroundScan(StrictModel):
     """
 
     kind: Literal["ground"] = "ground"
-    duration_s: float = Field(86_400.0, gt=0, le=5 * 365.25 * 86_400)
+    duration_s: float = Field(86_400.0, gt=0, le=5 * 365.25 * 86_400, description="Length of the observation")
     chunk_s: float = Field(3_600.0, gt=0, description="Length of one data chunk, the unit of the MPI decomposition")
     site_latitude_deg: float = Field(-22.96, ge=-90, le=90, description="Geodetic latitude of the telescope")
-    elevation_deg: float = Field(50.0, gt=0, lt=90)
-    azimuth_min_deg: float = Field(-30.0, ge=-360, le=360)
-    azimuth_max_deg: float = Field(30.0, ge=-360, le=360)
+    elevation_deg: float = Field(50.0, gt=0, lt=90, description="Constant elevation of the boresight")
+    azimuth_min_deg: float = Field(-30.0, ge=-360, le=360, description="Start of the azimuth sweep")
+    azimuth_max_deg: float = Field(30.0, ge=-360, le=360, description="End of the azimuth sweep")
     azimuth_rate_deg_s: float = Field(1.0, gt=0, le=30, description="Scan speed in azimuth")
-    earth_rotation: bool = True
+    earth_rotation: bool = Field(True, description="Let the sky drift through the scan as the Earth turns")
     start_lst_deg: float = Field(0.0, ge=0, lt=360, description="Local sidereal time at t=0")
 
     @model_validator(mode="after")
@@ -130,8 +132,10 @@ class Detector(StrictModel):
 
 
 class FocalPlane(StrictModel):
-    sample_rate_hz: float = Field(20.0, gt=0, le=10_000)
-    detectors: list[Detector] = Field(min_length=1, max_length=MAX_DETECTORS)
+    sample_rate_hz: float = Field(20.0, gt=0, le=10_000, description="Samples per second of every detector")
+    detectors: list[Detector] = Field(
+        min_length=1, max_length=MAX_DETECTORS, description="The detectors, one table each (see below)"
+    )
 
     @field_validator("detectors")
     @classmethod
@@ -150,7 +154,7 @@ class FocalPlane(StrictModel):
 class Pixelization(StrictModel):
     """HEALPix pixelisation in RING ordering."""
 
-    nside: int = Field(64, ge=1, le=MAX_NSIDE)
+    nside: int = Field(64, ge=1, le=MAX_NSIDE, description="HEALPix resolution, a power of two: 12 nside^2 pixels")
 
     @field_validator("nside")
     @classmethod
@@ -184,7 +188,7 @@ class CmbSky(StrictModel):
     """A Gaussian CMB realisation drawn (synfast) from the bundled fiducial C_l."""
 
     kind: Literal["cmb"] = "cmb"
-    cls: Literal["fiducial"] = "fiducial"
+    cls: Literal["fiducial"] = Field("fiducial", description="C_l to draw from: the bundled fiducial spectrum")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the sky realisation")
     fwhm_arcmin: float = Field(0.0, ge=0, le=10_800, description="Gaussian beam full width at half maximum")
     lmax: int | None = Field(None, ge=2, le=6000, description="Default: 3 nside - 1, at most 6000")
@@ -194,7 +198,7 @@ class MapSky(StrictModel):
     """A user-supplied IQU FITS map, relative to the sky-map folder of the site."""
 
     kind: Literal["map"] = "map"
-    path: str
+    path: str = Field(description="IQU FITS map (K), relative to the site's sky_root; no '..', not absolute")
     fwhm_arcmin: float = Field(0.0, ge=0, le=10_800, description="Extra Gaussian smoothing applied to the map")
 
     @field_validator("path")
@@ -223,7 +227,7 @@ class NoiseSpec(StrictModel):
     still weights samples by the white level.
     """
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Simulate noise; false (or noise = \"off\") gives noiseless TOD")
     net_k_sqrt_s: float = Field(50e-6, gt=0, lt=1, description="White-noise level of every detector without an override")
     f_knee_hz: float = Field(0.0, ge=0, le=1_000, description="Knee frequency; 0 gives white noise")
     alpha: float = Field(1.0, gt=0, le=5, description="Slope of the 1/f part")
@@ -253,9 +257,11 @@ Reduction = Literal["auto", "allreduce", "alltoallv", "butterfly", "hybrid"]
 
 class SolverSpec(StrictModel):
     tol: float = Field(1e-6, gt=0, lt=1, description="Relative residual ||r|| / ||b|| at which PCG stops")
-    max_iter: int = Field(200, ge=1, le=10_000)
+    max_iter: int = Field(200, ge=1, le=10_000, description="PCG stops here even if not converged")
     rcond_min: float = Field(1e-2, ge=0, lt=1, description="Pixels whose 3x3 hit matrix has a smaller rcond are cut")
-    reduction: Reduction = "auto"
+    reduction: Reduction = Field(
+        "auto", description="Pixel reduction of each PCG iteration; auto picks by the alpha-beta model"
+    )
     allreduce_buffer_pixels: int = Field(
         1 << 16, ge=1, le=1 << 28, description="Pixels per buffered Allreduce call (the paper's n_b)"
     )
@@ -263,10 +269,12 @@ class SolverSpec(StrictModel):
 
 class ResourceSpec(StrictModel):
     ranks: int = Field(2, ge=1, le=MAX_RANKS, description="MPI ranks per realisation")
-    threads_per_rank: int = Field(1, ge=1, le=256)
+    threads_per_rank: int = Field(1, ge=1, le=256, description="Threads of each rank (numba, FFTs, BLAS)")
     ranks_per_node: int | None = Field(None, ge=1, le=1024, description="Default: all ranks on one node")
     walltime_s: float = Field(3_600.0, ge=1, le=7 * 86_400, description="Wall-time limit of one attempt")
-    memory_mb_per_rank: int | None = Field(None, ge=16, le=4_194_304)
+    memory_mb_per_rank: int | None = Field(
+        None, ge=16, le=4_194_304, description="Memory to ask a batch scheduler for, per rank"
+    )
 
     @property
     def nodes(self) -> int:
@@ -277,7 +285,7 @@ class ResourceSpec(StrictModel):
 class ProductSpec(StrictModel):
     """Monte Carlo products: pseudo-spectra binning and the analysis mask."""
 
-    ell_bin_width: int = Field(8, ge=1, le=1_000)
+    ell_bin_width: int = Field(8, ge=1, le=1_000, description="Multipoles per bin of the pseudo-spectra")
     lmax: int | None = Field(None, ge=2, le=24_576, description="Default: 2 nside")
     apodization_deg: float = Field(5.0, ge=0, le=90, description="Apodisation scale of the hit/rcond mask")
     min_hits: int = Field(3, ge=1, description="Pixels with fewer hits are masked")
@@ -292,13 +300,15 @@ CampaignKind = Literal["signal+noise", "noise-only", "signal-only"]
 class CampaignSpec(StrictModel):
     """Everything that defines a Monte Carlo campaign."""
 
-    name: str = Field(min_length=1, max_length=200)
-    description: str = Field("", max_length=4_000)
-    kind: CampaignKind = "signal+noise"
-    realizations: int = Field(1, ge=1, le=MAX_REALIZATIONS)
+    name: str = Field(min_length=1, max_length=200, description="Shown in listings and the dashboard")
+    description: str = Field("", max_length=4_000, description="Free text for people")
+    kind: CampaignKind = Field(
+        "signal+noise", description="What the TOD holds; noise-only gives the noise bias, signal-only the transfer function"
+    )
+    realizations: int = Field(1, ge=1, le=MAX_REALIZATIONS, description="Monte Carlo realisations to run")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Campaign seed: keys every random stream")
     priority: int = Field(0, ge=-1_000, le=1_000, description="Higher runs first")
-    max_attempts: int = Field(3, ge=1, le=50)
+    max_attempts: int = Field(3, ge=1, le=50, description="Attempts of a realisation before it counts as failed")
     scan: ScanSpec = Field(default_factory=SatelliteScan)
     focal_plane: FocalPlane
     pixelization: Pixelization = Field(default_factory=Pixelization)

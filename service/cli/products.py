@@ -2,9 +2,9 @@
 
 Talks to the service over HTTP with a user token:
 
-* the service: ``--url``, or ``MAPCAMPAIGN_URL``, or ``http://MAPCAMPAIGN_HOST:MAPCAMPAIGN_PORT``;
-* the token: ``MAPCAMPAIGN_TOKEN``, or the file ``--token-file`` / ``MAPCAMPAIGN_TOKEN_FILE``, or the
-  embedded default ``<data dir>/tokens/local-user.token``.
+* the service: ``--url``, or the global ``--server`` / ``MAPCAMPAIGN_SERVER`` (see ``service/cli/_client.py``);
+* the token: the global ``--token`` / ``MAPCAMPAIGN_TOKEN``, or the file ``--token-file`` /
+  ``MAPCAMPAIGN_TOKEN_FILE``, or the embedded default ``<data dir>/tokens/local-user.token``.
 
 Files (``--format``, into ``--out``, default ``./campaign-ID-products``; each written to a temporary
 file and renamed):
@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli._utilities import fail, load_settings
+from service.cli._utilities import fail
 
 
 class Format(str, enum.Enum):
@@ -41,24 +41,9 @@ class Format(str, enum.Enum):
 
 
 def _connection(url: str | None, token_file: Path | None) -> tuple[str, str]:
-    settings = load_settings()
-    base = (url or os.environ.get("MAPCAMPAIGN_URL") or f"http://{settings.host}:{settings.port}").rstrip("/")
-    token = os.environ.get("MAPCAMPAIGN_TOKEN", "").strip()
-    if not token:
-        path = token_file or (
-            Path(os.environ["MAPCAMPAIGN_TOKEN_FILE"])
-            if os.environ.get("MAPCAMPAIGN_TOKEN_FILE")
-            else settings.tokens_dir / "local-user.token"
-        )
-        try:
-            token = path.read_text().strip()
-        except OSError as error:
-            fail(
-                f"no API token: cannot read {path} ({error.strerror})",
-                hint="set MAPCAMPAIGN_TOKEN or --token-file to a user token (mapcampaign token create --user NAME)",
-                code=2,
-            )
-    return base, token
+    from service.cli._client import server_url, user_token
+
+    return server_url(url), user_token(token_file)
 
 
 def _answer_error(answer: Any, what: str) -> None:
@@ -110,7 +95,7 @@ def products(
         int | None, typer.Option("--realization", "-r", min=0, help="One realisation's spectra, map and mask")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout")] = False,
-    url: Annotated[str | None, typer.Option("--url", help="Service root URL (default MAPCAMPAIGN_URL)")] = None,
+    url: Annotated[str | None, typer.Option("--url", help="Service root URL (default: the global --server)")] = None,
     token_file: Annotated[Path | None, typer.Option("--token-file", help="File holding a user API token")] = None,
 ) -> None:
     """Download a campaign's Monte Carlo products: mean and scatter of the spectra with the noise bias or the

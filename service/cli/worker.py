@@ -40,7 +40,10 @@ def worker(
     from worker.settings import WorkerSettings
     from worker.site import SiteError, load_site
 
-    overrides = {"site": site, "server": server, "token_file": token_file, "name": name}
+    from service.cli._client import global_options
+
+    # `mapcampaign --server URL worker` means the same as `mapcampaign worker --server URL`.
+    overrides = {"site": site, "server": server or global_options.server, "token_file": token_file, "name": name}
     try:
         settings = WorkerSettings(**{key: value for key, value in overrides.items() if value is not None})
     except ValidationError as error:

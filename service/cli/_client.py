@@ -1,0 +1,207 @@
+"""What the client commands share: where the service is, the user token, HTTP calls that fail readably, output.
+
+Connection, first found wins:
+
+* the service: ``--server``, ``MAPCAMPAIGN_SERVER``, ``MAPCAMPAIGN_URL`` (older name), the address of a
+  running ``mapcampaign up`` on the same data folder, else ``http://MAPCAMPAIGN_HOST:MAPCAMPAIGN_PORT``;
+* the user token: ``--token``, ``MAPCAMPAIGN_TOKEN``, the file ``MAPCAMPAIGN_TOKEN_FILE``, else
+  ``<data dir>/tokens/local-user.token`` (written by ``up``, ``demo`` and ``serve`` on the embedded default).
+
+Exit codes: 4xx answers are bad usage or input (2), an unreachable service or a 5xx is 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import typer
+
+from service.cli._utilities import fail, load_settings
+
+if TYPE_CHECKING:
+    import httpx
+
+API_PREFIX = "/api/v1"  # schemas.api.API_PREFIX; not imported so that --help stays light
+
+
+@dataclass
+class GlobalOptions:
+    server: str | None = None
+    token: str | None = None
+
+
+# Set once by the top-level callback (``mapcampaign --server URL --token T COMMAND``).
+global_options = GlobalOptions()
+
+
+def local_server_url(host: str, port: int) -> str:
+    # A service listening on every interface is reached on the loopback.
+    reachable = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in reachable and not reachable.startswith("["):
+        reachable = f"[{reachable}]"
+    return f"http://{reachable}:{port}"
+
+
+def up_record_path(data_dir: Path) -> Path:
+    """Where ``mapcampaign up`` notes its URL and pid while it runs (so ``up --port P`` needs no --server later)."""
+    return data_dir / "up" / "server.json"
+
+
+def running_up_url(data_dir: Path) -> str | None:
+    """The URL of the ``up`` running on this data folder, or None (no record, or its process is gone)."""
+    try:
+        record = json.loads(up_record_path(data_dir).read_text())
+        os.kill(int(record["pid"]), 0)
+        return str(record["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def server_url(explicit: str | None = None) -> str:
+    url = explicit or global_options.server or os.environ.get("MAPCAMPAIGN_SERVER") or os.environ.get("MAPCAMPAIGN_URL")
+    if not url:
+        settings = load_settings()
+        url = running_up_url(settings.data_dir) or local_server_url(settings.host, settings.port)
+    url = url.strip().rstrip("/")
+    if url.endswith(API_PREFIX):
+        url = url[: -len(API_PREFIX)]
+    if not url.startswith(("http://", "https://")):
+        fail(f"--server {url!r}: must start with http:// or https://", code=2)
+    return url
+
+
+def user_token(token_file: Path | None = None) -> str:
+    token = global_options.token or os.environ.get("MAPCAMPAIGN_TOKEN", "")
+    if token.strip():
+        return token.strip()
+    if token_file is None and os.environ.get("MAPCAMPAIGN_TOKEN_FILE"):
+        token_file = Path(os.environ["MAPCAMPAIGN_TOKEN_FILE"])
+    path = token_file or load_settings().tokens_dir / "local-user.token"
+    try:
+        token = path.read_text().strip()
+    except OSError as error:
+        fail(
+            f"no API token: cannot read {path} ({error.strerror})",
+            hint="start the service with `mapcampaign up`, or pass --token / set MAPCAMPAIGN_TOKEN "
+            "to a user token (`mapcampaign token create --user NAME`)",
+            code=2,
+        )
+    if not token:
+        fail(f"no API token: {path} is empty", code=2)
+    return token
+
+
+class ApiClient:
+    """A user's httpx client on ``<server>/api/v1``; every failure ends the command with a readable message."""
+
+    def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 60.0):
+        import httpx
+
+        self.server = server_url(server)
+        self.token = token or user_token()
+        self.http = httpx.Client(
+            base_url=self.server + API_PREFIX, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout
+        )
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, *, expected: tuple[int, ...] = (200,), **kwargs: Any) -> "httpx.Response":
+        """The answer when its status is ``expected``; otherwise the command fails (see :func:`fail_on_answer`)."""
+        import httpx
+
+        try:
+            answer = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as error:
+            self.unreachable(error)
+        if answer.status_code not in expected:
+            fail_on_answer(answer, f"{method} {path}")
+        return answer
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs).json()
+
+    def unreachable(self, error: Exception) -> NoReturn:
+        fail(
+            f"cannot reach the service at {self.server}: {type(error).__name__}: {error}",
+            hint="is it running (`mapcampaign up`)? otherwise pass --server URL or set MAPCAMPAIGN_SERVER",
+        )
+
+
+def answer_detail(answer: "httpx.Response") -> Any:
+    try:
+        return answer.json().get("detail", answer.text)
+    except (ValueError, AttributeError):
+        return answer.text
+
+
+def field_problems(answer: "httpx.Response") -> list[tuple[str, str]]:
+    """(dotted field path, reason) pairs of a 422 answer, with the ``body.`` prefix dropped:
+    the path then names the field in the spec file."""
+    detail = answer_detail(answer)
+    if not isinstance(detail, list):
+        return [("", str(detail))]
+    problems = []
+    for item in detail:
+        field = str(item.get("field") or ".".join(str(part) for part in item.get("loc", [])))
+        for prefix in ("body.", "body"):
+            if field.startswith(prefix):
+                field = field[len(prefix) :]
+                break
+        problems.append((field, str(item.get("msg", ""))))
+    return problems
+
+
+def fail_on_answer(answer: "httpx.Response", what: str) -> NoReturn:
+    status = answer.status_code
+    if status == 422:
+        reasons = "; ".join(f"{field}: {msg}" if field else msg for field, msg in field_problems(answer))
+        fail(f"{what}: refused (HTTP 422): {reasons}", code=2)
+    hint = {
+        401: "the token is unknown or revoked: pass --token or set MAPCAMPAIGN_TOKEN",
+        403: "use a user token, not a worker token",
+        404: "no such campaign of yours: `mapcampaign list` shows them",
+    }.get(status)
+    fail(f"{what}: {answer_detail(answer)} (HTTP {status})", hint=hint, code=2 if 400 <= status < 500 else 1)
+
+
+def print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=None, default=str))
+
+
+def stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def stdout_console() -> Any:
+    """Tables on stdout; wide when piped, so that a log or a pager gets whole rows."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def short_time(value: str | None) -> str:
+    """``2026-11-21T20:47:03.123+00:00`` -> ``2026-11-21 20:47:03``."""
+    if not value:
+        return "-"
+    return value.replace("T", " ")[:19]
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")

@@ -1,0 +1,123 @@
+"""``mapcampaign up`` and ``mapcampaign demo``: the embedded default started, used and stopped as a whole."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.cli.conftest import processes_using, run_cli, stdout_json
+from tests.support.live_service import free_port, mapcampaign_command, service_env
+from tests.support.worker_helpers import long_spec, tiny_spec
+
+pytestmark = pytest.mark.integration
+
+
+def wait_until(condition, timeout: float, what: str, process: subprocess.Popen):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if process.poll() is not None:
+            raise AssertionError(f"mapcampaign exited ({process.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def assert_no_processes_left(data_dir, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (left := processes_using(data_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, "processes left behind:\n" + "\n".join(left)
+
+
+def test_up_serves_runs_a_realisation_and_stops_everything_on_sigterm(tmp_path):
+    data_dir = tmp_path / "data"
+    env = service_env(data_dir, free_port(), None, None)
+    up = subprocess.Popen(
+        mapcampaign_command("up"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{env['MAPCAMPAIGN_PORT']}"
+
+        def healthy():
+            try:
+                return httpx.get(url + "/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, 120, "the API", up)
+        token_file = data_dir / "tokens" / "local-user.token"
+        wait_until(token_file.exists, 30, "the local user token", up)
+        # Later commands need neither --server nor --token: same data folder and port as `up`.
+        spec_file = tmp_path / "long.json"
+        # Long enough (tol never reached) to be running when `up` is stopped.
+        spec = long_spec("long", realizations=1)
+        spec["solver"] = {"tol": 1e-30, "max_iter": 10000}
+        spec_file.write_text(json.dumps(spec))
+        campaign_id = stdout_json(run_cli(env, "submit", "--json", str(spec_file)))[0]["campaign_id"]
+        # Not even the port: a running `up` notes its address in the data folder.
+        without_port = {k: v for k, v in env.items() if k not in ("MAPCAMPAIGN_PORT", "MAPCAMPAIGN_HOST")}
+        assert [c["id"] for c in stdout_json(run_cli(without_port, "list", "--json"))] == [campaign_id]
+
+        def running():
+            status = stdout_json(run_cli(env, "status", "--json", str(campaign_id)))
+            return status["progress"]["counts"]["running"] == 1
+
+        wait_until(running, 240, "a running realisation", up)
+        time.sleep(2)  # the MPI ranks are up
+        assert any("mapmaker" in line for line in processes_using(data_dir)), processes_using(data_dir)
+        up.send_signal(signal.SIGTERM)
+        output, _ = up.communicate(timeout=180)
+        assert up.returncode == 0, output
+        assert "stopped" in output
+        assert_no_processes_left(data_dir)
+        assert not (data_dir / "up" / "server.json").exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
+def test_up_refuses_a_taken_port(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = service_env(tmp_path / "data", taken.getsockname()[1], None, None)
+        done = run_cli(env, "up", timeout=60)
+    assert done.returncode == 2 and "is taken" in done.stderr and "--port" in done.stderr
+
+
+def test_demo_runs_a_tiny_campaign_end_to_end(tmp_path):
+    data_dir = tmp_path / "data"
+    env = service_env(data_dir, free_port(), None, None)
+    spec_file = tmp_path / "tiny.json"
+    spec_file.write_text(json.dumps(tiny_spec("tiny demo", realizations=2, **{"resources.ranks": 1})))
+    done = run_cli(env, "demo", "--spec", str(spec_file), timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "campaign 1 succeeded: 2 of 2 realisations succeeded" in done.stdout
+    assert f"{data_dir}/campaigns/1/realizations/<n>/map_iqu.fits (2 found)" in done.stdout
+    products = data_dir / "demo" / "campaign-1-products"
+    assert {p.name for p in products.iterdir()} >= {"mean_map.fits", "variance_map.fits", "mask.fits", "spectra.fits"}
+    assert "dashboard: http://127.0.0.1:" in done.stdout
+    assert_no_processes_left(data_dir)
+    # The demo left its token where later commands look (the service is stopped: they say so).
+    later = run_cli(env, "list")
+    assert later.returncode == 1 and "cannot reach the service" in later.stderr
+
+
+def test_demo_refuses_an_invalid_spec_before_starting_anything(tmp_path):
+    spec_file = tmp_path / "bad.toml"
+    spec_file.write_text('name = "bad"\n[focal_plane]\ndetectors = []\n')
+    env = service_env(tmp_path / "data", free_port(), None, None)
+    done = run_cli(env, "demo", "--spec", str(spec_file), timeout=60)
+    assert done.returncode == 2 and "bad.toml: focal_plane.detectors:" in done.stderr
+    assert not (tmp_path / "data" / "logs").exists()

@@ -1,0 +1,103 @@
+"""``mapcampaign watch``: follows a campaign through the service's events to its end; the exit status says how it ended."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import httpx
+
+from tests.cli.conftest import drive_campaign, run_cli, stdout_json
+from tests.support.live_service import mapcampaign_command
+from tests.support.worker_helpers import tiny_spec
+
+
+def submit(env, tmp_path, name, **changes) -> int:
+    spec_file = tmp_path / f"{name}.json"
+    spec_file.write_text(json.dumps(tiny_spec(name, **changes)))
+    return stdout_json(run_cli(env, "submit", "--json", str(spec_file)))[0]["campaign_id"]
+
+
+def start_watch(env, campaign_id: int) -> subprocess.Popen:
+    watcher = subprocess.Popen(
+        mapcampaign_command("watch", "--json", str(campaign_id)),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)  # let it open the event stream before anything happens
+    assert watcher.poll() is None, watcher.communicate()
+    return watcher
+
+
+def test_watch_exits_0_when_every_realisation_succeeded(fresh_user, cli_service, tmp_path):
+    campaign_id = submit(fresh_user, tmp_path, "all good", realizations=3)
+    watcher = start_watch(fresh_user, campaign_id)
+    drive_campaign(cli_service, campaign_id, name="good")
+    out, err = watcher.communicate(timeout=120)
+    assert watcher.returncode == 0, err
+    final = json.loads(out)
+    assert final["state"] == "succeeded" and final["progress"]["counts"]["succeeded"] == 3
+    # Without a terminal the progress is a log on stderr: one line per change of the counts.
+    assert "succeeded 3" in err and "running" in err
+
+
+def test_watch_exits_1_when_a_realisation_failed(fresh_user, cli_service, tmp_path):
+    campaign_id = submit(fresh_user, tmp_path, "one fails", realizations=3, max_attempts=1)
+    watcher = start_watch(fresh_user, campaign_id)
+    drive_campaign(cli_service, campaign_id, fail_indexes={1}, name="bad")
+    out, err = watcher.communicate(timeout=120)
+    assert watcher.returncode == 1, err
+    final = json.loads(out)
+    assert final["state"] == "failed" and final["progress"]["counts"]["failed"] == 1
+
+
+def test_watch_of_a_finished_or_cancelled_campaign_returns_at_once(fresh_user, tmp_path):
+    campaign_id = submit(fresh_user, tmp_path, "cancel me", realizations=2)
+    run_cli(fresh_user, "cancel", str(campaign_id))
+    done = run_cli(fresh_user, "watch", str(campaign_id), timeout=60)
+    assert done.returncode == 1 and "cancelled" in done.stdout
+    missing = run_cli(fresh_user, "watch", "999999", timeout=60)
+    assert missing.returncode == 2
+
+
+def test_watch_polls_when_the_event_stream_is_unavailable(fresh_user, cli_service, tmp_path):
+    """Through a proxy that refuses /events the watcher still follows the campaign by polling."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    upstream = cli_service.url
+
+    class NoEvents(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            if self.path.startswith("/api/v1/events"):
+                self.send_error(503, "no events here")
+                return
+            answer = httpx.get(upstream + self.path, headers={"Authorization": self.headers["Authorization"]})
+            self.send_response(answer.status_code)
+            self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
+            self.send_header("Content-Length", str(len(answer.content)))
+            self.end_headers()
+            self.wfile.write(answer.content)
+
+        def log_message(self, *args):
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), NoEvents)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        campaign_id = submit(fresh_user, tmp_path, "polled", realizations=2)
+        env = {**fresh_user, "MAPCAMPAIGN_SERVER": f"http://127.0.0.1:{proxy.server_address[1]}"}
+        watcher = subprocess.Popen(
+            mapcampaign_command("watch", "--poll", "0.5", str(campaign_id)),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        time.sleep(1.0)
+        drive_campaign(cli_service, campaign_id, name="polled")
+        out, err = watcher.communicate(timeout=120)
+        assert watcher.returncode == 0, err
+        assert "succeeded" in out
+    finally:
+        proxy.shutdown()
