@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     )
     session_max_age_s: float = Field(12 * 3_600.0, ge=60, le=30 * 86_400, description="Life of a dashboard login")
     cookie_secure: bool = Field(False, description="Mark the session cookie Secure (set when served over HTTPS)")
+    forwarded_allow_ips: str | None = Field(
+        None,
+        min_length=1,
+        description="Reverse proxies (comma-separated IPs, or *) whose X-Forwarded-For/-Proto headers are believed; "
+        "unset: none (the headers are ignored)",
+    )
 
     @field_validator("data_dir")
     @classmethod

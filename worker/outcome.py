@@ -15,7 +15,9 @@ outcome                    when                                                 
 ``app_error``              it exited non-zero (2: bad input; 1: crash)            ``app_error``
 ``plan_refused``           ``realize`` exited 3: the plan does not match or is    ``app_error`` (and the
                            corrupted                                              plan is invalidated)
-``walltime``               the runner killed it at ``resources.walltime_s``       ``walltime``
+``walltime``               the runner killed it at ``resources.walltime_s``, or   ``walltime``
+                           the scheduler ended its block at the block's time
+                           limit (:mod:`worker.scheduler`)
 ``oom``                    a rank was SIGKILLed by someone else (the kernel's     ``oom``
                            OOM killer), or Python raised MemoryError
 ``launch_error``           the runner or the MPI launcher could not start it      ``launch_error``
@@ -84,6 +86,7 @@ class Evidence:
     app_exception_text: str = ""
     stderr_tail: str = ""
     requested_stop: CancelReason | None = None  # what the worker asked for through the cancel file
+    block_ending: str | None = None  # worker.scheduler.BlockEnding: why the scheduler ended the block, if asked
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ def classify(evidence: Evidence) -> Verdict:
             outcome = _stop_outcome(evidence.requested_stop)
             return Verdict(outcome, None, f"stopped before it was launched ({evidence.requested_stop.value})")
         if evidence.app_exception in _LOST_EXCEPTIONS:
+            if evidence.block_ending == "walltime":
+                return Verdict(Outcome.WALLTIME, None, "the batch job running the task reached its wall-time limit")
             return Verdict(
                 Outcome.LOST_WORKER,
                 None,
@@ -152,6 +157,14 @@ def classify(evidence: Evidence) -> Verdict:
             Outcome.LOST_WORKER, exit_code, "the worker stopped touching the liveness file; the task ended itself"
         )
     if ending == Ending.SIGNALLED.value:
+        if evidence.block_ending == "walltime":
+            job = status.get("scheduler_job_id")
+            return Verdict(
+                Outcome.WALLTIME,
+                exit_code,
+                f"the batch job{f' {job}' if job else ''} running the task reached its wall-time limit "
+                f"(the task runner got {status.get('signal', 'a signal')})",
+            )
         return Verdict(
             Outcome.LOST_WORKER,
             exit_code,

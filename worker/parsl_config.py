@@ -57,13 +57,30 @@ def block_init(site: SiteConfig, *, python: str, nodefile: Path | None) -> str:
     return "\n".join(lines)
 
 
+class SlurmBlockProvider(SlurmProvider):
+    """Parsl's ``SlurmProvider``, except that a block Slurm no longer knows counts as finished.
+
+    Without accounting storage Parsl polls ``squeue --job IDS``, and takes a job missing from the
+    answer as completed. But when *none* of the ids is known any more (the only block was purged
+    after ``MinJobAge``, or the controller lost its state), squeue exits 1 with "Invalid job id
+    specified"; Parsl then keeps the block RUNNING forever and never starts another one: the
+    worker would wait for good. An empty answer lets Parsl's own rule apply.
+    """
+
+    def execute_wait(self, cmd: str, timeout: float | None = None) -> tuple[int, str, str]:
+        retcode, stdout, stderr = super().execute_wait(cmd, timeout)
+        if retcode != 0 and cmd.lstrip().startswith("squeue") and "Invalid job id" in (stderr or ""):
+            return 0, "", stderr
+        return retcode, stdout, stderr
+
+
 def build_provider(site: SiteConfig, *, worker_init: str) -> ExecutionProvider:
     spec = site.provider
     counts = {"init_blocks": spec.init_blocks, "min_blocks": spec.min_blocks, "max_blocks": spec.max_blocks}
     if isinstance(spec, LocalProviderSpec):
         return LocalProvider(launcher=SimpleLauncher(), nodes_per_block=1, worker_init=worker_init, **counts)
     if isinstance(spec, SlurmProviderSpec):
-        return SlurmProvider(
+        return SlurmBlockProvider(
             partition=spec.partition,
             account=spec.account,
             qos=spec.qos,
@@ -111,6 +128,9 @@ def build_parsl_config(site: SiteConfig, *, run_dir: Path, python: str, nodefile
         mpi_launcher=site.mpi.launcher,
         heartbeat_period=site.executor.heartbeat_period_s,
         heartbeat_threshold=site.executor.heartbeat_threshold_s,
+        address=site.executor.address,
+        encrypted=site.executor.encrypted,
+        **({"worker_port_range": site.executor.worker_port_range} if site.executor.worker_port_range else {}),
     )
     # MPIExecutor types this argument as a string, which Popen would take as one program name;
     # HighThroughputExecutor, which runs it, wants a list.

@@ -398,6 +398,13 @@ def run(
             )
             killed = terminate_task(child, marker, grace_s)
             return finish(ending, child.returncode, killed_after_grace=killed, **extra)
+    if signals.received is not None:
+        # The scheduler signals every process of the block at once: the command may die of it before the
+        # runner's own check, and its exit is then a consequence of the block ending, not of the task.
+        killed = terminate_task(child, marker, grace_s)
+        return finish(
+            Ending.SIGNALLED, child.returncode, killed_after_grace=killed, signal=signal.Signals(signals.received).name
+        )
     stragglers = sweep_stragglers(marker, grace_s)
     if stragglers:
         print(f"worker.runner: killed {stragglers} processes the command left behind", file=sys.stderr, flush=True)

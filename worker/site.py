@@ -136,11 +136,23 @@ class ExecutorSpec(SiteModel):
     )
     max_idletime_s: float = Field(120.0, ge=0, le=86_400, description="Idle blocks above min_blocks end after this")
     strategy_period_s: float = Field(5.0, gt=0, le=3_600, description="How often Parsl decides to start or end blocks")
+    # Blocks' worker pools connect back to the worker's interchange (inside the cluster, never to the service).
+    address: str | None = Field(
+        None, max_length=255, description="Address of the worker's host that compute nodes reach; default: probe all"
+    )
+    worker_port_range: tuple[int, int] | None = Field(
+        None, description="Ports the interchange listens on for worker pools, [low, high]; default Parsl's 54000-55000"
+    )
+    encrypted: bool = Field(False, description="CurveZMQ-encrypt the interchange <-> worker pool traffic")
 
     @model_validator(mode="after")
     def _threshold(self) -> ExecutorSpec:
         if self.heartbeat_threshold_s <= self.heartbeat_period_s:
             raise ValueError("heartbeat_threshold_s must exceed heartbeat_period_s")
+        if self.worker_port_range is not None:
+            low, high = self.worker_port_range
+            if not 1024 <= low < high <= 65535:
+                raise ValueError("worker_port_range must be [low, high] with 1024 <= low < high <= 65535")
         return self
 
 

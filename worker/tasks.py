@@ -14,6 +14,7 @@ result cannot come back through Parsl (interchange gone) is still reported.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -51,6 +52,7 @@ from worker.runner import (
     write_cancel,
     write_json_atomic,
 )
+from worker.scheduler import block_ending
 from worker.site import SiteConfig
 
 log = logging.getLogger("mapcampaign.worker")
@@ -305,7 +307,18 @@ class TaskRun:
     def verdict(self) -> Verdict:
         if self.stop_reason is CancelReason.LOST:  # no longer ours: whatever happened, the service does not want it
             return Verdict(Outcome.DROPPED, None, "the service gave the task to another worker")
-        return self.early_verdict or classify(self.evidence())
+        if self.early_verdict is not None:
+            return self.early_verdict
+        evidence = self.evidence()
+        verdict = classify(evidence)
+        if verdict.outcome is Outcome.LOST_WORKER and evidence.requested_stop is None:
+            # The block went away under the task: the scheduler may say it was the block's time limit.
+            job_id = (evidence.status or self.runner_info() or {}).get("scheduler_job_id")
+            ending = block_ending(self.context.site.provider.kind, job_id)
+            if ending is not None:
+                log.info("%s: the scheduler says batch job %s ended: %s", self.task_id, job_id, ending.value)
+                verdict = classify(dataclasses.replace(evidence, block_ending=ending.value))
+        return verdict
 
     def finish(self) -> dict[str, Any]:
         """Classify and report; return the task's timeline (wall-clock seconds since the epoch)."""

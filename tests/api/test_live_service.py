@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import pytest
 
 from tests.support.live_service import REPO, start_live_service
 from tests.support.service_helpers import spec_data
@@ -142,3 +143,19 @@ def test_concurrent_claims_hand_out_each_realisation_once(live_service, tmp_path
     with live_service.client(live_service.user_token) as user:
         counts = user.get(f"/campaigns/{campaign['id']}").json()["progress"]["counts"]
     assert counts["claimed"] == total and counts["queued"] == 0
+
+
+@pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
+def test_behind_a_tls_proxy_the_dashboard_believes_forwarded_headers_only_when_told(make_live_service):
+    """The browser's Origin is the proxy's https:// address; the API sees plain HTTP from the proxy. Only with
+    MAPCAMPAIGN_FORWARDED_ALLOW_IPS does it take the scheme from X-Forwarded-Proto, so the login is same-origin."""
+    from_proxy = {"Host": "mapcampaign.example.org", "X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
+    from_proxy["Origin"] = "https://mapcampaign.example.org"
+    for forwarded_allow_ips, expected in ((None, 403), ("127.0.0.1", 303)):
+        env = {"MAPCAMPAIGN_FORWARDED_ALLOW_IPS": forwarded_allow_ips} if forwarded_allow_ips else {}
+        service = make_live_service(env=env)
+        answer = httpx.post(
+            service.url + "/login", data={"token": service.user_token}, headers=from_proxy, follow_redirects=False
+        )
+        assert answer.status_code == expected, answer.text[:300]
+        service.stop()

@@ -110,6 +110,24 @@ def test_touched_liveness_keeps_it_running_and_sigterm_to_the_runner_ends_the_ta
     assert wait_for_no_task_processes(marker, timeout=2) == []
 
 
+def test_a_scheduler_signalling_every_process_at_once_is_still_signalled(tmp_path):
+    """Slurm's scancel or time limit sends SIGTERM to the runner and the ranks together: the ranks' exit
+    is a consequence of the block ending, so the task must not look like an application error."""
+    marker = f"test-block-end-{os.getpid()}"
+    runner = start_runner(tmp_path, marker, mpi(SLEEPER), walltime_s=60, grace_s=1)
+    wait_ranks_up(tmp_path, runner, marker)
+    task = [pid for pid, _, _ in task_processes(marker)]
+    for pid in task:  # the ranks first: their launcher exits before the runner looks at its own signal
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    runner.send_signal(signal.SIGTERM)
+    _, status = finished(tmp_path, runner)
+    assert status["ending"] == "signalled" and status["signal"] == "SIGTERM"
+    assert wait_for_no_task_processes(marker, timeout=2) == []
+
+
 def test_exit_status_passes_through_and_stragglers_are_swept(tmp_path):
     marker = f"test-exit-{os.getpid()}"
     runner = start_runner(tmp_path / "a", marker, mpi("import sys; from mpi4py import MPI; sys.exit(3)"))

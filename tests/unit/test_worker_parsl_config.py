@@ -9,7 +9,7 @@ from parsl.executors import MPIExecutor
 from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider, PBSProProvider, SlurmProvider
 
-from worker.parsl_config import build_parsl_config, local_nodefile_text
+from worker.parsl_config import SlurmBlockProvider, build_parsl_config, local_nodefile_text
 from worker.site import load_site, parse_site
 
 SITES = Path(__file__).resolve().parents[2] / "deploy" / "sites"
@@ -88,3 +88,16 @@ def test_pbs_site(tmp_path):
     assert provider.queue == "debug" and provider.nodes_per_block == 2 and provider.cpus_per_node == 64
     assert provider.select_options == "mpiprocs=64" and executor.mpi_launcher == "mpiexec"
     assert executor.max_workers_per_block == 2
+
+
+def test_network_options_reach_the_executor_and_slurm_blocks_survive_purged_jobs(tmp_path):
+    site = parse_site(
+        {
+            "name": "x",
+            "provider": {"kind": "slurm"},
+            "executor": {"address": "10.0.0.5", "worker_port_range": [54000, 54100], "encrypted": True},
+        }
+    )
+    executor = _executor(build_parsl_config(site, run_dir=tmp_path, python=PYTHON, nodefile=None))
+    assert executor.address == "10.0.0.5" and executor.worker_port_range == (54000, 54100) and executor.encrypted
+    assert isinstance(executor.provider, SlurmBlockProvider)

@@ -16,7 +16,13 @@ SITES = REPO / "deploy" / "sites"
 
 
 @pytest.mark.parametrize(
-    "name, kind, launcher", [("local", "local", "mpiexec"), ("slurm", "slurm", "srun"), ("pbs", "pbspro", "mpiexec")]
+    "name, kind, launcher",
+    [
+        ("local", "local", "mpiexec"),
+        ("slurm", "slurm", "srun"),
+        ("slurm-mpiexec", "slurm", "mpiexec"),
+        ("pbs", "pbspro", "mpiexec"),
+    ],
 )
 def test_bundled_site_files_load(name, kind, launcher):
     site = load_site(SITES / f"{name}.toml")
@@ -105,3 +111,16 @@ def test_cli_refuses_a_bad_site_file_with_exit_2(tmp_path):
         capture_output=True, text=True, timeout=60, cwd=REPO, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "worker token file" in done.stderr and "token create" in done.stderr
+
+
+def test_executor_network_options():
+    site = parse_site(
+        {
+            "name": "x",
+            "provider": {"kind": "slurm"},
+            "executor": {"address": "10.0.0.5", "worker_port_range": [54000, 54100], "encrypted": True},
+        }
+    )
+    assert site.executor.worker_port_range == (54000, 54100) and site.executor.address == "10.0.0.5"
+    with pytest.raises(SiteError, match="worker_port_range"):
+        parse_site({"name": "x", "provider": {"kind": "slurm"}, "executor": {"worker_port_range": [60000, 50000]}})

@@ -1,0 +1,116 @@
+"""Asking the scheduler why a block ended (worker/scheduler.py) and what that makes of a lost task.
+
+The scheduler commands are replaced by small scripts on PATH; the real Slurm is asked in tests/slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_worker_tasks import RecordingClient, finish_with, make_run
+from worker.outcome import Evidence, Outcome, classify
+from worker.scheduler import BlockEnding, block_ending
+from worker.site import parse_site
+from worker.tasks import TaskContext
+
+
+def fake_command(bin_dir: Path, name: str, stdout: str, exit_code: int = 0) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / name
+    # printf is a shell builtin: PATH holds nothing but these fakes.
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' {shlex.quote(stdout)}\nexit {exit_code}\n")
+    script.chmod(0o755)
+
+
+@pytest.fixture
+def fake_bin(tmp_path, monkeypatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))  # nothing else: a missing command must be harmless too
+    return bin_dir
+
+
+@pytest.mark.parametrize(
+    "scontrol_line, ending",
+    [
+        ("JobId=12 JobName=parsl.mpi.block-0 JobState=TIMEOUT Reason=TimeLimit", BlockEnding.WALLTIME),
+        ("JobId=12 JobName=parsl.mpi.block-0 JobState=CANCELLED Reason=None", BlockEnding.ENDED),
+        ("JobId=12 JobName=parsl.mpi.block-0 JobState=NODE_FAIL Reason=NodeDown", BlockEnding.ENDED),
+        ("JobId=12 JobName=parsl.mpi.block-0 JobState=RUNNING Reason=None", None),  # not over: nothing to add
+    ],
+)
+def test_slurm_job_state_decides_the_ending(fake_bin, scontrol_line, ending):
+    fake_command(fake_bin, "scontrol", scontrol_line)
+    assert block_ending("slurm", "12", settle_s=0) == ending
+
+
+def test_unknown_jobs_and_missing_or_broken_commands_give_none(fake_bin):
+    assert block_ending("slurm", "12", settle_s=0) is None  # no scontrol at all
+    fake_command(fake_bin, "scontrol", "slurm_load_jobs error: Invalid job id specified", exit_code=1)
+    assert block_ending("slurm", "99999999", settle_s=0) is None
+    fake_command(fake_bin, "scontrol", "")  # answers, but says nothing
+    assert block_ending("slurm", "12", settle_s=0) is None
+    assert block_ending("slurm", "12; rm -rf /", settle_s=0) is None  # never passed to a command
+    assert block_ending("local", "12") is None and block_ending("slurm", None) is None
+
+
+@pytest.mark.parametrize(
+    "job, ending",
+    [
+        ({"job_state": "F", "Exit_status": -29, "comment": "Job run at ... exceeded resource walltime"}, "walltime"),
+        ({"job_state": "F", "Exit_status": 271, "comment": "Job run at ... and finished"}, "ended"),
+        ({"job_state": "R"}, None),
+    ],
+)
+def test_pbs_job_state_decides_the_ending(fake_bin, job, ending):
+    fake_command(fake_bin, "qstat", json.dumps({"Jobs": {"12.pbs": job}}))
+    result = block_ending("pbspro", "12.pbs", settle_s=0)
+    assert (result.value if result else None) == ending
+
+
+def test_a_block_time_limit_turns_a_lost_worker_into_walltime():
+    signalled = {"ending": "signalled", "exit_code": 143, "signal": "SIGTERM", "scheduler_job_id": "12"}
+    assert classify(Evidence("realize", signalled)).outcome is Outcome.LOST_WORKER
+    assert classify(Evidence("realize", signalled, block_ending="ended")).outcome is Outcome.LOST_WORKER
+    verdict = classify(Evidence("realize", signalled, block_ending="walltime"))
+    assert verdict.outcome is Outcome.WALLTIME and "batch job 12" in verdict.message
+    lost = Evidence("realize", None, app_exception="ManagerLost", block_ending="walltime")
+    assert classify(lost).outcome is Outcome.WALLTIME
+    # The task's own limit, an orphaned task, an ordinary exit: the block's ending does not matter.
+    orphaned = {"ending": "orphaned", "exit_code": -15}
+    assert classify(Evidence("realize", orphaned, block_ending="walltime")).outcome is Outcome.LOST_WORKER
+
+
+def slurm_run(tmp_path: Path, client: RecordingClient):
+    run = make_run(tmp_path, client)
+    site = parse_site(
+        {"name": "slurm", "provider": {"kind": "slurm", "partition": "debug"}, "mpi": {"launcher": "srun"}}
+    )
+    run.context = TaskContext(
+        site=site, layout=run.context.layout, python="/venv/bin/python", marker_prefix="slurm:w:run", client=client
+    )
+    run.prepare()
+    return run
+
+
+@pytest.mark.parametrize(
+    "scontrol_line, exit_code, failure_class",
+    [
+        ("JobId=12 JobState=TIMEOUT Reason=TimeLimit", 0, "walltime"),
+        ("JobId=12 JobState=CANCELLED Reason=None", 0, "lost_worker"),
+        ("slurm_load_jobs error: Invalid job id specified", 1, "lost_worker"),  # a job Slurm does not know
+    ],
+)
+def test_a_task_of_a_signalled_block_is_reported_by_what_slurm_says(
+    tmp_path, fake_bin, scontrol_line, exit_code, failure_class
+):
+    fake_command(fake_bin, "scontrol", scontrol_line, exit_code=exit_code)
+    client = RecordingClient()
+    run = slurm_run(tmp_path, client)
+    finish_with(run, "signalled", 143, signal="SIGTERM", scheduler_job_id="12")
+    [failed] = [call for call in client.calls if call[0] == "failed"]
+    assert failed[2] == failure_class
