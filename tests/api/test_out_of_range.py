@@ -32,3 +32,19 @@ def test_ids_past_the_database_range_are_refused_with_a_4xx(api, method, path, t
     assert answer.json()["code"] == "out_of_range"
     # The session that hit the error was rolled back: the next request works.
     assert api.post("/campaigns", json=spec_data(realizations=1)).status_code == 201
+
+
+def test_an_exhausted_connection_pool_answers_503_busy_not_500(make_api):
+    # Found by the 200-client load run: requests that waited the pool's timeout got a 500.
+    from fastapi import FastAPI
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    def configure(app: FastAPI) -> None:
+        @app.get("/pool-exhausted")
+        def exhausted() -> None:
+            raise PoolTimeout("QueuePool limit of size 10 overflow 10 reached")
+
+    api = make_api(configure=configure)
+    answer = api.client.get("/pool-exhausted")
+    assert answer.status_code == 503 and answer.json()["code"] == "busy"
+    assert answer.headers["Retry-After"] == "2"
