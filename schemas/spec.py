@@ -32,7 +32,9 @@ MAX_DETECTORS = 10_000
 MAX_NSIDE = 8192
 
 # Printable text without control characters; names are shown in terminals and web pages.
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Bidirectional embeddings, overrides and isolates count too: they make a name read differently
+# from what it is ("Trojan Source" spoofing).
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _DETECTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")
 
 

@@ -11,7 +11,8 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.io import format_location
@@ -101,6 +102,20 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(
             503, "the database is busy or unreachable; try again", "database_unavailable", {"Retry-After": "1"}
         )
+
+    # Every pooled connection stayed busy for the pool's timeout: the service is overloaded, not broken.
+    @app.exception_handler(PoolTimeout)
+    async def _pool_exhausted(request: Request, _error: PoolTimeout) -> JSONResponse:
+        log.warning("no database connection free during %s %s: answered 503", request.method, request.url.path)
+        return error_response(503, "the service is busy; try again", "busy", {"Retry-After": "2"})
+
+    # A number past what the database stores (an id over 2**63 - 1 in a path or query) is the
+    # client's mistake: PostgreSQL raises DataError, the SQLite driver OverflowError.
+    @app.exception_handler(DataError)
+    @app.exception_handler(OverflowError)
+    async def _out_of_range(request: Request, error: Exception) -> JSONResponse:
+        log.info("value out of range during %s %s: %s", request.method, request.url.path, type(error).__name__)
+        return error_response(422, "a number or value in the request is out of the range the service stores", "out_of_range")
 
     @app.exception_handler(Exception)
     async def _catch_all(request: Request, error: Exception) -> JSONResponse:

@@ -1,0 +1,258 @@
+"""Load on the live service: many clients read status and list realisations while workers claim and report.
+
+    .venv/bin/python benchmarks/bench_load.py                       # the documented run: 200 clients, 4 workers, 60 s
+    .venv/bin/python benchmarks/bench_load.py --duration 5 --clients 50
+
+A real ``mapcampaign serve`` on a fresh PostgreSQL database on 127.0.0.1:5432 (loopback).
+The readers are asyncio tasks in this process, each with its own HTTP connection, alternating
+``GET /campaigns/{id}`` (status) and ``GET /campaigns/{id}/realizations?limit=50``.
+The workers are protocol-level (tests/support/claimer.py style, not Parsl or the map-maker):
+separate processes that register, claim 1-3 tasks, report started, and report the plan built or a
+fabricated result, as fast as the service answers. Every non-2xx answer or transport error counts
+as an error. At the end the database is checked: every reported success is stored once, no
+realisation succeeded twice.
+
+Figures include the Python HTTP clients, which share the machine (and its cores) with the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.support.service_helpers import result_for, spec_data  # noqa: E402
+
+
+@dataclass
+class LoadReport:
+    duration_s: float
+    clients: int
+    workers: int
+    read_latencies_s: list[float] = field(default_factory=list)
+    worker_latencies_s: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    claims: int = 0
+    busy: int = 0  # 503 answers with Retry-After (the pool was exhausted): retried, not errors
+    reported_successes: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def requests(self) -> int:
+        return len(self.read_latencies_s) + len(self.worker_latencies_s)
+
+    def lines(self) -> list[str]:
+        def percentiles(values: list[float]) -> str:
+            if not values:
+                return "none"
+            ordered = sorted(values)
+            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+            return f"p50 {statistics.median(ordered) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
+
+        return [
+            f"{self.clients} reading clients + {self.workers} protocol-level workers for {self.duration_s:.0f} s "
+            "against PostgreSQL on loopback",
+            f"requests: {self.requests} ({self.requests / self.duration_s:.0f}/s), errors: {len(self.errors)}",
+            f"reads (status + realisation list): {len(self.read_latencies_s)} "
+            f"({len(self.read_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.read_latencies_s)}",
+            f"worker calls (claim/started/report): {len(self.worker_latencies_s)} "
+            f"({len(self.worker_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.worker_latencies_s)}",
+            f"claims: {self.claims}, realisations reported succeeded: {len(self.reported_successes)}, "
+            f"503 busy answers retried: {self.busy}",
+        ]
+
+
+async def _reader(api_url: str, token: str, campaign_ids: list[int], stop_at: float, report: LoadReport) -> None:
+    rng = random.Random()
+    async with httpx.AsyncClient(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+        while time.monotonic() < stop_at:
+            campaign_id = rng.choice(campaign_ids)
+            path = f"/campaigns/{campaign_id}" if rng.random() < 0.5 else f"/campaigns/{campaign_id}/realizations"
+            started = time.perf_counter()
+            try:
+                answer = await client.get(path, params={"limit": 50} if path.endswith("realizations") else None)
+            except httpx.HTTPError as error:
+                report.errors.append(f"GET {path}: {type(error).__name__}: {error}")
+                continue
+            if answer.status_code == 503 and "Retry-After" in answer.headers:
+                report.busy += 1
+                await asyncio.sleep(float(answer.headers["Retry-After"]))
+                continue
+            report.read_latencies_s.append(time.perf_counter() - started)
+            if answer.status_code != 200:
+                report.errors.append(f"GET {path}: {answer.status_code} {answer.text[:200]}")
+
+
+async def _readers(api_url: str, token: str, campaign_ids: list[int], clients: int, stop_at: float, report: LoadReport):
+    await asyncio.gather(*(_reader(api_url, token, campaign_ids, stop_at, report) for _ in range(clients)))
+
+
+def protocol_worker(args: tuple[str, str, str, float, int]) -> dict:
+    """One worker process: claim and report until ``stop_at`` (a wall-clock time shared across processes)."""
+    api_url, token, name, stop_at, seed = args
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    errors: list[str] = []
+    successes: list[tuple[int, int]] = []
+    claims = 0
+    busy = 0
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+
+        def call(path: str, body: dict) -> dict | None:
+            nonlocal busy
+            started = time.perf_counter()
+            try:
+                answer = client.post(path, json=body)
+                while answer.status_code == 503 and "Retry-After" in answer.headers:  # as the real worker does
+                    busy += 1
+                    time.sleep(float(answer.headers["Retry-After"]))
+                    answer = client.post(path, json=body)
+            except httpx.HTTPError as error:
+                errors.append(f"POST {path}: {type(error).__name__}: {error}")
+                return None
+            latencies.append(time.perf_counter() - started)
+            if answer.status_code != 200:
+                errors.append(f"POST {path}: {answer.status_code} {answer.text[:200]}")
+                return None
+            return answer.json()
+
+        registered = call("/workers", {"name": name, "site": "local", "host": name, "capacity": 3})
+        if registered is None:
+            return {"latencies": latencies, "errors": errors, "successes": successes, "claims": claims, "busy": busy}
+        worker_id = registered["id"]
+        while True:  # at least one round, however late the process started
+            answer = call(f"/workers/{worker_id}/claim", {"max_tasks": rng.randint(1, 3)})
+            claims += 1
+            tasks = answer["tasks"] if answer else []
+            if not tasks:
+                time.sleep(0.05)  # an idle worker polls, as the real one does
+            for task in tasks:
+                task_id = task["task_id"]
+                call(f"/tasks/{task_id}/started", {"host": name})
+                if task["kind"] == "preprocess":
+                    call(
+                        f"/tasks/{task_id}/plan-built",
+                        {"path": f"/plans/{task_id}", "checksum": "c", "size_bytes": 1, "build_time_s": 0.1},
+                    )
+                elif call(
+                    f"/tasks/{task_id}/succeeded", {"result": result_for(task["spec"], task["realization"])}
+                ) is not None:
+                    successes.append((task["campaign_id"], task["realization"]))
+            if time.time() >= stop_at:
+                break
+    return {"latencies": latencies, "errors": errors, "successes": successes, "claims": claims, "busy": busy}
+
+
+def run_load(
+    api_url: str,
+    user_token: str,
+    worker_token: str,
+    *,
+    duration_s: float,
+    clients: int = 200,
+    workers: int = 4,
+    realizations: int = 20_000,
+    campaigns: int = 4,
+) -> LoadReport:
+    """Create ``campaigns`` campaigns, then load the service for ``duration_s`` seconds; return what happened."""
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {user_token}"}, timeout=120) as user:
+        campaign_ids = []
+        for number in range(campaigns):
+            answer = user.post("/campaigns", json=spec_data(name=f"load {number}", realizations=realizations // campaigns))
+            answer.raise_for_status()
+            campaign_ids.append(answer.json()["id"])
+    report = LoadReport(duration_s=duration_s, clients=clients, workers=workers)
+    stop_wall = time.time() + duration_s
+    stop_at = time.monotonic() + duration_s
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pending = pool.map_async(
+            protocol_worker, [(api_url, worker_token, f"load-{n}", stop_wall, n) for n in range(workers)]
+        )
+        asyncio.run(_readers(api_url, user_token, campaign_ids, clients, stop_at, report))
+        for outcome in pending.get(timeout=duration_s + 300):
+            report.worker_latencies_s += outcome["latencies"]
+            report.errors += outcome["errors"]
+            report.reported_successes += [tuple(pair) for pair in outcome["successes"]]
+            report.claims += outcome["claims"]
+            report.busy += outcome["busy"]
+    return report
+
+
+def check_database(database_url: str, report: LoadReport) -> list[str]:
+    """Problems in the stored state: a lost or doubled result (empty when all is well)."""
+    import psycopg
+
+    problems = []
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        stored = {
+            (campaign, index)
+            for campaign, index in connection.execute(
+                "SELECT campaign_id, index FROM realizations WHERE state = 'succeeded' AND result IS NOT NULL"
+            )
+        }
+        twice = connection.execute(
+            "SELECT realization_id FROM attempts WHERE ended_at IS NOT NULL AND failure_class IS NULL "
+            "GROUP BY realization_id HAVING count(*) > 1"
+        ).fetchall()
+    reported = set(report.reported_successes)
+    if len(reported) != len(report.reported_successes):
+        problems.append("a realisation was reported succeeded twice and accepted twice")
+    if not reported <= stored:
+        problems.append(f"{len(reported - stored)} accepted results are not stored (lost)")
+    if twice:
+        problems.append(f"{len(twice)} realisations have two successful attempts")
+    return problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load (the requirement: 60)")
+    parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--realizations", type=int, default=20_000, help="queued at the start, over 4 campaigns")
+    options = parser.parse_args()
+
+    from tests.support.databases import create_pg_database, drop_pg_database
+    from tests.support.live_service import start_live_service
+
+    pg_url = create_pg_database("mapcampaign_load")
+    try:
+        with tempfile.TemporaryDirectory(prefix="mapcampaign-load-") as folder:
+            service = start_live_service(Path(folder) / "service", pg_url)
+            try:
+                report = run_load(
+                    service.api_url,
+                    service.user_token,
+                    service.worker_token,
+                    duration_s=options.duration,
+                    clients=options.clients,
+                    workers=options.workers,
+                    realizations=options.realizations,
+                )
+                problems = check_database(pg_url, report)
+            finally:
+                service.stop()
+    finally:
+        drop_pg_database(pg_url)
+    for line in report.lines():
+        print(line)
+    for error in report.errors[:10]:
+        print("error:", error)
+    print("database check:", "; ".join(problems) if problems else "every accepted result stored once, none twice")
+    sys.exit(1 if report.errors or problems else 0)
+
+
+if __name__ == "__main__":
+    main()
