@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from schemas.api import API_PREFIX, Health
+from service.admission import AdmissionMiddleware
 from service.campaigns.router import router as campaigns_router
 from service.config import Settings
 from service.dashboard import mount_dashboard
@@ -85,6 +86,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
+    app.add_middleware(
+        AdmissionMiddleware,
+        permits=settings.max_concurrent_requests or settings.db_pool_size,
+        timeout_s=settings.admission_timeout_s,
+    )
     app.add_middleware(LatencyMiddleware, metrics=metrics)
 
     api = APIRouter(prefix=API_PREFIX)

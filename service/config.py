@@ -41,6 +41,15 @@ class Settings(BaseSettings):
     max_artifact_bytes: int = Field(4 << 30, ge=1_024, le=1 << 40, description="One uploaded product file")
     sqlite_busy_timeout_ms: int = Field(30_000, ge=100, le=600_000)
     db_pool_size: int = Field(10, ge=1, le=200)
+    max_concurrent_requests: int | None = Field(
+        None,
+        ge=1,
+        le=400,
+        description="Requests that may use the database at once (others wait their turn); default: db_pool_size",
+    )
+    admission_timeout_s: float = Field(
+        30.0, ge=0.1, le=600, description="A request waiting longer for its turn is answered 503 busy"
+    )
     events_poll_s: float = Field(0.5, ge=0.01, le=60, description="How often an SSE stream looks for new events")
     sse_keepalive_s: float = Field(15.0, ge=0.1, le=600)
     throughput_window_s: float = Field(3_600.0, ge=1, le=30 * 86_400)

@@ -1,0 +1,76 @@
+"""Admission control: at most a fixed number of requests use the database at once.
+
+FastAPI runs sync endpoints and the enter *and exit* of sync ``yield`` dependencies
+(our sessions) in one thread pool (40 threads). Under many concurrent readers that
+pool and the connection pool can wait on each other: every thread sits in an
+endpoint waiting for a connection, while every connection is held by a finished
+request whose session close waits for a free thread -- a stall until the pool
+timeout (seen with 200 readers on PostgreSQL). Here a request waits for a permit
+on the event loop, holding neither a thread nor a connection, before it reaches
+any of them; with permits at most half the connection pool (a request may hold
+two sessions at once), an admitted request always finds a connection, so it
+always finishes and hands both back. A request that waits longer than the
+admission timeout is answered 503 busy with Retry-After, which clients retry.
+
+Event streams (long-lived, their own brief sessions) and static files are not
+counted.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from schemas.api import API_PREFIX
+
+_UNCOUNTED_PATHS = frozenset({f"{API_PREFIX}/events", "/ui/events", "/healthz"})
+_UNCOUNTED_PREFIXES = ("/static/",)
+
+
+def counted(path: str) -> bool:
+    """Whether a request to ``path`` takes a permit (it may use the database)."""
+    return path not in _UNCOUNTED_PATHS and not path.startswith(_UNCOUNTED_PREFIXES)
+
+
+class AdmissionMiddleware:
+    def __init__(self, app: ASGIApp, *, permits: int, timeout_s: float):
+        self.app = app
+        self.permits = permits
+        self.timeout_s = timeout_s
+        self._semaphore: anyio.Semaphore | None = None  # made on first use, inside the server's event loop
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not counted(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        if self._semaphore is None:
+            self._semaphore = anyio.Semaphore(self.permits)
+        admitted = False
+        with anyio.move_on_after(self.timeout_s):
+            await self._semaphore.acquire()
+            admitted = True
+        if not admitted:
+            await _busy(send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._semaphore.release()
+
+
+async def _busy(send: Send) -> None:
+    body = json.dumps({"detail": "the service is busy; try again", "code": "busy"}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
