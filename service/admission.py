@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from schemas.api import API_PREFIX
 
 _UNCOUNTED_PATHS = frozenset({f"{API_PREFIX}/events", "/ui/events", "/healthz"})
-_UNCOUNTED_PREFIXES = ("/static/",)
+_UNCOUNTED_PREFIXES = ("/static/", "/apidocs/")
 
 
 def counted(path: str) -> bool:

@@ -10,10 +10,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib import resources
 
 import anyio
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
@@ -79,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Monte Carlo CMB map-making campaigns: queue, workers, results",
         lifespan=lifespan,
         openapi_url=f"{API_PREFIX}/openapi.json",
-        docs_url=f"{API_PREFIX}/docs",
+        docs_url=None,  # served below from this service's own files, not from a CDN
         redoc_url=None,
     )
     app.state.settings = settings
@@ -99,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api)
     mount_dashboard(app)  # pages at /, their JSON and events under /ui, files under /static
     mount_products(app)  # Monte Carlo aggregates: API, dashboard panel, result hook
+    mount_api_docs(app)
 
     @app.get("/healthz", response_model=Health, tags=["operations"], responses={503: {"model": Health}})
     def healthz(request: Request) -> JSONResponse:
@@ -124,3 +128,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(payload, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+API_DOCS_STATIC = "/apidocs"
+
+
+def mount_api_docs(app: FastAPI) -> None:
+    """Swagger UI at ``/api/v1/docs``, its script and style from the ``fastapi-offline`` package.
+
+    FastAPI's default page loads them from a CDN: a browser without internet access (a cluster's
+    gateway, a laptop on a plane) would show a blank page.
+    """
+    app.mount(
+        API_DOCS_STATIC,
+        StaticFiles(directory=str(resources.files("fastapi_offline") / "static")),
+        name="apidocs",
+    )
+
+    @app.get(f"{API_PREFIX}/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=f"{API_PREFIX}/openapi.json",
+            title="MapCampaign API",
+            swagger_js_url=f"{API_DOCS_STATIC}/swagger-ui-bundle.js",
+            swagger_css_url=f"{API_DOCS_STATIC}/swagger-ui.css",
+            swagger_favicon_url="/static/favicon.svg",
+        )

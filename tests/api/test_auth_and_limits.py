@@ -115,3 +115,13 @@ def test_health_metrics_and_openapi(api):
     schema = api.client.get("/api/v1/openapi.json").json()
     assert "/api/v1/campaigns" in schema["paths"] and "/api/v1/tasks/{task_id}/artifacts/{name}" in schema["paths"]
     assert {"PreprocessTask", "RealizeTask", "HeartbeatAnswer"} <= set(schema["components"]["schemas"])
+
+
+def test_api_docs_page_uses_the_services_own_swagger_files(api):
+    page = api.client.get("/api/v1/docs")
+    assert page.status_code == 200
+    assert "cdn." not in page.text and "/api/v1/openapi.json" in page.text
+    for asset in ("/apidocs/swagger-ui-bundle.js", "/apidocs/swagger-ui.css"):
+        assert asset in page.text
+        answer = api.client.get(asset)
+        assert answer.status_code == 200 and len(answer.content) > 10_000, asset
