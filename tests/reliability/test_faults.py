@@ -209,10 +209,9 @@ def test_service_cannot_write_products(make_pg_service, tmp_path):
     worker = start_worker(service, write_site(tmp_path / "site.toml", max_tasks=1), "w-no-space")
     realizations_dir = service.data_dir / "campaigns" / str(campaign["id"]) / "realizations"
     try:
-        wait_for(lambda: _failed_attempts(api, campaign["id"]), 240, "an attempt whose upload failed", worker=worker)
-        during = api.campaign(campaign["id"])
-        accepted_during = during["progress"]["counts"].get("succeeded", 0)
-        leftovers = [p.name for p in realizations_dir.rglob("*") if p.is_file()]
+        refused = wait_for(lambda: _failed_attempts(api, campaign["id"]), 240, "a failed attempt", worker=worker)
+        accepted_during = api.campaign(campaign["id"])["progress"]["counts"].get("succeeded", 0)
+        leftovers = _kept_files(realizations_dir, {attempt["id"] for attempt in refused})
         resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))  # space returns
         done = api.wait_state(campaign["id"], {"succeeded", "failed"}, 300, worker)
     finally:
@@ -239,3 +238,14 @@ def test_service_cannot_write_products(make_pg_service, tmp_path):
 
 def _failed_attempts(api: Api, campaign_id: int) -> list[dict]:
     return [a for r in api.realizations(campaign_id) for a in r["attempt_history"] if a["failure_class"]]
+
+
+def _kept_files(realizations_dir: Path, failed_attempt_ids: set[int]) -> list[str]:
+    """Files published, or staged by a failed attempt (not those of an attempt uploading right now)."""
+    failed = {f"attempt-{n}" for n in failed_attempt_ids}
+    kept = []
+    for path in realizations_dir.rglob("*"):
+        parts = path.relative_to(realizations_dir).parts
+        if path.is_file() and (parts[0] != ".staging" or parts[1] in failed):
+            kept.append("/".join(parts))
+    return kept
