@@ -61,6 +61,13 @@ class TooLarge(DomainError):
     code = "too_large"
 
 
+class InsufficientStorage(DomainError):
+    """The service could not write a file it must keep (disk full, quota, file size limit, read-only)."""
+
+    status_code = 507
+    code = "insufficient_storage"
+
+
 class Unavailable(DomainError):
     status_code = 503
     code = "unavailable"

@@ -347,7 +347,7 @@ class TaskRun:
                     timeline.update(self._report_success())
                 except ReportProblem as problem:
                     verdict = Verdict(Outcome.APP_ERROR, 0, str(problem))
-                    self._report_failure(verdict)
+                    self._report_failure(verdict, note=str(problem))
             else:
                 if verdict.outcome is Outcome.PLAN_REFUSED:
                     self._invalidate_plan(verdict.message)
@@ -377,7 +377,12 @@ class TaskRun:
             if path.stat().st_size != product.size_bytes or sha256_of(path) != product.sha256:
                 raise ReportProblem(f"product {product.path!r} does not match the size or sha256 in result.json")
         for product in result.products:
-            self.context.client.upload(self.task_id, product.path, folder / product.path, product.sha256)
+            try:
+                self.context.client.upload(self.task_id, product.path, folder / product.path, product.sha256)
+            except TaskGone:
+                raise
+            except ServiceError as error:  # e.g. 507: the service could not store it; a failed attempt, not a lost one
+                raise ReportProblem(f"the service did not store product {product.path!r}: {error}") from None
         self.context.client.succeeded(self.task_id, result)
         log.info(
             "%s succeeded: %d iterations, %s, %.1f s in the map-maker; %d products uploaded",
@@ -434,10 +439,13 @@ class TaskRun:
         except TaskGone:
             pass
 
-    def _report_failure(self, verdict: Verdict) -> None:
+    def _report_failure(self, verdict: Verdict, *, note: str | None = None) -> None:
+        """``note``: a cause found by the worker itself (the map-maker's stderr does not have it), kept last."""
         failure_class = verdict.outcome.failure_class
         assert failure_class is not None
         stderr = read_tail(self.workdir / STDERR_FILE)
+        if note:
+            stderr = "\n".join(filter(None, [stderr.rstrip(), f"worker: {note}"]))
         report = TaskFailed(
             failure_class=failure_class,
             exit_code=verdict.exit_code,

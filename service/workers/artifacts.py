@@ -15,7 +15,9 @@ or none.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -25,10 +27,21 @@ from pathlib import Path
 
 from schemas.api import is_valid_artifact_name
 from schemas.result import ProductFile
-from service.errors import Invalid, TooLarge
+from service.errors import InsufficientStorage, Invalid, TooLarge
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _NOTE = ".sha256"
+
+log = logging.getLogger("mapcampaign.service")
+
+
+def _storage_failed(what: str, error: OSError) -> InsufficientStorage:
+    """507 naming the operating system's cause (``No space left on device``, ``File too large``, ...)."""
+    cause = f"[Errno {error.errno}] {error.strerror or os.strerror(error.errno or 0)}"
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        cause += " (the service's data folder is full or over a size limit)"
+    log.warning("could not store %s: %s", what, cause)
+    return InsufficientStorage(f"the service could not store {what}: {cause}; nothing was kept, try again later")
 
 
 class ArtifactRejected(Invalid):
@@ -82,11 +95,11 @@ class ArtifactStore:
     ) -> int:
         """Store one upload in the attempt's staging folder; return its size. Replaces an earlier upload."""
         staging = self.staging_dir(campaign_id, attempt_id)
-        staging.mkdir(parents=True, exist_ok=True)
         partial = staging / f".upload-{uuid.uuid4().hex}"
         digest = hashlib.sha256()
         size = 0
         try:
+            staging.mkdir(parents=True, exist_ok=True)
             with open(partial, "wb") as handle:
                 async for chunk in chunks:
                     size += len(chunk)
@@ -100,10 +113,27 @@ class ArtifactStore:
                 raise ArtifactRejected(
                     f"artifact {name!r}: the body's SHA-256 is {digest.hexdigest()}, not {sha256} (X-Content-SHA256)"
                 )
-            os.replace(partial, staging / name)
-            (staging / (name + _NOTE)).write_text(f"{sha256} {size}\n")
+            # The note is what makes an upload count (check_products): written last, and atomically.
+            note_partial = staging / f".note-{uuid.uuid4().hex}"
+            try:
+                note_partial.write_text(f"{sha256} {size}\n")
+                os.replace(partial, staging / name)
+                os.replace(note_partial, staging / (name + _NOTE))
+            finally:
+                note_partial.unlink(missing_ok=True)
+        except OSError as error:
+            # A write that failed (disk full, EFBIG, ...): no file of this name may look uploaded.
+            for leftover in (staging / (name + _NOTE), staging / name):
+                try:
+                    leftover.unlink(missing_ok=True)
+                except OSError:
+                    pass
+            raise _storage_failed(f"artifact {name!r}", error) from None
         finally:
-            partial.unlink(missing_ok=True)
+            try:
+                partial.unlink(missing_ok=True)
+            except OSError:
+                pass
         return size
 
     def check_products(self, *, campaign_id: int, attempt_id: int, products: list[ProductFile]) -> None:
@@ -132,18 +162,21 @@ class ArtifactStore:
         """Move the attempt's products into the realisation folder in one rename; return an undo."""
         staging = self.staging_dir(campaign_id, attempt_id)
         final = self.final_dir(campaign_id, index)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging.mkdir(parents=True, exist_ok=True)
-        keep = {product.path for product in products}
-        for entry in staging.iterdir():
-            if entry.name not in keep:  # notes, partial uploads, files the result does not name
-                entry.unlink(missing_ok=True) if entry.is_file() else shutil.rmtree(entry, ignore_errors=True)
-        if final.exists():
-            # Only a crash between a rename and its commit leaves this: that result was never accepted.
-            leftover = final.with_name(f".replaced-{index}-{uuid.uuid4().hex}")
-            os.rename(final, leftover)
-            shutil.rmtree(leftover, ignore_errors=True)
-        os.rename(staging, final)
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            staging.mkdir(parents=True, exist_ok=True)
+            keep = {product.path for product in products}
+            for entry in staging.iterdir():
+                if entry.name not in keep:  # notes, partial uploads, files the result does not name
+                    entry.unlink(missing_ok=True) if entry.is_file() else shutil.rmtree(entry, ignore_errors=True)
+            if final.exists():
+                # Only a crash between a rename and its commit leaves this: that result was never accepted.
+                leftover = final.with_name(f".replaced-{index}-{uuid.uuid4().hex}")
+                os.rename(final, leftover)
+                shutil.rmtree(leftover, ignore_errors=True)
+            os.rename(staging, final)
+        except OSError as error:  # nothing was moved into place, so nothing is accepted
+            raise _storage_failed(f"the products of realisation {index}", error) from None
 
         def undo() -> None:
             os.rename(final, staging)

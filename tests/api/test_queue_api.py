@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 
 from sqlalchemy import select
@@ -290,3 +291,54 @@ def test_uploads_of_a_failed_attempt_are_discarded(api):
     assert any(staging.iterdir())
     assert api.fail(task["task_id"], "walltime", None).status_code == 200
     assert not any(staging.iterdir())
+
+
+def test_a_product_the_service_cannot_write_is_507_and_leaves_no_file(api, monkeypatch):
+    """Disk full while an upload is flushed, then a folder that cannot be made: 507 naming the cause, no file kept."""
+    import errno
+    import os
+
+    campaign = api.create(realizations=1, max_attempts=2)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    maps = b"SIMPLE = T" * 100
+
+    def put():
+        return api.request(
+            "PUT",
+            f"/tasks/{task['task_id']}/artifacts/iqu.fits",
+            api.alice_worker,
+            content=maps,
+            headers={"X-Content-SHA256": sha256(maps)},
+        )
+
+    real_fsync = os.fsync
+
+    def disk_full(fd):
+        if ".upload-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    realizations = api.settings.products_dir / str(campaign["id"]) / "realizations"
+    monkeypatch.setattr(os, "fsync", disk_full)
+    full = put()
+    monkeypatch.undo()
+    assert full.status_code == 507 and full.json()["code"] == "insufficient_storage"
+    assert "No space left on device" in full.json()["detail"]
+    assert [p.name for p in realizations.rglob("*") if p.is_file()] == []  # no half-written file kept
+    refused = api.succeed(task, products=[product("iqu.fits", maps)])
+    assert refused.status_code == 422 and "not uploaded" in refused.json()["detail"]
+
+    # The staging folder's place taken by a file (a write that fails as root too): 507, not a bare 500.
+    staging = realizations / ".staging"
+    shutil.rmtree(staging)
+    staging.write_bytes(b"")
+    blocked = put()
+    assert blocked.status_code == 507 and "Errno" in blocked.json()["detail"]
+    staging.unlink()
+
+    # Space back: the same attempt uploads and succeeds.
+    assert put().status_code == 201
+    assert api.succeed(task, products=[product("iqu.fits", maps)]).status_code == 200
+    assert (realizations / "0" / "iqu.fits").read_bytes() == maps

@@ -9,6 +9,7 @@ Specs are tiny: nside 8-16, two realisations, one rank.
 from __future__ import annotations
 
 import hashlib
+import resource
 import signal
 import subprocess
 import time
@@ -191,3 +192,60 @@ def test_corrupted_plan_file(make_pg_service, tmp_path):
     assert rebuilt["state"] == "ready" and rebuilt["path"] != plan["path"]
     record("faults", f"truncated plan file: {len(refused)} attempt(s) refused it, plan rebuilt, campaign succeeded")
     api.close()
+
+
+def test_service_cannot_write_products(make_pg_service, tmp_path):
+    """The service's product writes fail (file size limit: EFBIG, the ENOSPC path), then succeed again.
+
+    Root ignores file permissions, so the fault is RLIMIT_FSIZE set on the live ``serve`` process with
+    prlimit(2): CPython ignores SIGXFSZ, so a write past the limit fails with ``File too large``.
+    """
+    service = make_pg_service(env=FAST)
+    api = Api(service)
+    pid = service.process.pid
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (1_024, hard))  # a product file (a FITS map) is larger
+    campaign = api.create(tiny_spec("no room for products", realizations=2, max_attempts=4, **ONE_RANK))
+    worker = start_worker(service, write_site(tmp_path / "site.toml", max_tasks=1), "w-no-space")
+    realizations_dir = service.data_dir / "campaigns" / str(campaign["id"]) / "realizations"
+    try:
+        refused = wait_for(lambda: _failed_attempts(api, campaign["id"]), 240, "a failed attempt", worker=worker)
+        accepted_during = api.campaign(campaign["id"])["progress"]["counts"].get("succeeded", 0)
+        leftovers = _kept_files(realizations_dir, {attempt["id"] for attempt in refused})
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))  # space returns
+        done = api.wait_state(campaign["id"], {"succeeded", "failed"}, 300, worker)
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
+        assert worker.stop(timeout=60) == 0, worker.log_tail()
+    assert accepted_during == 0, "no result accepted while its products could not be written"
+    assert leftovers == [], f"files kept from failed writes: {leftovers}"
+    assert done["state"] == "succeeded", worker.log_tail() + service.log_tail()
+    assert_campaign_sound(api, service, campaign["id"], [worker.marker_prefix])
+    failures = [a for r in api.realizations(campaign["id"]) for a in r["attempt_history"] if a["failure_class"]]
+    assert failures and all(
+        a["failure_class"] == "app_error" and "507" in a["log_tail"] and "File too large" in a["log_tail"]
+        for a in failures
+    ), failures
+    assert not list(realizations_dir.rglob(".upload-*")) and not any((realizations_dir / ".staging").glob("*/*"))
+    record(
+        "faults",
+        f"product writes of the service failing (RLIMIT_FSIZE 1 KiB: EFBIG): uploads answered 507, "
+        f"{len(failures)} attempt(s) app_error naming 'File too large', none accepted; limit lifted: "
+        f"campaign {done['state']}",
+    )
+    api.close()
+
+
+def _failed_attempts(api: Api, campaign_id: int) -> list[dict]:
+    return [a for r in api.realizations(campaign_id) for a in r["attempt_history"] if a["failure_class"]]
+
+
+def _kept_files(realizations_dir: Path, failed_attempt_ids: set[int]) -> list[str]:
+    """Files published, or staged by a failed attempt (not those of an attempt uploading right now)."""
+    failed = {f"attempt-{n}" for n in failed_attempt_ids}
+    kept = []
+    for path in realizations_dir.rglob("*"):
+        parts = path.relative_to(realizations_dir).parts
+        if path.is_file() and (parts[0] != ".staging" or parts[1] in failed):
+            kept.append("/".join(parts))
+    return kept
