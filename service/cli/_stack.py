@@ -118,8 +118,10 @@ class LocalStack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{name}.log", "ab")
         try:
+            # Through worker.pdeathsig: if `up` itself is SIGKILLed (no chance to stop its children),
+            # the kernel sends them SIGTERM, so the API and the worker (which drains) do not live on.
             return subprocess.Popen(
-                [sys.executable, "-m", "service.cli", *args],
+                [sys.executable, "-m", "worker.pdeathsig", sys.executable, "-m", "service.cli", *args],
                 env=self._environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -85,6 +85,33 @@ def test_up_serves_runs_a_realisation_and_stops_everything_on_sigterm(tmp_path):
             up.kill()
 
 
+def test_a_killed_up_takes_its_api_and_worker_with_it(tmp_path):
+    data_dir = tmp_path / "data"
+    env = service_env(data_dir, free_port(), None, None)
+    up = subprocess.Popen(
+        mapcampaign_command("up"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{env['MAPCAMPAIGN_PORT']}"
+
+        def api_and_worker_up():
+            try:
+                healthy = httpx.get(url + "/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+            return healthy and any("service.cli worker" in line for line in processes_using(data_dir))
+
+        wait_until(api_and_worker_up, 120, "the API and the worker", up)
+        assert len(processes_using(data_dir)) >= 2, processes_using(data_dir)
+        up.kill()  # SIGKILL: `up` cannot stop anything itself
+        up.wait(timeout=30)
+        assert_no_processes_left(data_dir, timeout=90)
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
 def test_up_refuses_a_taken_port(tmp_path):
     import socket
 
