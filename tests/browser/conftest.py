@@ -42,7 +42,10 @@ SCREENSHOTS = REPO / "artifacts" / "screenshots"
 VIEWPORT = {"width": 1360, "height": 900}
 
 
-@pytest.fixture(scope="package")
+# Module scope, not package: tests/browser is no Python package, so a "package" fixture would live to
+# the end of the session, and Playwright's sync API keeps an asyncio loop running in the main thread
+# while it is started -- every later asyncio.run() (load test, anyio tests) would then fail.
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: run scripts/install-system-deps as root (apt chromium)", pytrace=False)
