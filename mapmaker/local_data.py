@@ -95,7 +95,7 @@ class LocalData:
     position: np.ndarray | None = None
     cut: np.ndarray | None = None
     kernels: str = DEFAULT_KERNELS
-    _halfcomplex: list[np.ndarray] | None = field(default=None, repr=False)
+    _circulant: list | None = field(default=None, repr=False)
     _scratch_tod: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -189,17 +189,20 @@ class LocalData:
         return self.excluded_in(slice(None))
 
     @property
-    def halfcomplex_filters(self) -> list[np.ndarray]:
-        """The N^-1 filters in the fast kernels' halfcomplex layout, made once (one interval length each)."""
-        if self._halfcomplex is None:
-            from mapmaker.kernels.noise_fast import halfcomplex_filter
+    def circulant_filters(self) -> list:
+        """The fast kernels' N^-1 filters (:class:`~mapmaker.kernels.noise_fast.CirculantFilter`), made once.
+
+        One per filter in use (each filter serves one interval length); ``None`` for filters no interval uses.
+        """
+        if self._circulant is None:
+            from mapmaker.kernels.noise_fast import CirculantFilter
 
             lengths = {int(f): int(n) for f, n in zip(self.filter_index.tolist(), self.interval_lengths.tolist(), strict=True)}
-            self._halfcomplex = [
-                halfcomplex_filter(inverse, lengths[f]) if f in lengths else np.zeros(0)
+            self._circulant = [
+                CirculantFilter(inverse, lengths[f]) if f in lengths else None
                 for f, inverse in enumerate(self.inverse_psds)
             ]
-        return self._halfcomplex
+        return self._circulant
 
     def apply_inverse_noise(self, tod: np.ndarray, workers: int = 1) -> np.ndarray:
         """N^-1 in place on the rank's whole flat TOD [n_samp]; ``workers`` threads."""
@@ -219,7 +222,7 @@ class LocalData:
             from mapmaker.kernels import noise_fast
 
             return noise_fast.apply_inverse_noise(
-                tod, starts, lengths, self.filter_index[intervals], self.halfcomplex_filters, threads=workers
+                tod, starts, lengths, self.filter_index[intervals], self.circulant_filters, threads=workers
             )
         return noise_kernels.apply_inverse_noise(
             tod, starts, lengths, self.filter_index[intervals], self.inverse_psds, workers=workers
@@ -245,7 +248,7 @@ class LocalData:
             else:
                 product = operator_fast.apply_inverse_noise_operator(
                     compute_map, self.local_index, self.weights, self.interval_starts, self.interval_lengths,
-                    self.filter_index, self.halfcomplex_filters, threads=workers,
+                    self.filter_index, self.circulant_filters, threads=workers,
                 )
             if out is None:
                 return self.to_sorted(product)

@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit, prange
 
 from mapmaker import threads as threading
-from mapmaker.kernels.noise_fast import filter_in_place
+from mapmaker.kernels.noise_fast import CirculantFilter
 from mapmaker.kernels.projection_fast import add_partial_maps, scatter_samples
 
 # Samples per batch of back-to-back intervals (32 MiB of buffer per thread); see the module docstring.
@@ -93,7 +93,7 @@ def apply_inverse_noise_operator(
     interval_starts: np.ndarray,
     interval_lengths: np.ndarray,
     filter_index: np.ndarray,
-    halfcomplex_filters: list[np.ndarray],
+    circulant_filters: list[CirculantFilter],
     threads: int = 1,
     out: np.ndarray | None = None,
     batch_samples: int = BATCH_SAMPLES,
@@ -125,7 +125,7 @@ def apply_inverse_noise_operator(
             tod = buffer[:samples]
             gather_samples(local_map, local_index[begin : begin + samples], weights[begin : begin + samples], tod)
             for i in intervals:
-                filter_in_place(tod[starts[i] - begin : starts[i] - begin + lengths[i]], halfcomplex_filters[chosen[i]])
+                circulant_filters[chosen[i]].apply(tod[starts[i] - begin : starts[i] - begin + lengths[i]])
             _scatter(tod, local_index[begin : begin + samples], weights[begin : begin + samples], target)
 
     if len(groups) <= 1:

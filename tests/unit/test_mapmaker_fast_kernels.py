@@ -166,7 +166,7 @@ def test_blocks_match_the_reference(impl, thread_count, rng):
 
 
 def interval_layout(rng):
-    lengths = np.array([4000, 4000, 2501, 4000, 1, 2, 2501, 3999, 4000])
+    lengths = np.array([4000, 4000, 2501, 4002, 1, 2, 2501, 3999, 4000, 6])
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     filter_of_length: dict[tuple[int, int], int] = {}
     filters, filter_index = [], []
@@ -178,8 +178,8 @@ def interval_layout(rng):
             filters.append(1.0 / psd)
         filter_index.append(filter_of_length[key])
     by_index = {index: length for (length, _), index in filter_of_length.items()}
-    halfcomplex = [noise_fast.halfcomplex_filter(filters[i], by_index[i]) for i in range(len(filters))]
-    return starts, lengths, np.array(filter_index), filters, halfcomplex
+    circulant = [noise_fast.CirculantFilter(filters[i], by_index[i]) for i in range(len(filters))]
+    return starts, lengths, np.array(filter_index), filters, circulant
 
 
 def test_halfcomplex_filter_layout():
@@ -190,13 +190,31 @@ def test_halfcomplex_filter_layout():
         noise_fast.halfcomplex_filter(inverse, 9)
 
 
+@pytest.mark.parametrize("length", [*range(1, 41), 4002, 72_000])
+def test_circulant_filter_matches_rfft_multiply_irfft(length, rng):
+    """Even lengths go through the packed half-length complex FFT, odd ones through halfcomplex r2r."""
+    inverse = rng.uniform(0.1, 10.0, length // 2 + 1)
+    tod = rng.standard_normal(length)
+    expected = np.fft.irfft(np.fft.rfft(tod) * inverse, n=length)
+    circulant = noise_fast.CirculantFilter(inverse, length)
+    assert circulant.packed == (length % 2 == 0)
+    buffer = np.zeros(length + 1)
+    segment = buffer[1:]  # 8 bytes off a 16-byte boundary: the packed complex view must not care
+    segment[:] = tod
+    circulant.apply(segment)
+    np.testing.assert_allclose(segment, expected, rtol=0, atol=1e-13 * np.abs(expected).max())
+    assert buffer[0] == 0.0
+    with pytest.raises(ValueError, match="frequencies"):
+        noise_fast.CirculantFilter(inverse[:-1], length)
+
+
 def test_inverse_noise_matches_the_reference(thread_count, rng):
-    starts, lengths, filter_index, filters, halfcomplex = interval_layout(rng)
+    starts, lengths, filter_index, filters, circulant = interval_layout(rng)
     tod = rng.standard_normal(int(lengths.sum()))
     tod[starts[3] : starts[3] + lengths[3]] *= 1e-9  # a faint interval keeps its own precision
     tod[starts[8] : starts[8] + lengths[8]] = 0.0  # a cut interval stays exactly zero
     reference = noise.apply_inverse_noise(tod.copy(), starts, lengths, filter_index, filters)
-    fast = noise_fast.apply_inverse_noise(tod.copy(), starts, lengths, filter_index, halfcomplex, threads=thread_count)
+    fast = noise_fast.apply_inverse_noise(tod.copy(), starts, lengths, filter_index, circulant, threads=thread_count)
     for start, length in zip(starts, lengths, strict=True):  # each interval to 1e-10 of its own scale
         assert_close(fast[start : start + length], reference[start : start + length])
     assert np.all(fast[starts[8] : starts[8] + lengths[8]] == 0.0)
@@ -204,7 +222,7 @@ def test_inverse_noise_matches_the_reference(thread_count, rng):
 
 @pytest.mark.parametrize("batch_samples", [1, 12_000, 1 << 22])
 def test_fused_operator_matches_p_n_pt(batch_samples, thread_count, rng):
-    starts, lengths, filter_index, filters, halfcomplex = interval_layout(rng)
+    starts, lengths, filter_index, filters, circulant = interval_layout(rng)
     n_samp = int(lengths.sum())
     local_index, weights = smooth_pointing(rng, n_samp=n_samp, n_local=700)
     local_map = rng.standard_normal((700, 3))
@@ -212,7 +230,7 @@ def test_fused_operator_matches_p_n_pt(batch_samples, thread_count, rng):
     noise.apply_inverse_noise(tod, starts, lengths, filter_index, filters)
     reference = projection.accumulate_tod_to_map(tod, local_index, weights, 700)
     fused = operator_fast.apply_inverse_noise_operator(
-        local_map, local_index, weights, starts, lengths, filter_index, halfcomplex, threads=thread_count,
+        local_map, local_index, weights, starts, lengths, filter_index, circulant, threads=thread_count,
         batch_samples=batch_samples,
     )
     assert_close(fused, reference)
