@@ -18,12 +18,11 @@ counted.
 
 from __future__ import annotations
 
-import json
-
 import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.api import API_PREFIX
+from service.errors import error_response
 
 _UNCOUNTED_PATHS = frozenset({f"{API_PREFIX}/events", "/ui/events", "/healthz"})
 _UNCOUNTED_PREFIXES = ("/static/", "/apidocs/")
@@ -52,25 +51,11 @@ class AdmissionMiddleware:
             await self._semaphore.acquire()
             admitted = True
         if not admitted:
-            await _busy(send)
+            busy = error_response(503, "the service is busy; try again", "busy", headers={"Retry-After": "1"})
+            await busy(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
             self._semaphore.release()
 
-
-async def _busy(send: Send) -> None:
-    body = json.dumps({"detail": "the service is busy; try again", "code": "busy"}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

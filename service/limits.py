@@ -6,7 +6,6 @@ a body without one is counted as it arrives and refused when it passes it.
 
 from __future__ import annotations
 
-import json
 import re
 
 from starlette.exceptions import HTTPException
@@ -14,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.api import API_PREFIX
 from service.config import Settings
+from service.errors import error_response
 
 _ARTIFACT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/artifacts/[^/]+$")
 _RESULT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/succeeded$")
@@ -43,7 +43,10 @@ class BodyLimitMiddleware:
             except ValueError:
                 too_large = False
             if too_large:
-                await _refuse(send, limit)
+                refusal = error_response(
+                    413, f"request body larger than the limit of {limit} bytes", "too_large", headers={"Connection": "close"}
+                )
+                await refusal(scope, receive, send)
                 return
         received = 0
 
@@ -58,18 +61,3 @@ class BodyLimitMiddleware:
 
         await self.app(scope, counted_receive, send)
 
-
-async def _refuse(send: Send, limit: int) -> None:
-    body = json.dumps({"detail": f"request body larger than the limit of {limit} bytes", "code": "too_large"}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
