@@ -23,7 +23,7 @@ from tests.support.databases import (
     fresh_sqlite_copy,
     migrated_sqlite_template,
 )
-from tests.support.live_service import LiveService, start_live_service
+from tests.support.live_service import LiveService, live_services
 
 DATABASE_KINDS = ["sqlite", "postgresql"]
 
@@ -76,23 +76,9 @@ def make_live_service(
     SQLite uses the embedded default (tokens made on first start); PostgreSQL uses this
     session's database. Every service started is stopped at the end of the test.
     """
-    started: list[LiveService] = []
     pg = request.getfixturevalue("pg_url") if database_kind == "postgresql" else None
-    if pg:
-        empty_pg_tables(pg)
-
-    def make(env: dict[str, str] | None = None) -> LiveService:
-        service = start_live_service(tmp_path / f"service-{len(started)}", pg, env=env)
-        started.append(service)
-        return service
-
-    try:
+    with live_services(tmp_path, pg) as make:
         yield make
-    finally:
-        for service in started:
-            service.stop()
-        if pg:
-            empty_pg_tables(pg)
 
 
 @pytest.fixture

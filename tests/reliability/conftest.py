@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from tests.reliability.figures import FIGURES, REPORT, report_text
-from tests.support.databases import TABLES, empty_pg_tables
-from tests.support.live_service import LiveService, start_live_service
+from tests.support.databases import TABLES
+from tests.support.live_service import LiveService, live_services
 
 # The browser fixtures (Chromium through Playwright) for the escaping test.
 from tests.browser.conftest import chromium, dash, page  # noqa: F401,E402
@@ -23,20 +23,8 @@ from tests.browser.conftest import chromium, dash, page  # noqa: F401,E402
 @pytest.fixture
 def make_pg_service(pg_url: str, tmp_path: Path) -> Iterator[Callable[..., LiveService]]:
     """Factory of live services on this session's PostgreSQL database (emptied before and after)."""
-    started: list[LiveService] = []
-    empty_pg_tables(pg_url)
-
-    def make(env: dict[str, str] | None = None, data_dir: Path | None = None) -> LiveService:
-        service = start_live_service(data_dir or tmp_path / f"service-{len(started)}", pg_url, env=env)
-        started.append(service)
-        return service
-
-    try:
+    with live_services(tmp_path, pg_url) as make:
         yield make
-    finally:
-        for service in started:
-            service.stop()
-        empty_pg_tables(pg_url)
 
 
 @pytest.fixture

@@ -24,6 +24,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,3 +178,30 @@ def start_live_service(
         service.user_token = (tokens / "local-user.token").read_text().strip()
         service.worker_token = (tokens / "local-worker.token").read_text().strip()
     return service
+
+
+@contextmanager
+def live_services(base_dir: Path, database_url: str | None) -> Iterator[Callable[..., LiveService]]:
+    """Factory ``make(env=None)`` of live services under ``base_dir`` on one database; every one stopped at the end.
+
+    ``database_url=None`` is the embedded SQLite of each service; a PostgreSQL database is emptied
+    before the first service starts and after the last one stops.
+    """
+    from tests.support.databases import empty_pg_tables
+
+    started: list[LiveService] = []
+    if database_url:
+        empty_pg_tables(database_url)
+
+    def make(env: dict[str, str] | None = None) -> LiveService:
+        service = start_live_service(base_dir / f"service-{len(started)}", database_url, env=env)
+        started.append(service)
+        return service
+
+    try:
+        yield make
+    finally:
+        for service in started:
+            service.stop()
+        if database_url:
+            empty_pg_tables(database_url)
