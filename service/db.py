@@ -66,20 +66,18 @@ class Base(DeclarativeBase):
 def make_engine(url: str, settings: Settings | None = None, *, pool: bool = True) -> Engine:
     """An engine for ``url`` with the pragmas and pool this service relies on."""
     settings = settings or Settings()
+    # Both databases get the same pool: db_pool_size connections plus as many overflow, so that the
+    # admission control's default of db_pool_size permits is half the pool on either (service/admission.py).
+    kwargs: dict[str, Any] = (
+        {"pool_size": settings.db_pool_size, "max_overflow": settings.db_pool_size} if pool else {"poolclass": NullPool}
+    )
     if url.startswith("sqlite"):
         engine = create_engine(
-            url,
-            connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000, "check_same_thread": False},
-            poolclass=None if pool else NullPool,
+            url, connect_args={"timeout": settings.sqlite_busy_timeout_ms / 1000, "check_same_thread": False}, **kwargs
         )
         _configure_sqlite(engine, settings.sqlite_busy_timeout_ms)
         return engine
-    kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if pool:
-        kwargs.update(pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
-    else:
-        kwargs = {"poolclass": NullPool}
-    return create_engine(url, **kwargs)
+    return create_engine(url, pool_pre_ping=True, **kwargs) if pool else create_engine(url, **kwargs)
 
 
 def _configure_sqlite(engine: Engine, busy_timeout_ms: int) -> None:
