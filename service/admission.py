@@ -12,8 +12,9 @@ two sessions at once), an admitted request always finds a connection, so it
 always finishes and hands both back. A request that waits longer than the
 admission timeout is answered 503 busy with Retry-After, which clients retry.
 
-Event streams (long-lived, their own brief sessions) and static files are not
-counted.
+Event streams (long-lived, their own brief sessions), product uploads (up to GiBs
+streamed with no session held: they check the token and the attempt in brief
+sessions of their own) and static files are not counted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.api import API_PREFIX
 from service.errors import error_response
+from service.limits import ARTIFACT_UPLOAD
 
 _UNCOUNTED_PATHS = frozenset({f"{API_PREFIX}/events", "/ui/events", "/healthz"})
 _UNCOUNTED_PREFIXES = ("/static/", "/apidocs/")
@@ -30,7 +32,9 @@ _UNCOUNTED_PREFIXES = ("/static/", "/apidocs/")
 
 def counted(path: str) -> bool:
     """Whether a request to ``path`` takes a permit (it may use the database)."""
-    return path not in _UNCOUNTED_PATHS and not path.startswith(_UNCOUNTED_PREFIXES)
+    return (
+        path not in _UNCOUNTED_PATHS and not path.startswith(_UNCOUNTED_PREFIXES) and not ARTIFACT_UPLOAD.match(path)
+    )
 
 
 class AdmissionMiddleware:

@@ -15,7 +15,7 @@ from schemas.api import API_PREFIX
 from service.config import Settings
 from service.errors import error_response
 
-_ARTIFACT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/artifacts/[^/]+$")
+ARTIFACT_UPLOAD = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/artifacts/[^/]+$")
 _RESULT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/succeeded$")
 
 
@@ -25,7 +25,7 @@ class BodyLimitMiddleware:
         self.settings = settings
 
     def limit_for(self, path: str) -> int:
-        if _ARTIFACT.match(path):
+        if ARTIFACT_UPLOAD.match(path):
             return self.settings.max_artifact_bytes
         if _RESULT.match(path):
             return self.settings.max_result_body_bytes

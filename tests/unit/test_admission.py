@@ -83,5 +83,7 @@ def test_event_streams_and_static_files_take_no_permit():
     assert not counted("/api/v1/events")
     assert not counted("/ui/events")
     assert not counted("/static/app.js")
+    assert not counted("/api/v1/tasks/7f3a/artifacts/map.fits")  # streamed for minutes, no session held
+    assert counted("/api/v1/tasks/7f3a/succeeded")
     assert counted("/api/v1/campaigns")
     assert counted("/ui/campaigns/3")
