@@ -35,7 +35,7 @@ from schemas.result import RealizationResult
 
 log = logging.getLogger("mapcampaign.worker")
 
-_RETRY_STATUS = {502, 503, 504}
+RETRY_STATUS = {502, 503, 504}
 
 
 class ServiceError(Exception):
@@ -86,7 +86,7 @@ class ServiceClient:
             except httpx.TransportError as error:
                 problem = f"{type(error).__name__}: {error}"
             else:
-                if answer.status_code not in _RETRY_STATUS:
+                if answer.status_code not in RETRY_STATUS:
                     return self._checked(answer, method, path)
                 problem = f"HTTP {answer.status_code}"
             if time.monotonic() + pause > give_up:

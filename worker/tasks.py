@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from schemas.api import PlanBuilt, PlanInvalid, PreprocessTask, RealizeTask, TaskFailed, TaskStarted
 from schemas.plan import PlanReport
 from schemas.result import RealizationResult
-from worker.client import ServiceClient, ServiceError, TaskGone
+from worker.client import RETRY_STATUS, ServiceClient, ServiceError, TaskGone
 from worker.commands import (
     RunnerLimits,
     bash_command,
@@ -381,7 +381,10 @@ class TaskRun:
                 self.context.client.upload(self.task_id, product.path, folder / product.path, product.sha256)
             except TaskGone:
                 raise
-            except ServiceError as error:  # e.g. 507: the service could not store it; a failed attempt, not a lost one
+            except ServiceError as error:
+                if error.status is None or error.status in RETRY_STATUS:
+                    raise  # the service is out of reach, not refusing: the lease runs out, the task is retried as lost
+                # e.g. 507: the service answered that it could not store it; a failed attempt, not a lost one
                 raise ReportProblem(f"the service did not store product {product.path!r}: {error}") from None
         self.context.client.succeeded(self.task_id, result)
         log.info(

@@ -13,7 +13,7 @@ from schemas.api import PlanRef, RealizeTask
 from schemas.spec import CampaignSpec
 from tests.support.service_helpers import result_for
 from tests.support.worker_helpers import tiny_spec
-from worker.client import TaskGone
+from worker.client import ServiceError, TaskGone
 from worker.layout import SiteLayout
 from worker.outcome import Outcome
 from worker.runner import STATUS_FILE, CancelReason
@@ -153,6 +153,40 @@ def test_a_product_that_does_not_match_result_json_is_an_app_error(tmp_path):
     assert failed[2:4] == ("app_error", 0) and "does not match" in failed[4]
     assert not any(call[0] in ("upload", "succeeded") for call in client.calls)
     assert run.workdir.is_dir()  # kept for a look
+
+
+class UploadRefusingClient(RecordingClient):
+    def __init__(self, error: ServiceError):
+        super().__init__()
+        self.error = error
+
+    def upload(self, task_id, name, path, sha256):
+        self._call("upload", task_id, name)
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "reported_failure"),
+    [
+        (ServiceError("507: no space left on device", status=507, code="insufficient_storage"), True),
+        (ServiceError("the service did not answer: connection refused"), False),
+        (ServiceError("503: the service is busy", status=503), False),
+    ],
+)
+def test_a_refused_upload_is_an_app_error_but_an_unreachable_service_is_no_verdict(tmp_path, error, reported_failure):
+    """The service saying it cannot store a product fails the attempt; a service out of reach reports nothing
+    (the lease runs out and the task is retried as lost), since the product may well be stored later."""
+    client = UploadRefusingClient(error)
+    run = make_run(tmp_path, client)
+    run.prepare()
+    write_products(run)
+    finish_with(run, "exited", 0)
+    failed = [call for call in client.calls if call[0] == "failed"]
+    assert not any(call[0] == "succeeded" for call in client.calls)
+    if reported_failure:
+        assert [call[2] for call in failed] == ["app_error"] and "did not store product" in failed[0][4]
+    else:
+        assert failed == []
 
 
 def test_refused_plan_is_invalidated_before_the_failure_report(tmp_path):
