@@ -398,9 +398,10 @@ def run(
             )
             killed = terminate_task(child, marker, grace_s)
             return finish(ending, child.returncode, killed_after_grace=killed, **extra)
-    if signals.received is not None:
+    if signals.received is not None and child.returncode != 0:
         # The scheduler signals every process of the block at once: the command may die of it before the
-        # runner's own check, and its exit is then a consequence of the block ending, not of the task.
+        # runner's own check, and its exit is then a consequence of the block ending, not of the task
+        # (a command that had already exited 0 finished its work: that stays a success).
         killed = terminate_task(child, marker, grace_s)
         return finish(
             Ending.SIGNALLED, child.returncode, killed_after_grace=killed, signal=signal.Signals(signals.received).name
