@@ -214,8 +214,18 @@ class LocalStack:
         # The worker first: it must report its tasks to a service that is still up.
         _terminate(self.worker, timeout_s=drain_s + 60.0)
         _terminate(self.serve, timeout_s=SERVE_STOP_S)
-        up_record_path(self.data_dir).unlink(missing_ok=True)
+        self._remove_own_record()
         self.restore_signal_handlers()
+
+    def _remove_own_record(self) -> None:
+        """Remove the up record only if this process wrote it: another ``up`` on the folder may own it."""
+        record = up_record_path(self.data_dir)
+        try:
+            owner = json.loads(record.read_text()).get("pid")
+        except (OSError, ValueError, AttributeError):
+            return
+        if owner == os.getpid():
+            record.unlink(missing_ok=True)
 
 
 def _terminate(process: subprocess.Popen | None, *, timeout_s: float) -> None:
