@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from tests.support.local_slurm import SBIN_PATH
-from worker.scheduler import BlockEnding, block_ending
+from worker.scheduler import BlockEnding, block_ending, slurm_job_fields
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
@@ -22,7 +22,11 @@ def sbatch(*args: str) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def test_the_worker_asks_slurm_about_a_job_it_does_not_know_without_harm(local_slurm):
+def test_the_worker_asks_slurm_about_a_job_it_does_not_know_without_harm(local_slurm, monkeypatch):
+    monkeypatch.setenv("PATH", SBIN_PATH)  # the real scontrol answers (a missing one would give None too)
+    asked = subprocess.run(["scontrol", "show", "job", "-o", UNKNOWN_JOB], capture_output=True, text=True, timeout=60)
+    assert asked.returncode != 0 and "invalid job id" in asked.stderr.lower(), asked.stderr
+    assert slurm_job_fields(UNKNOWN_JOB) is None
     assert block_ending("slurm", UNKNOWN_JOB, settle_s=0) is None
 
 
