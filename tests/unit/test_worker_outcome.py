@@ -72,8 +72,3 @@ def test_log_tail_keeps_the_last_100_lines():
     assert tail.splitlines() == [f"line {i}" for i in range(150, 250)]
     assert len(log_tail("x" * 100_000)) == 65_536
 
-
-def test_a_signalled_runner_is_lost_worker_unless_the_scheduler_says_time_limit():
-    signalled = {"ending": "signalled", "exit_code": 143, "signal": "SIGTERM", "walltime_s": 60.0}
-    assert classify(Evidence("realize", signalled)).outcome is Outcome.LOST_WORKER
-    assert classify(Evidence("realize", signalled, block_ending="walltime")).outcome is Outcome.WALLTIME
