@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_worker_tasks import RecordingClient, finish_with, make_run
+from tests.support.task_run import RecordingClient, finish_with, make_run
 from worker.outcome import Evidence, Outcome, classify
 from worker.scheduler import BlockEnding, block_ending
 from worker.site import parse_site

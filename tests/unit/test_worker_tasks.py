@@ -4,83 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
-from schemas.api import PlanRef, RealizeTask
 from schemas.spec import CampaignSpec
 from tests.support.service_helpers import result_for
-from tests.support.worker_helpers import tiny_spec
-from worker.client import ServiceError, TaskGone
-from worker.layout import SiteLayout
+from tests.support.task_run import RecordingClient, finish_with, make_run
+from worker.client import ServiceError
 from worker.outcome import Outcome
-from worker.runner import STATUS_FILE, CancelReason
-from worker.site import parse_site
-from worker.tasks import TaskContext, TaskRun
-
-
-class RecordingClient:
-    def __init__(self, gone: set[str] = frozenset()):
-        self.calls: list[tuple] = []
-        self.gone = gone
-
-    def _call(self, *call):
-        self.calls.append(call)
-        if call[0] in self.gone:
-            raise TaskGone(f"{call[0]}: 409", status=409)
-
-    def started(self, task_id, report):
-        self._call("started", task_id, report.host)
-
-    def upload(self, task_id, name, path, sha256):
-        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha256
-        self._call("upload", task_id, name)
-
-    def succeeded(self, task_id, result):
-        self._call("succeeded", task_id, result.realization)
-
-    def failed(self, task_id, report):
-        self._call("failed", task_id, report.failure_class, report.exit_code, report.message, report.log_tail)
-
-    def plan_invalid(self, plan_id, report):
-        self._call("plan_invalid", plan_id, report.task_id, report.checksum)
-
-
-def make_run(
-    tmp_path: Path, client: RecordingClient, *, attempt: int = 2, plan_exists: bool = True, **changes
-) -> TaskRun:
-    site = parse_site({"name": "local", "max_tasks": 1, "provider": {"kind": "local"}})
-    layout = SiteLayout(tmp_path / "site")
-    layout.create()
-    plan = layout.plans / "p.plan"
-    if plan_exists:
-        plan.write_bytes(b"plan")
-    spec = CampaignSpec.model_validate(tiny_spec(**changes))
-    task = RealizeTask(
-        task_id="realize-5",
-        attempt_id=5,
-        campaign_id=1,
-        realization=0,
-        attempt=attempt,
-        spec=spec,
-        plan=PlanRef(id=3, path=str(plan), checksum="sha:plan"),
-        lease_expires_at=datetime.now(UTC),
-    )
-    context = TaskContext(
-        site=site, layout=layout, python="/venv/bin/python", marker_prefix="local:w:run", client=client
-    )
-    return TaskRun(task, context)
-
-
-def finish_with(run: TaskRun, ending: str, exit_code: int | None, stderr: str = "", **extra) -> dict:
-    (run.workdir / "runner.json").write_text(json.dumps({"host": "node7", "launched_at": 1.0}))
-    (run.workdir / "stderr.txt").write_text(stderr)
-    status = {"ending": ending, "exit_code": exit_code, "launched_at": 1.0, "ended_at": 2.0, "walltime_s": 300.0}
-    (run.workdir / STATUS_FILE).write_text(json.dumps({**status, **extra}))
-    assert run.ended()
-    return run.finish()
+from worker.runner import CancelReason
+from worker.tasks import TaskRun
 
 
 def write_products(run: TaskRun, *, corrupt: bool = False) -> None:
