@@ -7,6 +7,10 @@ more from the scheduler, using the job id the runner recorded
 makes the task's attempt a ``walltime`` failure, anything else (``scancel``,
 ``qdel``, node failure, preemption) stays ``lost_worker``.
 
+A block usually runs several tasks, and they are all lost together:
+:class:`BlockEndings` asks once per job and gives the answer to every task
+of it, so the report threads do not each wait out the settling time.
+
 Only ever a best effort: a scheduler command that is missing, slow, fails,
 or does not know the job (purged after ``MinJobAge``, another cluster, a job
 this worker never submitted) gives ``None`` and the classification stays
@@ -21,6 +25,7 @@ import logging
 import re
 import shutil
 import subprocess
+import threading
 import time
 
 log = logging.getLogger("mapcampaign.worker")
@@ -120,3 +125,64 @@ def block_ending(
         if ending is not None or time.monotonic() >= give_up:
             return ending
         time.sleep(SETTLE_POLL_S)
+
+
+# How long an answer about one job is reused: a final state for good (it cannot change), anything else
+# (still running after settling, unknown to the scheduler) briefly, so a later task may ask afresh.
+FINAL_ANSWER_TTL_S = 3600.0
+OPEN_ANSWER_TTL_S = 30.0
+MAX_CACHED_JOBS = 1024
+
+
+class BlockEndings:
+    """:func:`block_ending` asked at most once per batch job at a time, its answers shared (thread-safe).
+
+    The tasks of one block end together and their reports run on several
+    threads; without this each would query the scheduler and wait up to
+    ``settle_s`` for the same job. Callers for the same job wait for the one
+    query in flight; other jobs are not held up.
+    """
+
+    def __init__(
+        self, *, settle_s: float = SETTLE_S, timeout_s: float = QUERY_TIMEOUT_S,
+        open_answer_ttl_s: float = OPEN_ANSWER_TTL_S,
+    ):
+        self.settle_s = settle_s
+        self.timeout_s = timeout_s
+        self.open_answer_ttl_s = open_answer_ttl_s
+        self.queries = 0  # scheduler queries made (each up to settle_s of polling)
+        self._lock = threading.Lock()
+        self._job_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._answers: dict[tuple[str, str], tuple[BlockEnding | None, float]] = {}
+
+    def __call__(self, provider_kind: str, job_id: str | None) -> BlockEnding | None:
+        if not job_id or provider_kind not in ("slurm", "pbspro"):
+            return None
+        key = (provider_kind, job_id)
+        with self._lock:
+            job_lock = self._job_locks.setdefault(key, threading.Lock())
+        with job_lock:
+            with self._lock:
+                answer = self._answers.get(key)
+            if answer is not None and answer[1] > time.monotonic():
+                return answer[0]
+            self.queries += 1
+            ending = block_ending(provider_kind, job_id, settle_s=self.settle_s, timeout_s=self.timeout_s)
+            ttl = FINAL_ANSWER_TTL_S if ending is not None else self.open_answer_ttl_s
+            with self._lock:
+                self._answers.pop(key, None)  # re-inserted last: the dict's order is the order of asking
+                self._answers[key] = (ending, time.monotonic() + ttl)
+                self._forget_expired()
+            return ending
+
+    def _forget_expired(self) -> None:
+        if len(self._answers) <= MAX_CACHED_JOBS:
+            return
+        now = time.monotonic()
+        for key in [k for k, (_, expires) in self._answers.items() if expires <= now]:
+            del self._answers[key]
+            self._job_locks.pop(key, None)
+        while len(self._answers) > MAX_CACHED_JOBS:  # still full of live answers: drop the oldest asked
+            key = next(iter(self._answers))
+            del self._answers[key]
+            self._job_locks.pop(key, None)

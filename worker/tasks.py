@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ from worker.runner import (
     write_cancel,
     write_json_atomic,
 )
-from worker.scheduler import block_ending
+from worker.scheduler import BlockEndings
 from worker.site import SiteConfig
 
 log = logging.getLogger("mapcampaign.worker")
@@ -73,6 +73,7 @@ class TaskContext:
     marker_prefix: str
     client: ServiceClient
     keep_work: bool = False
+    block_endings: BlockEndings = field(default_factory=BlockEndings)  # scheduler answers shared by a block's tasks
 
 
 class ReportProblem(Exception):
@@ -314,7 +315,7 @@ class TaskRun:
         if verdict.outcome is Outcome.LOST_WORKER and evidence.requested_stop is None:
             # The block went away under the task: the scheduler may say it was the block's time limit.
             job_id = (evidence.status or self.runner_info() or {}).get("scheduler_job_id")
-            ending = block_ending(self.context.site.provider.kind, job_id)
+            ending = self.context.block_endings(self.context.site.provider.kind, job_id)
             if ending is not None:
                 log.info("%s: the scheduler says batch job %s ended: %s", self.task_id, job_id, ending.value)
                 verdict = classify(dataclasses.replace(evidence, block_ending=ending.value))

@@ -7,23 +7,33 @@ from __future__ import annotations
 
 import json
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.support.task_run import RecordingClient, finish_with, make_run
 from worker.outcome import Evidence, Outcome, classify
-from worker.scheduler import BlockEnding, block_ending
+from worker.scheduler import BlockEnding, BlockEndings, block_ending
 from worker.site import parse_site
 from worker.tasks import TaskContext
 
 
 def fake_command(bin_dir: Path, name: str, stdout: str, exit_code: int = 0) -> None:
+    """``name`` on PATH prints ``stdout``, exits ``exit_code``, and appends its arguments to ``bin_dir/name.calls``."""
     bin_dir.mkdir(exist_ok=True)
     script = bin_dir / name
-    # printf is a shell builtin: PATH holds nothing but these fakes.
-    script.write_text(f"#!/bin/sh\nprintf '%s\\n' {shlex.quote(stdout)}\nexit {exit_code}\n")
+    calls = shlex.quote(str(bin_dir / f"{name}.calls"))
+    # printf and echo are shell builtins: PATH holds nothing but these fakes.
+    script.write_text(
+        f"#!/bin/sh\necho \"$*\" >> {calls}\nprintf '%s\\n' {shlex.quote(stdout)}\nexit {exit_code}\n"
+    )
     script.chmod(0o755)
+
+
+def calls_of(bin_dir: Path, name: str) -> list[str]:
+    path = bin_dir / f"{name}.calls"
+    return path.read_text().splitlines() if path.exists() else []
 
 
 @pytest.fixture
@@ -114,3 +124,44 @@ def test_a_task_of_a_signalled_block_is_reported_by_what_slurm_says(
     finish_with(run, "signalled", 143, signal="SIGTERM", scheduler_job_id="12")
     [failed] = [call for call in client.calls if call[0] == "failed"]
     assert failed[2] == failure_class
+
+
+def test_the_tasks_of_one_block_share_one_scheduler_query(fake_bin):
+    """Eight tasks of block 12 end at once on eight report threads: one scontrol call answers them all."""
+    fake_command(fake_bin, "scontrol", "JobId=12 JobState=TIMEOUT Reason=TimeLimit")
+    endings = BlockEndings(settle_s=0)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: endings("slurm", "12"), range(8)))
+    assert answers == [BlockEnding.WALLTIME] * 8
+    assert calls_of(fake_bin, "scontrol") == ["show job -o 12"]
+    fake_command(fake_bin, "scontrol", "JobId=13 JobState=CANCELLED Reason=None")
+    assert endings("slurm", "13") is BlockEnding.ENDED  # another block is asked on its own
+    assert endings("slurm", "12") is BlockEnding.WALLTIME  # a final answer stays
+    assert calls_of(fake_bin, "scontrol") == ["show job -o 12", "show job -o 13"]
+    assert endings.queries == 2
+
+
+def test_an_open_answer_is_reused_only_briefly(fake_bin):
+    """Still RUNNING after settling: the block's next task is not held up again, but once the answer is
+    old the job is asked afresh and its final state is found."""
+    fake_command(fake_bin, "scontrol", "JobId=12 JobState=RUNNING Reason=None")
+    endings = BlockEndings(settle_s=0)
+    assert endings("slurm", "12") is None and endings("slurm", "12") is None
+    assert len(calls_of(fake_bin, "scontrol")) == 1
+    endings = BlockEndings(settle_s=0, open_answer_ttl_s=0.0)
+    assert endings("slurm", "12") is None
+    fake_command(fake_bin, "scontrol", "JobId=12 JobState=TIMEOUT Reason=TimeLimit")
+    assert endings("slurm", "12") is BlockEnding.WALLTIME and endings("slurm", "12") is BlockEnding.WALLTIME
+    assert len(calls_of(fake_bin, "scontrol")) == 3 and endings.queries == 2
+
+
+def test_two_lost_tasks_of_one_block_ask_slurm_once(tmp_path, fake_bin):
+    fake_command(fake_bin, "scontrol", "JobId=12 JobState=TIMEOUT Reason=TimeLimit")
+    client = RecordingClient()
+    first = slurm_run(tmp_path / "a", client)
+    second = slurm_run(tmp_path / "b", client)
+    second.context = first.context  # one worker: one context for all its tasks
+    for run in (first, second):
+        finish_with(run, "signalled", 143, signal="SIGTERM", scheduler_job_id="12")
+    assert [call[2] for call in client.calls if call[0] == "failed"] == ["walltime", "walltime"]
+    assert calls_of(fake_bin, "scontrol") == ["show job -o 12"]
