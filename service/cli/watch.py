@@ -155,10 +155,20 @@ class ProgressView:
             self.last_line = line
 
 
+# Plan events carry no campaign, so a campaign's stream does not say when its plan changes: /plans is
+# asked again when the campaign's counts change, or after this many seconds of the same wait.
+PLAN_REFRESH_S = 10.0
+
+
+def waiting(detail: dict[str, Any]) -> bool:
+    """Realisations are queued and none runs: the campaign waits for something (a plan, a worker)."""
+    counts = detail["progress"]["counts"]
+    return detail["state"] not in FINISHED and bool(counts.get("queued")) and not (counts.get("running") or counts.get("claimed"))
+
+
 def plan_wait(client: ApiClient, detail: dict[str, Any]) -> str:
     """What queued realisations wait for when nothing runs: their overlap plan being built (or failed)."""
-    counts = detail["progress"]["counts"]
-    if detail["state"] in FINISHED or counts.get("running") or counts.get("claimed") or not counts.get("queued"):
+    if not waiting(detail):
         return ""
     plans = client.get("/plans", params={"scan_key": detail["scan_key"], "limit": 50})["items"]
     states = {plan["state"] for plan in plans if plan["ranks"] == detail["ranks"]}
@@ -169,6 +179,26 @@ def plan_wait(client: ApiClient, detail: dict[str, Any]) -> str:
     if not states:
         return "waiting for a worker"
     return ""
+
+
+class PlanWait:
+    """:func:`plan_wait`, asked of the service only when the campaign changed or the answer is PLAN_REFRESH_S old."""
+
+    def __init__(self, client: ApiClient, *, refresh_s: float = PLAN_REFRESH_S):
+        self.client = client
+        self.refresh_s = refresh_s
+        self.asked = 0  # GET /plans made
+        self._key: tuple | None = None
+        self._answer = ""
+        self._asked_at = float("-inf")
+
+    def __call__(self, detail: dict[str, Any]) -> str:
+        key = (detail["state"], tuple(sorted(detail["progress"]["counts"].items())))
+        if key != self._key or time.monotonic() - self._asked_at >= self.refresh_s:
+            self.asked += waiting(detail)
+            self._answer = plan_wait(self.client, detail)
+            self._key, self._asked_at = key, time.monotonic()
+        return self._answer
 
 
 def watch_campaign(
@@ -182,6 +212,7 @@ def watch_campaign(
             view.show(detail)
         return detail
     poker.start()
+    waiting_for = PlanWait(client)
     try:
         with ProgressView(campaign_id, quiet=quiet) as view:
             view.show(detail)
@@ -195,7 +226,7 @@ def watch_campaign(
                 view.show(
                     detail,
                     polling=poker.lost.is_set() and not poker.connected.is_set(),
-                    waiting_for=plan_wait(client, detail),
+                    waiting_for=waiting_for(detail),
                 )
                 if detail["state"] in FINISHED:
                     return detail

@@ -101,3 +101,41 @@ def test_watch_polls_when_the_event_stream_is_unavailable(fresh_user, cli_servic
         assert "succeeded" in out
     finally:
         proxy.shutdown()
+
+
+def test_watch_says_what_a_queued_campaign_waits_for_and_asks_for_plans_only_when_due(fresh_user, cli_service, tmp_path):
+    """No worker: "waiting for a worker"; a worker building the campaign's overlap plan: "overlap plan: building".
+    The plan's state is read again only when the campaign's counts change or the last answer is old."""
+    from service.cli._client import ApiClient
+    from service.cli.watch import PlanWait
+    from tests.support.fake_worker import FakeWorker
+
+    # A scan of its own: no plan of an earlier test's campaign serves it.
+    campaign_id = submit(fresh_user, tmp_path, "waits", realizations=2, **{"scan.duration_s": 480.0})
+    with ApiClient(fresh_user["MAPCAMPAIGN_SERVER"], fresh_user["MAPCAMPAIGN_TOKEN"]) as client:
+        detail = client.get(f"/campaigns/{campaign_id}")
+        waits = PlanWait(client, refresh_s=0.5)
+        assert waits(detail) == "waiting for a worker"
+        assert waits(detail) == "waiting for a worker" and waits.asked == 1  # same counts, fresh answer: not asked
+        worker = FakeWorker(cli_service.api_url, cli_service.worker_token, name="plan-builder")
+        try:
+            while True:  # other tests' leftovers are failed on the way, as drive_campaign does
+                [task] = worker.claim(1)
+                worker.start(task)
+                if task["kind"] == "preprocess" and task["scan_key"] == detail["scan_key"]:
+                    break
+                if task["kind"] == "preprocess":
+                    worker.client.post(f"/tasks/{task['task_id']}/plan-built", json={
+                        "path": "/scratch/plan", "checksum": "sha256:0", "size_bytes": 1, "build_time_s": 0.1,
+                    }).raise_for_status()
+                else:
+                    worker.fail(task, "app_error", exit_code=1, log_tail="not this test's\n")
+            assert waits(detail) == "waiting for a worker" and waits.asked == 1
+            time.sleep(0.6)
+            assert waits(detail) == "overlap plan: building" and waits.asked == 2
+            worker.client.post(f"/tasks/{task['task_id']}/plan-built", json={
+                "path": "/scratch/plan", "checksum": "sha256:0", "size_bytes": 1, "build_time_s": 0.1,
+            }).raise_for_status()
+        finally:
+            worker.close()
+    drive_campaign(cli_service, campaign_id, name="waits")
