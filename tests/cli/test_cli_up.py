@@ -7,11 +7,10 @@ import signal
 import subprocess
 import time
 
-import httpx
 import pytest
 
 from tests.cli.conftest import processes_using, run_cli, stdout_json
-from tests.support.live_service import free_port, mapcampaign_command, service_env
+from tests.support.live_service import free_port, is_healthy, mapcampaign_command, service_env
 from tests.support.worker_helpers import long_spec, tiny_spec
 
 pytestmark = pytest.mark.integration
@@ -47,13 +46,7 @@ def test_up_serves_runs_a_realisation_and_stops_everything_on_sigterm(tmp_path):
     try:
         url = f"http://127.0.0.1:{env['MAPCAMPAIGN_PORT']}"
 
-        def healthy():
-            try:
-                return httpx.get(url + "/healthz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, 120, "the API", up)
+        wait_until(lambda: is_healthy(url), 120, "the API", up)
         token_file = data_dir / "tokens" / "local-user.token"
         wait_until(token_file.exists, 30, "the local user token", up)
         # Later commands need neither --server nor --token: same data folder and port as `up`.
@@ -96,11 +89,7 @@ def test_a_killed_up_takes_its_api_and_worker_with_it(tmp_path):
         url = f"http://127.0.0.1:{env['MAPCAMPAIGN_PORT']}"
 
         def api_and_worker_up():
-            try:
-                healthy = httpx.get(url + "/healthz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-            return healthy and any("service.cli worker" in line for line in processes_using(data_dir))
+            return is_healthy(url) and any("service.cli worker" in line for line in processes_using(data_dir))
 
         wait_until(api_and_worker_up, 120, "the API and the worker", up)
         assert len(processes_using(data_dir)) >= 2, processes_using(data_dir)

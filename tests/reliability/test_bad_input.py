@@ -11,7 +11,6 @@ import hashlib
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest

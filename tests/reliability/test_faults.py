@@ -15,12 +15,11 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.reliability.figures import record
-from tests.support.live_service import REPO, LiveService, mapcampaign_command
-from tests.support.processes import task_processes, wait_for_no_task_processes
+from tests.support.live_service import REPO, LiveService, is_healthy, mapcampaign_command
+from tests.support.processes import wait_for_no_task_processes
 from tests.support.worker_helpers import Api, long_spec, running_task_processes, start_worker, tiny_spec, wait_for, write_site
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration, pytest.mark.mpi, pytest.mark.timeout(600)]
@@ -65,10 +64,7 @@ def restart_service(service: LiveService) -> LiveService:
 def _healthy(service: LiveService) -> bool:
     if service.process.poll() is not None:
         raise AssertionError(f"the service exited ({service.process.returncode}):\n{service.log_tail()}")
-    try:
-        return httpx.get(service.url + "/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return is_healthy(service.url)
 
 
 def test_sigkill_of_the_api_and_a_restart(make_pg_service, tmp_path):

@@ -164,11 +164,8 @@ def start_live_service(
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"mapcampaign serve exited with {process.returncode}:\n{service.log_tail()}")
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
+        if is_healthy(url):
+            break
         if time.monotonic() > deadline:
             service.stop()
             raise RuntimeError(f"mapcampaign serve did not answer within {startup_timeout} s:\n{service.log_tail()}")
@@ -178,6 +175,14 @@ def start_live_service(
         service.user_token = (tokens / "local-user.token").read_text().strip()
         service.worker_token = (tokens / "local-worker.token").read_text().strip()
     return service
+
+
+def is_healthy(url: str) -> bool:
+    """``GET url/healthz`` answers 200 (False while the service is not up or not listening)."""
+    try:
+        return httpx.get(url + "/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @contextmanager
