@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 
 from service.auth.deps import CurrentUser, CurrentWorker
 from service.config import Settings
+from schemas.spec import MAX_REALIZATIONS
 from service.db import Database, ReadSessionDep, SessionDep, get_database
 
 
@@ -18,4 +19,17 @@ def get_app_settings(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
 
-__all__ = ["CurrentUser", "CurrentWorker", "DatabaseDep", "ReadSessionDep", "SessionDep", "SettingsDep"]
+# Ids in paths and queries, bounded by what the database stores (PostgreSQL's bigint, SQLite's INTEGER):
+# a number past it is a 422 naming the parameter, not a driver error deep in a query.
+MAX_ROW_ID = 2**63 - 1
+RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="Id (1 to 2^63 - 1)")]
+RowIdQuery = Annotated[int | None, Query(ge=1, le=MAX_ROW_ID, description="Id (1 to 2^63 - 1)")]
+EventPosition = Annotated[int, Query(ge=0, le=MAX_ROW_ID, description="Start after this event id (0: from the start)")]
+RealizationIndex = Annotated[
+    int, Path(ge=0, lt=MAX_REALIZATIONS, description=f"Realisation index (0 to {MAX_REALIZATIONS - 1})")
+]
+
+__all__ = [
+    "CurrentUser", "CurrentWorker", "DatabaseDep", "EventPosition", "RealizationIndex", "ReadSessionDep", "RowId",
+    "RowIdQuery", "SessionDep", "SettingsDep",
+]

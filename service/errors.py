@@ -116,8 +116,9 @@ def install_error_handlers(app: FastAPI) -> None:
         log.warning("no database connection free during %s %s: answered 503", request.method, request.url.path)
         return error_response(503, "the service is busy; try again", "busy", {"Retry-After": "2"})
 
-    # A number past what the database stores (an id over 2**63 - 1 in a path or query) is the
-    # client's mistake: PostgreSQL raises DataError, the SQLite driver OverflowError.
+    # A number past what the database stores is the client's mistake. Ids in paths and queries are
+    # bounded where they are declared (service.deps.RowId: a 422 naming the parameter); this is the
+    # backstop for any other: PostgreSQL raises DataError, the SQLite driver OverflowError.
     @app.exception_handler(DataError)
     @app.exception_handler(OverflowError)
     async def _out_of_range(request: Request, error: Exception) -> JSONResponse:

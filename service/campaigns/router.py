@@ -20,7 +20,7 @@ from schemas.api import (
 )
 from schemas.spec import CampaignKind, CampaignSpec
 from service.campaigns import service
-from service.deps import CurrentUser, ReadSessionDep, SessionDep, SettingsDep
+from service.deps import CurrentUser, RealizationIndex, ReadSessionDep, RowId, SessionDep, SettingsDep
 from service.workers.artifacts import ArtifactStore
 
 router = APIRouter(
@@ -94,7 +94,7 @@ def list_campaigns(
 
 
 @router.get("/{campaign_id}", response_model=CampaignDetail)
-def get_campaign(campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> CampaignDetail:
+def get_campaign(campaign_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> CampaignDetail:
     campaign = service.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     return service.detail(
         session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
@@ -103,7 +103,7 @@ def get_campaign(campaign_id: int, user: CurrentUser, session: ReadSessionDep, s
 
 @router.post("/{campaign_id}/cancel", response_model=CampaignDetail, responses={409: {"model": ErrorBody}})
 def cancel_campaign(
-    campaign_id: int, user: CurrentUser, session: SessionDep, settings: SettingsDep, body: CancelRequest | None = None
+    campaign_id: RowId, user: CurrentUser, session: SessionDep, settings: SettingsDep, body: CancelRequest | None = None
 ) -> CampaignDetail:
     reason = (body or CancelRequest()).reason
     campaign = service.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
@@ -114,13 +114,13 @@ def cancel_campaign(
 
 
 @router.post("/{campaign_id}/retry", response_model=RetryAnswer, responses={409: {"model": ErrorBody}})
-def retry_failed(campaign_id: int, user: CurrentUser, session: SessionDep) -> RetryAnswer:
+def retry_failed(campaign_id: RowId, user: CurrentUser, session: SessionDep) -> RetryAnswer:
     campaign, requeued = service.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     return RetryAnswer(requeued=requeued, campaign=service.summary(campaign, user.user_name))
 
 
 @router.delete("/{campaign_id}", status_code=status.HTTP_204_NO_CONTENT, responses={409: {"model": ErrorBody}})
-def delete_campaign(campaign_id: int, user: CurrentUser, session: SessionDep, settings: SettingsDep) -> Response:
+def delete_campaign(campaign_id: RowId, user: CurrentUser, session: SessionDep, settings: SettingsDep) -> Response:
     service.delete_campaign(
         session=session, owner_id=user.user_id, campaign_id=campaign_id, products_dir=settings.products_dir
     )
@@ -129,7 +129,7 @@ def delete_campaign(campaign_id: int, user: CurrentUser, session: SessionDep, se
 
 @router.get("/{campaign_id}/realizations", response_model=RealizationPage)
 def list_realizations(
-    campaign_id: int,
+    campaign_id: RowId,
     user: CurrentUser,
     session: ReadSessionDep,
     settings: SettingsDep,
@@ -149,5 +149,5 @@ def list_realizations(
 
 
 @router.get("/{campaign_id}/realizations/{index}", response_model=RealizationDetail)
-def get_realization(campaign_id: int, index: int, user: CurrentUser, session: ReadSessionDep) -> RealizationDetail:
+def get_realization(campaign_id: RowId, index: RealizationIndex, user: CurrentUser, session: ReadSessionDep) -> RealizationDetail:
     return service.get_realization(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)

@@ -18,11 +18,13 @@ from urllib.parse import quote, urlencode
 
 import anyio
 from fastapi import APIRouter, Form, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES, CampaignState, RealizationState
+from schemas.io import format_location
 from service.auth.service import principal_for_token
 from service.campaigns import service as campaigns
 from service.dashboard import queries
@@ -41,7 +43,7 @@ from service.dashboard.session import (
     session_key,
     set_session_cookie,
 )
-from service.deps import ReadSessionDep, SessionDep, SettingsDep
+from service.deps import MAX_ROW_ID, ReadSessionDep, RealizationIndex, RowId, RowIdQuery, SessionDep, SettingsDep
 from service.errors import DomainError, NotFound
 from service.events.router import open_event_stream
 from service.workers.artifacts import ArtifactStore
@@ -166,7 +168,7 @@ def render(
 
 
 class PageRoute(APIRoute):
-    """A page: a domain error (404, 409...) becomes an HTML page instead of JSON."""
+    """A page: a domain error (404, 409...) or an address out of range (422) becomes an HTML page instead of JSON."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -176,13 +178,18 @@ class PageRoute(APIRoute):
                 return await handler(request)
             except DomainError as error:
                 return error_page(request, error.status_code, error.detail)
+            except RequestValidationError as error:  # e.g. /campaigns/99999999999999999999
+                problems = "; ".join(
+                    f"{format_location(tuple(item.get('loc', ())))}: {item.get('msg', '')}" for item in error.errors()
+                )
+                return error_page(request, 422, problems)
 
         return page_handler
 
 
 def error_page(request: Request, status_code: int, detail: str) -> HTMLResponse:
     user = getattr(request.state, "dashboard_session", None)
-    titles = {401: "Log in first", 403: "Not allowed", 404: "Not found", 409: "Not possible now"}
+    titles = {401: "Log in first", 403: "Not allowed", 404: "Not found", 409: "Not possible now", 422: "Not a valid address"}
     return render(
         request,
         "error.html",
@@ -277,7 +284,7 @@ def overview(
 @pages.get("/campaigns/{campaign_id}", response_class=HTMLResponse)
 def campaign_page(
     request: Request,
-    campaign_id: int,
+    campaign_id: RowId,
     user: DashboardUser,
     session: ReadSessionDep,
     settings: SettingsDep,
@@ -303,7 +310,7 @@ def campaign_page(
 
 @pages.get("/campaigns/{campaign_id}/realizations/{index}", response_class=HTMLResponse)
 def realization_page(
-    request: Request, campaign_id: int, index: int, user: DashboardUser, session: ReadSessionDep
+    request: Request, campaign_id: RowId, index: RealizationIndex, user: DashboardUser, session: ReadSessionDep
 ) -> Response:
     context = dashboard.realization_page(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)
     return render(request, "realization.html", context, user=user)
@@ -318,7 +325,7 @@ def workers_page(request: Request, user: DashboardUser, session: ReadSessionDep)
 @pages.post("/campaigns/{campaign_id}/cancel")
 def cancel(
     request: Request,
-    campaign_id: int,
+    campaign_id: RowId,
     user: DashboardUser,
     session: SessionDep,
     settings: SettingsDep,
@@ -335,7 +342,7 @@ def cancel(
 @pages.post("/campaigns/{campaign_id}/retry")
 def retry(
     request: Request,
-    campaign_id: int,
+    campaign_id: RowId,
     user: DashboardUser,
     session: SessionDep,
     csrf_token: Annotated[str, Form(max_length=200)] = "",
@@ -347,7 +354,7 @@ def retry(
 
 @pages.get("/campaigns/{campaign_id}/realizations/{index}/maps/{field}.png")
 async def map_image(
-    request: Request, campaign_id: int, index: int, field: str, user: DashboardUser, settings: SettingsDep
+    request: Request, campaign_id: RowId, index: RealizationIndex, field: str, user: DashboardUser, settings: SettingsDep
 ) -> Response:
     if field not in FIELDS:
         raise NotFound(f"no map field {field!r}; use I, Q or U")
@@ -386,7 +393,7 @@ async def map_image(
 
 @pages.get("/campaigns/{campaign_id}/realizations/{index}/products/{name}")
 def product_file(
-    campaign_id: int, index: int, name: str, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
+    campaign_id: RowId, index: RealizationIndex, name: str, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
 ) -> Response:
     campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     product = queries.product_of(session=session, campaign_id=campaign_id, index=index, name=name)
@@ -423,7 +430,7 @@ def overview_progress(
 
 @ui.get("/campaigns/{campaign_id}/status")
 def campaign_status(
-    campaign_id: int, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
+    campaign_id: RowId, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
 ) -> JSONResponse:
     return ui_json(
         dashboard.campaign_status(session=session, owner_id=user.user_id, campaign_id=campaign_id, settings=settings)
@@ -431,14 +438,14 @@ def campaign_status(
 
 
 @ui.get("/campaigns/{campaign_id}/grid")
-def campaign_grid(campaign_id: int, user: DashboardUser, session: ReadSessionDep) -> JSONResponse:
+def campaign_grid(campaign_id: RowId, user: DashboardUser, session: ReadSessionDep) -> JSONResponse:
     campaign = campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     return ui_json({"states": queries.state_grid(session=session, campaign=campaign)})
 
 
 @ui.get("/campaigns/{campaign_id}/results")
 def campaign_results(
-    campaign_id: int,
+    campaign_id: RowId,
     user: DashboardUser,
     session: ReadSessionDep,
     window: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
@@ -466,8 +473,8 @@ async def events(
     request: Request,
     user: DashboardUser,
     settings: SettingsDep,
-    campaign_id: int | None = None,
-    after: Annotated[int | None, Query(ge=0)] = None,
+    campaign_id: RowIdQuery = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_ROW_ID)] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> StreamingResponse:
     """The service's event stream (same events, same resumption), for a browser logged in with the cookie."""

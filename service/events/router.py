@@ -22,7 +22,7 @@ from service.auth.service import Principal
 from service.campaigns.service import get_campaign
 from service.config import Settings
 from service.db import Database, get_database
-from service.deps import CurrentUser, ReadSessionDep, SettingsDep
+from service.deps import MAX_ROW_ID, CurrentUser, EventPosition, ReadSessionDep, RowIdQuery, SettingsDep
 from service.errors import Invalid
 from service.events.models import Event
 from service.events.service import events_after, latest_event_id
@@ -61,8 +61,8 @@ async def stream_events(
     request: Request,
     user: CurrentUser,
     settings: SettingsDep,
-    campaign_id: int | None = None,
-    after: Annotated[int | None, Query(ge=0, description="Start after this event id (0: from the start)")] = None,
+    campaign_id: RowIdQuery = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_ROW_ID, description="Start after this event id (0: from the start)")] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> StreamingResponse:
     return await open_event_stream(request, user, settings, campaign_id, after, last_event_id)
@@ -133,8 +133,8 @@ async def _sse(
 def event_log(
     user: CurrentUser,
     session: ReadSessionDep,
-    campaign_id: int | None = None,
-    after: Annotated[int, Query(ge=0)] = 0,
+    campaign_id: RowIdQuery = None,
+    after: EventPosition = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[EventInfo]:
     """The same events as the stream, as a JSON page: ids after ``after``, oldest first."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter
 from fastapi.responses import FileResponse, Response
 
 from schemas.api import ErrorBody
 from schemas.products import DownloadFormat, MapFormat, ProductsSummary, RealizationSpectra
-from service.deps import CurrentUser, ReadSessionDep, SettingsDep
+from service.deps import CurrentUser, RealizationIndex, ReadSessionDep, RowId, SettingsDep
 from service.products import service
 from service.products.formats import MEDIA_TYPES
 
@@ -26,7 +25,6 @@ _FILE = {
     },
     422: {"model": ErrorBody},
 }
-Index = Annotated[int, Path(ge=0, le=1_000_000)]
 
 
 def _file(download: service.Download) -> FileResponse:
@@ -40,7 +38,7 @@ def _file(download: service.Download) -> FileResponse:
 
 @router.get("", response_model=ProductsSummary)
 def products_summary(
-    campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep
+    campaign_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep
 ) -> ProductsSummary:
     """Which aggregates exist, how many realisations they include, the ell bins, mean and scatter of the
     spectra, and the noise bias N_l (noise-only) or transfer function F_l (signal-only)."""
@@ -51,7 +49,7 @@ def products_summary(
 
 @router.get("/spectra", response_class=Response, responses=_FILE)
 def spectra(
-    campaign_id: int,
+    campaign_id: RowId,
     user: CurrentUser,
     session: ReadSessionDep,
     settings: SettingsDep,
@@ -84,7 +82,7 @@ def _map_download(campaign_id: int, user, session, settings, which: str, fmt: st
 
 @router.get("/mean-map", response_class=Response, responses=_FILE)
 def mean_map(
-    campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep, format: MapFormat = "fits"
+    campaign_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep, format: MapFormat = "fits"
 ) -> Response:
     """Running mean of the I, Q, U maps (K): HEALPix FITS (RING, UNSEEN where never observed) or npz (``mean``)."""
     return _map_download(campaign_id, user, session, settings, "mean-map", format)
@@ -92,7 +90,7 @@ def mean_map(
 
 @router.get("/variance-map", response_class=Response, responses=_FILE)
 def variance_map(
-    campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep, format: MapFormat = "fits"
+    campaign_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep, format: MapFormat = "fits"
 ) -> Response:
     """Per-pixel sample variance (ddof 1) of I, Q, U over the realisations (K^2); needs two realisations."""
     return _map_download(campaign_id, user, session, settings, "variance-map", format)
@@ -100,7 +98,7 @@ def variance_map(
 
 @router.get("/mask", response_class=Response, responses=_FILE)
 def mask(
-    campaign_id: int, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep, format: MapFormat = "fits"
+    campaign_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep, format: MapFormat = "fits"
 ) -> Response:
     """The campaign's apodised analysis mask (stored once: it depends on the pointing only)."""
     return _map_download(campaign_id, user, session, settings, "mask", format)
@@ -112,8 +110,8 @@ def mask(
     responses={200: {"content": {MEDIA_TYPES["fits"]: {}, MEDIA_TYPES["npz"]: {}}}, 422: {"model": ErrorBody}},
 )
 def realization_spectra(
-    campaign_id: int,
-    index: Index,
+    campaign_id: RowId,
+    index: RealizationIndex,
     user: CurrentUser,
     session: ReadSessionDep,
     settings: SettingsDep,
@@ -147,8 +145,8 @@ def _realization_file(campaign_id: int, index: int, user, session, settings, whi
 
 @router.get("/realizations/{index}/map", response_class=Response, responses=_FILE)
 def realization_map(
-    campaign_id: int,
-    index: Index,
+    campaign_id: RowId,
+    index: RealizationIndex,
     user: CurrentUser,
     session: ReadSessionDep,
     settings: SettingsDep,
@@ -160,8 +158,8 @@ def realization_map(
 
 @router.get("/realizations/{index}/mask", response_class=Response, responses=_FILE)
 def realization_mask(
-    campaign_id: int,
-    index: Index,
+    campaign_id: RowId,
+    index: RealizationIndex,
     user: CurrentUser,
     session: ReadSessionDep,
     settings: SettingsDep,

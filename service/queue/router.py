@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from schemas.api import ErrorBody, PlanInfo, PlanInvalid, PlanPage, PlanState
-from service.deps import CurrentUser, CurrentWorker, ReadSessionDep, SessionDep
+from service.deps import CurrentUser, CurrentWorker, ReadSessionDep, RowId, SessionDep
 from service.pagination import decode_cursor, encode_cursor
 from service.queue import plans, tasks
 
@@ -39,7 +39,7 @@ def list_plans(
 
 
 @router.get("/{plan_id}", response_model=PlanInfo, responses={404: {"model": ErrorBody}})
-def get_plan(plan_id: int, _user: CurrentUser, session: ReadSessionDep) -> PlanInfo:
+def get_plan(plan_id: RowId, _user: CurrentUser, session: ReadSessionDep) -> PlanInfo:
     return plans.get_plan(session=session, plan_id=plan_id)
 
 
@@ -49,7 +49,7 @@ def get_plan(plan_id: int, _user: CurrentUser, session: ReadSessionDep) -> PlanI
     tags=["workers"],
     responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}, 422: {"model": ErrorBody}},
 )
-def invalidate_plan(plan_id: int, report: PlanInvalid, principal: CurrentWorker, session: SessionDep) -> PlanInfo:
+def invalidate_plan(plan_id: RowId, report: PlanInvalid, principal: CurrentWorker, session: SessionDep) -> PlanInfo:
     """A ready plan was refused (``realize`` exit 3) or its file is gone: it goes to ``failed`` and is built again.
 
     The caller must hold ``task_id``, a realize task that was given this plan. Idempotent: a plan

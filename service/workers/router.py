@@ -26,7 +26,7 @@ from schemas.api import (
 )
 from service.campaigns.hooks import run_result_hooks
 from service.db import get_database
-from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, SessionDep, SettingsDep
+from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, RowId, SessionDep, SettingsDep
 from service.queue import tasks
 from service.queue.claim import claim_tasks
 from service.workers import service
@@ -49,7 +49,7 @@ def list_workers(_user: CurrentUser, session: ReadSessionDep) -> list[WorkerInfo
 
 @workers_router.post("/{worker_id}/claim", response_model=ClaimAnswer)
 def claim(
-    worker_id: int, request_body: ClaimRequest, principal: CurrentWorker, session: SessionDep, settings: SettingsDep
+    worker_id: RowId, request_body: ClaimRequest, principal: CurrentWorker, session: SessionDep, settings: SettingsDep
 ) -> ClaimAnswer:
     worker = service.worker_for(session=session, principal=principal, worker_id=worker_id, lock=True)
     found = claim_tasks(session=session, worker=worker, max_tasks=request_body.max_tasks, settings=settings)
@@ -58,7 +58,7 @@ def claim(
 
 @workers_router.post("/{worker_id}/heartbeat", response_model=HeartbeatAnswer)
 def heartbeat(
-    worker_id: int, request_body: HeartbeatRequest, principal: CurrentWorker, session: SessionDep, settings: SettingsDep
+    worker_id: RowId, request_body: HeartbeatRequest, principal: CurrentWorker, session: SessionDep, settings: SettingsDep
 ) -> HeartbeatAnswer:
     worker = service.worker_for(session=session, principal=principal, worker_id=worker_id, lock=True)
     return tasks.heartbeat(session=session, worker=worker, running=request_body.running, settings=settings)

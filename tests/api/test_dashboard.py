@@ -213,6 +213,15 @@ def test_another_users_campaign_is_404_everywhere(api):
     assert api.client.get(f"{base}/realizations/0/maps/X.png").status_code == 404
 
 
+def test_an_id_past_the_database_range_is_a_422_page_naming_the_parameter(api):
+    login(api)
+    for path, field in (("/campaigns/99999999999999999999", "campaign_id"), ("/campaigns/1/realizations/-1", "index")):
+        answer = api.client.get(path)
+        assert answer.status_code == 422 and answer.headers["content-type"].startswith("text/html"), path
+        assert field in answer.text, answer.text
+    assert api.client.get("/ui/campaigns/99999999999999999999/status").json()["code"] == "invalid_request"
+
+
 def test_pages_escape_user_strings(api):
     name = '<script>alert(1)</script>" onmouseover="alert(2)" \'><img src=x onerror=alert(3)>'
     campaign, worker = running_campaign(api, name=name)
