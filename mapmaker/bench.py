@@ -26,7 +26,7 @@ P^T                 36     read the TOD (8), index + weights (28)
 N^-1                16     read and write the TOD once, in place
 PCG iteration       28     read index + weights once: a fully fused operator whose TOD
                            never leaves the cache. Both implementations move ~88 (P, N^-1
-                           and P^T as passes over a TOD array or a 32 MiB batch buffer,
+                           and P^T as passes over a TOD array or a per-thread batch buffer,
                            index + weights read twice): see mapmaker.kernels.operator_fast
 ==================  =====  =====================================================
 

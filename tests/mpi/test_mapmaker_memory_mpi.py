@@ -6,8 +6,8 @@ The bound stated in README ("Memory") and mapmaker/local_data.py:
 
 where the baseline is the same program on a tiny observation (interpreter,
 imports, numba and the compiled kernels, MPI), 48 bytes covers the pointing
-cache (28), the operator's batch buffer (8 bytes per sample up to 4M
-samples) and headroom, and the 32 MiB covers per-chunk buffers and
+cache (28), the operator's batch buffer (at most 8 bytes per sample; at nside 16
+its 4M-sample minimum is more than the samples) and headroom, and the 32 MiB covers per-chunk buffers and
 map-sized arrays at nside 16. Measured: 270 MiB tiny, 363 MiB at 3M samples
 per rank (34.5 bytes per sample). ``peak_memory_mb`` is the RSS high-water
 mark (getrusage ru_maxrss) of each rank.

@@ -220,7 +220,7 @@ def test_inverse_noise_matches_the_reference(thread_count, rng):
     assert np.all(fast[starts[8] : starts[8] + lengths[8]] == 0.0)
 
 
-@pytest.mark.parametrize("batch_samples", [1, 12_000, 1 << 22])
+@pytest.mark.parametrize("batch_samples", [1, 12_000, None])  # None: the default for the map
 def test_fused_operator_matches_p_n_pt(batch_samples, thread_count, rng):
     starts, lengths, filter_index, filters, circulant = interval_layout(rng)
     n_samp = int(lengths.sum())
@@ -243,6 +243,12 @@ def test_fused_operator_matches_p_n_pt(batch_samples, thread_count, rng):
     white = operator_fast.apply_white_operator(local_map, local_index, weights, starts, lengths, inverse_variance, out=out)
     assert white is out
     assert_close(white, reference)
+
+
+def test_operator_batches_grow_with_the_local_map_not_with_the_samples():
+    assert operator_fast.batch_samples_for(700) == operator_fast.BATCH_SAMPLES  # 4M samples, 32 MiB
+    # nside 256, 550,000 local pixels: 32 samples per pixel (one batch of the bench's 12M samples per rank)
+    assert operator_fast.batch_samples_for(550_000) == 17_600_000
 
 
 def test_batches_take_back_to_back_intervals():
