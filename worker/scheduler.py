@@ -166,7 +166,8 @@ class BlockEndings:
                 answer = self._answers.get(key)
             if answer is not None and answer[1] > time.monotonic():
                 return answer[0]
-            self.queries += 1
+            with self._lock:
+                self.queries += 1
             ending = block_ending(provider_kind, job_id, settle_s=self.settle_s, timeout_s=self.timeout_s)
             ttl = FINAL_ANSWER_TTL_S if ending is not None else self.open_answer_ttl_s
             with self._lock:

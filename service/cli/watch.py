@@ -163,7 +163,8 @@ PLAN_REFRESH_S = 10.0
 def waiting(detail: dict[str, Any]) -> bool:
     """Realisations are queued and none runs: the campaign waits for something (a plan, a worker)."""
     counts = detail["progress"]["counts"]
-    return detail["state"] not in FINISHED and bool(counts.get("queued")) and not (counts.get("running") or counts.get("claimed"))
+    running = counts.get("running") or counts.get("claimed")
+    return detail["state"] not in FINISHED and bool(counts.get("queued")) and not running
 
 
 def plan_wait(client: ApiClient, detail: dict[str, Any]) -> str:
