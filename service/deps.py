@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
 
+from schemas.spec import MAX_REALIZATIONS
 from service.auth.deps import CurrentUser, CurrentWorker
 from service.config import Settings
-from schemas.spec import MAX_REALIZATIONS
 from service.db import Database, ReadSessionDep, SessionDep, get_database
 
 
@@ -30,6 +30,14 @@ RealizationIndex = Annotated[
 ]
 
 __all__ = [
-    "CurrentUser", "CurrentWorker", "DatabaseDep", "EventPosition", "RealizationIndex", "ReadSessionDep", "RowId",
-    "RowIdQuery", "SessionDep", "SettingsDep",
+    "CurrentUser",
+    "CurrentWorker",
+    "DatabaseDep",
+    "EventPosition",
+    "ReadSessionDep",
+    "RealizationIndex",
+    "RowId",
+    "RowIdQuery",
+    "SessionDep",
+    "SettingsDep",
 ]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, Response
 
 from schemas.api import ErrorBody
 from schemas.products import DownloadFormat, MapFormat, ProductsSummary, RealizationSpectra
-from service.deps import CurrentUser, RealizationIndex, ReadSessionDep, RowId, SettingsDep
+from service.deps import CurrentUser, ReadSessionDep, RealizationIndex, RowId, SettingsDep
 from service.products import service
 from service.products.formats import MEDIA_TYPES
 

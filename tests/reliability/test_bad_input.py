@@ -8,7 +8,6 @@ generation mode of the schemathesis run.
 from __future__ import annotations
 
 import hashlib
-
 import os
 from collections.abc import Iterator
 

@@ -20,7 +20,15 @@ import pytest
 from tests.reliability.figures import record
 from tests.support.live_service import REPO, LiveService, is_healthy, mapcampaign_command
 from tests.support.processes import wait_for_no_task_processes
-from tests.support.worker_helpers import Api, long_spec, running_task_processes, start_worker, tiny_spec, wait_for, write_site
+from tests.support.worker_helpers import (
+    Api,
+    long_spec,
+    running_task_processes,
+    start_worker,
+    tiny_spec,
+    wait_for,
+    write_site,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration, pytest.mark.mpi, pytest.mark.timeout(600)]
 
