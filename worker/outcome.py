@@ -23,8 +23,10 @@ outcome                    when                                                 
 ``launch_error``           the runner or the MPI launcher could not start it      ``launch_error``
                            (exit 126/127, Hydra/srun launch errors, Parsl refused)
 ``lost_worker``            the worker or the block went away: orphaned (dead-man  ``lost_worker``
-                           switch), runner signalled by the scheduler, drained on
-                           SIGTERM, Parsl lost the manager
+                           switch), runner signalled by the scheduler, Parsl
+                           lost the manager
+``drained``                the worker was stopped (SIGTERM) and ended the task    ``drained`` (the service
+                           at its drain deadline                                  does not charge it)
 ``cancelled``              the service said cancel (campaign cancelled)           ``cancelled``
 ``dropped``                the service gave the task to someone else              (nothing)
 =========================  =====================================================  ==================
@@ -65,6 +67,7 @@ class Outcome(str, enum.Enum):
     OOM = "oom"
     LAUNCH_ERROR = "launch_error"
     LOST_WORKER = "lost_worker"
+    DRAINED = "drained"
     CANCELLED = "cancelled"
     DROPPED = "dropped"
 
@@ -107,7 +110,7 @@ def _stop_outcome(reason: CancelReason | str | None) -> Outcome:
     reason = CancelReason(reason) if reason in {r.value for r in CancelReason} else CancelReason.CANCELLED
     return {
         CancelReason.CANCELLED: Outcome.CANCELLED,
-        CancelReason.DRAIN: Outcome.LOST_WORKER,
+        CancelReason.DRAIN: Outcome.DRAINED,
         CancelReason.LOST: Outcome.DROPPED,
     }[reason]
 

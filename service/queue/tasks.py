@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from schemas.api import HeartbeatAnswer, PlanBuilt, TaskFailed, TaskStarted, parse_task_id, realize_task_id
@@ -36,6 +36,9 @@ from service.queue.models import PreprocessingPlan
 from service.queue.plans import locked_build, report_build_failed, report_built
 from service.workers.artifacts import ArtifactStore
 from service.workers.models import Worker
+
+# Drained attempts a realisation is given back before drains count against max_attempts.
+MAX_UNCHARGED_DRAINS = 5
 
 log = logging.getLogger("mapcampaign.queue")
 
@@ -271,7 +274,14 @@ def end_attempt(
     log_tail: str | None,
     worker_name: str | None,
 ) -> None:
-    """A failed attempt: back to the queue while attempts remain, else the realisation fails."""
+    """A failed attempt: back to the queue while attempts remain, else the realisation fails.
+
+    A ``drained`` attempt (its worker was stopped and ended it at the drain
+    deadline) is the site's doing, not the realisation's: it is given back to
+    the budget, up to MAX_UNCHARGED_DRAINS times per realisation; beyond that
+    drains count like any other failure, so that no realisation goes round
+    for ever.
+    """
     now = utcnow()
     attempt.ended_at = now
     attempt.failure_class = failure_class
@@ -281,6 +291,15 @@ def end_attempt(
     realization.lease_expires_at = None
     realization.current_attempt_id = None
     realization.updated_at = now
+    charged = True
+    if failure_class == "drained":
+        session.flush()  # this attempt's failure class is counted below
+        drains = session.scalar(
+            select(func.count()).where(Attempt.realization_id == realization.id, Attempt.failure_class == "drained")
+        )
+        if drains <= MAX_UNCHARGED_DRAINS:
+            realization.attempts = max(realization.attempts - 1, 0)
+            charged = False
     if realization.attempts >= campaign.max_attempts:
         realization.state = "failed"
         realization.finished_at = now
@@ -299,6 +318,7 @@ def end_attempt(
             "exit_code": exit_code,
             "worker": worker_name,
             "attempts_left": max(campaign.max_attempts - realization.attempts, 0),
+            "charged": charged,
         },
     )
     settle_campaign(session=session, campaign=campaign)

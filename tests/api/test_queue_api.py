@@ -179,6 +179,30 @@ def test_attempts_capped_then_realisation_fails(api):
     assert history[1]["log_tail"] == "Traceback: boom"
 
 
+def test_drained_attempts_are_given_back_up_to_a_limit(api):
+    """A worker stopped under a running task (``drained``) does not use up the realisation's attempts;
+    past MAX_UNCHARGED_DRAINS drains they count, so a realisation cannot go round for ever."""
+    from service.queue.tasks import MAX_UNCHARGED_DRAINS
+
+    campaign = api.create(realizations=1, max_attempts=1)
+    worker = api.register()
+    api.build_plan(worker)
+    for drain in range(1, MAX_UNCHARGED_DRAINS + 1):
+        task = api.claim(worker)[0]
+        assert task["attempt"] == drain  # numbered on, but always the first of the budget
+        assert api.fail(task["task_id"], "drained", -15).json()["state"] == "queued"
+    last = api.claim(worker)[0]
+    assert api.fail(last["task_id"], "drained", -15).json()["state"] == "failed"  # the sixth drain is charged
+    history = api.realization(campaign["id"], 0)["attempt_history"]
+    assert [a["failure_class"] for a in history] == ["drained"] * (MAX_UNCHARGED_DRAINS + 1)
+    assert api.campaign(campaign["id"])["state"] == "failed"
+    # Another failure class is charged at once: max_attempts 1 fails on the first.
+    other = api.create(realizations=1, max_attempts=1)
+    task = api.claim(worker)[0]
+    assert task["campaign_id"] == other["id"]
+    assert api.fail(task["task_id"], "lost_worker", -15).json()["state"] == "failed"
+
+
 def test_result_accepted_once_and_late_duplicate_refused(api):
     campaign = api.create(realizations=2)
     worker = api.register()

@@ -262,7 +262,7 @@ def test_cancelled_campaign_kills_its_running_tasks(make_live_service, tmp_path)
 def test_sigterm_drains_running_tasks_then_hands_back_what_is_left(make_live_service, tmp_path):
     service = make_live_service(env=FAST)
     api = Api(service)
-    campaign = api.create(long_spec("drain", realizations=2))
+    campaign = api.create(long_spec("drain", realizations=2, max_attempts=1))
     site = write_site(tmp_path / "site.toml", max_tasks=1)
 
     # A drain long enough: the running realisation finishes and is reported; nothing new is claimed.
@@ -274,7 +274,8 @@ def test_sigterm_drains_running_tasks_then_hands_back_what_is_left(make_live_ser
     states = [r["state"] for r in api.realizations(campaign["id"])]
     assert states == ["succeeded", "queued"], patient.log_tail()
 
-    # A drain too short: the running realisation is ended and handed back to the queue.
+    # A drain too short: the running realisation is ended and handed back to the queue, uncharged:
+    # with max_attempts 1 it is queued again rather than failed.
     hasty = start_worker(service, site, "w-hasty", env={"MAPCAMPAIGN_WORKER_DRAIN_S": "0.5"})
     wait_for(lambda: running_task_processes(hasty), 240, "the second realisation running", worker=hasty)
     assert hasty.stop(signal.SIGTERM, timeout=120) == 0, hasty.log_tail()
@@ -282,7 +283,7 @@ def test_sigterm_drains_running_tasks_then_hands_back_what_is_left(make_live_ser
     realization = api.realization(campaign["id"], 1)
     assert realization["state"] == "queued"
     [attempt] = realization["attempt_history"]
-    assert attempt["failure_class"] == "lost_worker" and attempt["worker"] == "w-hasty"
+    assert attempt["failure_class"] == "drained" and attempt["worker"] == "w-hasty"
     assert "drain" in attempt["log_tail"]
     api.close()
 

@@ -35,7 +35,7 @@ def status(ending: str, exit_code: int | None = None, **extra) -> dict:
         ),
         (Evidence("realize", status("walltime", 15)), Outcome.WALLTIME, "walltime", 15),
         (Evidence("realize", status("cancelled", 15, cancel_reason="cancelled")), Outcome.CANCELLED, "cancelled", 15),
-        (Evidence("realize", status("cancelled", 15, cancel_reason="drain")), Outcome.LOST_WORKER, "lost_worker", 15),
+        (Evidence("realize", status("cancelled", 15, cancel_reason="drain")), Outcome.DRAINED, "drained", 15),
         (Evidence("realize", status("cancelled", None, cancel_reason="lost")), Outcome.DROPPED, None, None),
         (Evidence("realize", status("orphaned", -15)), Outcome.LOST_WORKER, "lost_worker", -15),
         (Evidence("realize", status("signalled", 143, signal="SIGTERM")), Outcome.LOST_WORKER, "lost_worker", 143),
@@ -46,7 +46,7 @@ def status(ending: str, exit_code: int | None = None, **extra) -> dict:
             Outcome.LAUNCH_ERROR, "launch_error", None,
         ),
         (Evidence("realize", None, requested_stop=CancelReason.CANCELLED), Outcome.CANCELLED, "cancelled", None),
-        (Evidence("realize", None, requested_stop=CancelReason.DRAIN), Outcome.LOST_WORKER, "lost_worker", None),
+        (Evidence("realize", None, requested_stop=CancelReason.DRAIN), Outcome.DRAINED, "drained", None),
     ],
 )  # fmt: skip
 def test_classify(evidence, outcome, failure_class, exit_code):

@@ -148,7 +148,7 @@ def test_walltime_failure_reports_class_exit_code_and_log_tail(tmp_path):
 
 @pytest.mark.parametrize(
     "reason, reported",
-    [(CancelReason.CANCELLED, "cancelled"), (CancelReason.DRAIN, "lost_worker"), (CancelReason.LOST, None)],
+    [(CancelReason.CANCELLED, "cancelled"), (CancelReason.DRAIN, "drained"), (CancelReason.LOST, None)],
 )
 def test_stopped_tasks(tmp_path, reason, reported):
     client = RecordingClient(gone={"failed"})
