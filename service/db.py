@@ -32,6 +32,9 @@ NAMING_CONVENTION = {
 
 # Integer primary keys that are BIGINT on PostgreSQL and INTEGER (the rowid alias) on SQLite.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
+# Table option of every table: SQLite's AUTOINCREMENT, so that an id is never handed out twice (without
+# it SQLite reuses the ids of deleted newest rows; task ids are attempt ids). PostgreSQL ignores it.
+NEVER_REUSE_IDS = {"sqlite_autoincrement": True}
 
 
 def utcnow() -> datetime:

@@ -5,11 +5,12 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from service.db import Base, BigId, utcnow
+from service.db import NEVER_REUSE_IDS, Base, BigId, utcnow
 
 
 class User(Base):
     __tablename__ = "users"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)
@@ -22,6 +23,7 @@ class ApiToken(Base):
     """A bearer token. Only its SHA-256 is kept; the token itself is shown once, at creation."""
 
     __tablename__ = "api_tokens"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)

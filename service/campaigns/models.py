@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from service.db import Base, BigId, utcnow
+from service.db import NEVER_REUSE_IDS, Base, BigId, utcnow
 
 
 class Campaign(Base):
@@ -15,6 +15,7 @@ class Campaign(Base):
         UniqueConstraint("owner_id", "idempotency_key"),
         Index("ix_campaigns_owner_id_id", "owner_id", "id"),
         Index("ix_campaigns_state_priority", "state", "priority"),
+        NEVER_REUSE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
@@ -44,6 +45,7 @@ class Realization(Base):
         # The claim walks this index: a campaign's queued realisations in index order.
         Index("ix_realizations_campaign_id_state_index", "campaign_id", "state", "index"),
         Index("ix_realizations_state_lease_expires_at", "state", "lease_expires_at"),
+        NEVER_REUSE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
@@ -64,7 +66,7 @@ class Attempt(Base):
     """One try at one realisation: who ran it, where, how it ended."""
 
     __tablename__ = "attempts"
-    __table_args__ = (Index("ix_attempts_realization_id_number", "realization_id", "number"),)
+    __table_args__ = (Index("ix_attempts_realization_id_number", "realization_id", "number"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     realization_id: Mapped[int] = mapped_column(ForeignKey("realizations.id", ondelete="CASCADE"))

@@ -37,10 +37,9 @@ def worker(
 
     from pydantic import ValidationError
 
+    from service.cli._client import global_options
     from worker.settings import WorkerSettings
     from worker.site import SiteError, load_site
-
-    from service.cli._client import global_options
 
     # `mapcampaign --server URL worker` means the same as `mapcampaign worker --server URL`.
     overrides = {"site": site, "server": server or global_options.server, "token_file": token_file, "name": name}

@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, BigId, utcnow
+from service.db import NEVER_REUSE_IDS, Base, BigId, utcnow
 
 
 class Event(Base):
@@ -16,6 +16,7 @@ class Event(Base):
     __table_args__ = (
         Index("ix_events_campaign_id_id", "campaign_id", "id"),
         Index("ix_events_kind_state", "kind", "state"),
+        NEVER_REUSE_IDS,
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

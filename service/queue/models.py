@@ -5,14 +5,14 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, BigId, utcnow
+from service.db import NEVER_REUSE_IDS, Base, BigId, utcnow
 
 
 class PreprocessingPlan(Base):
     """The overlap preprocessing of one (scan key, ranks) at one site; shared by every campaign that needs it."""
 
     __tablename__ = "preprocessing_plans"
-    __table_args__ = (UniqueConstraint("scan_key", "ranks", "site"),)
+    __table_args__ = (UniqueConstraint("scan_key", "ranks", "site"), NEVER_REUSE_IDS)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     scan_key: Mapped[str] = mapped_column(String(64))

@@ -5,11 +5,12 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import Base, BigId, utcnow
+from service.db import NEVER_REUSE_IDS, Base, BigId, utcnow
 
 
 class Worker(Base):
     __tablename__ = "workers"
+    __table_args__ = NEVER_REUSE_IDS
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(String(128), unique=True)

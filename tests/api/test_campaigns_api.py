@@ -136,6 +136,23 @@ def test_delete_only_when_finished(api):
     assert not folder.exists() and count_rows(api, Realization) == 0
 
 
+def test_ids_of_a_deleted_campaign_are_never_handed_out_again(api):
+    """Found by review: SQLite reused the newest deleted ids, so a worker's late report on a task of a
+    deleted campaign (task id realize-<attempt id>) ended the live attempt of the next campaign."""
+    campaign = api.create(realizations=1)
+    worker = api.register()
+    api.build_plan(worker)
+    stale = api.claim(worker)[0]
+    api.post(f"/campaigns/{campaign['id']}/cancel")
+    assert api.request("DELETE", f"/campaigns/{campaign['id']}", api.alice).status_code == 204
+    after = api.create(realizations=1)
+    assert after["id"] != campaign["id"]
+    fresh = api.claim(worker)[0]
+    assert fresh["task_id"] != stale["task_id"]
+    assert api.fail(stale["task_id"], "cancelled", -15).status_code == 404  # the old task is gone, not the new one
+    assert api.realization(after["id"], 0)["state"] == "claimed"
+
+
 def test_realisations_paginated_filtered_and_progress(api):
     campaign = api.create(realizations=12)
     worker = api.register()

@@ -99,3 +99,35 @@ def test_bad_settings_fail_fast(tmp_path):
     assert "MAPCAMPAIGN_LEASE_S" in refused.stderr and "MAPCAMPAIGN_PORT" in refused.stderr
     with pytest.raises(ValueError, match="database_url"):
         Settings(data_dir=tmp_path, database_url="mysql://x")
+
+
+def test_the_sqlite_id_migration_keeps_rows_and_references(tmp_path):
+    """0001 -> head on a SQLite database holding rows: every table is copied (AUTOINCREMENT), nothing lost."""
+    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    upgrade(url, "0001")
+    engine = make_engine(url)
+    now = "2026-11-21 12:00:00"
+    with engine.begin() as connection:
+        connection.execute(text(f"INSERT INTO users (id, name, created_at) VALUES (7, 'alice', '{now}')"))
+        connection.execute(text(
+            "INSERT INTO api_tokens (id, user_id, kind, token_hash, prefix, label, created_at) "
+            f"VALUES (3, 7, 'user', 'h', 'p', 'l', '{now}')"
+        ))
+    engine.dispose()
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            assert connection.execute(text("SELECT id, name FROM users")).fetchall() == [(7, "alice")]
+            assert connection.execute(text("SELECT id, user_id FROM api_tokens")).fetchall() == [(3, 7)]
+            tables = dict(connection.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'table'")).fetchall())
+            for table in ("users", "api_tokens", "campaigns", "realizations", "attempts", "events", "workers"):
+                assert "AUTOINCREMENT" in tables[table], table
+            assert connection.execute(text("PRAGMA foreign_key_check")).fetchall() == []
+            assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1  # the service's own connections
+            connection.execute(text("DELETE FROM users WHERE id = 7"))  # cascades to the token
+            assert connection.execute(text("SELECT count(*) FROM api_tokens")).scalar() == 0
+            connection.execute(text(f"INSERT INTO users (name, created_at) VALUES ('bob', '{now}')"))
+            assert connection.execute(text("SELECT id FROM users")).scalar() == 8  # not 7 again
+    finally:
+        engine.dispose()
