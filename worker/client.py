@@ -77,12 +77,11 @@ class ServiceClient:
     def _request(self, method: str, path: str, *, retry_s: float | None = None, **kwargs: Any) -> httpx.Response:
         give_up = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         pause = 0.2
+        body = kwargs.pop("content", None)
         while True:
-            body = kwargs.get("content")
-            if callable(body):  # a fresh stream for every try
-                kwargs = {**kwargs, "content": body()}
+            content = body() if callable(body) else body  # a streamed body: a fresh stream for every try
             try:
-                answer = self._http.request(method, path, **{**kwargs, "content": kwargs.get("content")})
+                answer = self._http.request(method, path, content=content, **kwargs)
             except httpx.TransportError as error:
                 problem = f"{type(error).__name__}: {error}"
             else:
