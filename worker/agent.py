@@ -212,10 +212,13 @@ class Agent:
             self._watch_runs(now)
             if self.draining and not announced_drain:
                 announced_drain = True
+                waiting = [run for run in self.runs.values() if run.finishing is None and not run.launched()]
                 log.info(
-                    "stopping: no more claims; %d running tasks may finish for %.0f s",
-                    len(self.runs), max(0.0, self.drain_deadline - now),
+                    "stopping: no more claims; %d running tasks may finish for %.0f s; %d not started handed back",
+                    len(self.runs) - len(waiting), max(0.0, self.drain_deadline - now), len(waiting),
                 )  # fmt: skip
+                for run in waiting:  # still queued in Parsl: hand them back now, before a block starts them
+                    run.request_stop(CancelReason.DRAIN)
             if self.draining and now >= self.drain_deadline and not self.stopped_tasks and self.runs:
                 self.stopped_tasks = True
                 log.warning("drain deadline: ending %d running tasks and handing them back", len(self.runs))

@@ -265,7 +265,13 @@ class TaskRun:
             pass
 
     def request_stop(self, reason: CancelReason) -> None:
-        """Ask the runner to end the task (it may not have started yet: then it never launches)."""
+        """Ask the runner to end the task (it may not have started yet: then it never launches).
+
+        A task already being reported keeps the ending it had (a drain or a cancel asked afterwards must
+        not turn, say, a block the scheduler lost into an uncharged ``drained``); only LOST still counts.
+        """
+        if self.finishing is not None and reason is not CancelReason.LOST:
+            return
         if self.stop_reason is None or reason is CancelReason.LOST:
             self.stop_reason = reason
         self.stop_requested_at = self.stop_requested_at or time.monotonic()

@@ -232,6 +232,10 @@ def report_failed(
         plan = locked_build(
             session=session, plan_id=ident, build=build or 0, worker_id=_plan_worker(session, ident, principal, task_id)
         )
+        if report.failure_class == "drained" and plan.build_number - plan.build_attempts < MAX_UNCHARGED_DRAINS:
+            # The worker was stopped under the build: not the plan's fault, the build is given back (the
+            # gap between builds started and builds charged bounds how often, budget resets included).
+            plan.build_attempts = max(plan.build_attempts - 1, 0)
         cause = f"{report.failure_class}" + (f" (exit code {report.exit_code})" if report.exit_code is not None else "")
         if report.message:
             cause += f": {report.message}"

@@ -97,6 +97,26 @@ def test_failed_build_is_retried_then_campaigns_fail_with_the_cause(make_api):
     assert third["kind"] == "preprocess" and third["task_id"] not in (first["task_id"], second["task_id"])
 
 
+def test_drained_plan_builds_are_given_back_up_to_a_limit(make_api):
+    """A worker stopped under a plan build does not use up max_plan_builds (found by review: three worker
+    restarts during one long build failed every campaign needing the plan)."""
+    from service.queue.tasks import MAX_UNCHARGED_DRAINS
+
+    api = make_api(max_plan_builds=1)
+    campaign = api.create(realizations=1)
+    worker = api.register()
+    for _ in range(MAX_UNCHARGED_DRAINS):
+        build = api.claim(worker)[0]
+        assert build["kind"] == "preprocess"
+        assert api.fail(build["task_id"], "drained", -15).status_code == 200
+        plan = api.get(f"/plans/{build['plan_id']}").json()
+        assert plan["state"] == "failed" and plan["build_attempts"] == 0 and "drained" in plan["last_error"]
+        assert api.campaign(campaign["id"])["state"] == "queued"
+    last = api.claim(worker)[0]
+    assert api.fail(last["task_id"], "drained", -15).status_code == 200  # one drain too many: charged
+    assert api.campaign(campaign["id"])["state"] == "failed"
+
+
 def test_expired_lease_requeues_as_lost_worker(make_api):
     api = make_api(lease_s=0.2)
     campaign = api.create(realizations=1, max_attempts=3)

@@ -289,6 +289,27 @@ def test_sigterm_drains_running_tasks_then_hands_back_what_is_left(make_live_ser
 
 
 @on_database("sqlite")
+def test_sigterm_hands_back_at_once_a_task_still_waiting_for_its_block(make_live_service, tmp_path):
+    """A block that takes minutes to start (``worker_init`` sleeps, as a batch job waits in the queue):
+    the claimed plan build is handed back as ``drained`` at SIGTERM, not after the 300 s drain."""
+    service = make_live_service(env=FAST)
+    api = Api(service)
+    campaign = api.create(tiny_spec("waits for a block", realizations=1))
+    site = write_site(tmp_path / "site.toml", max_tasks=1)
+    site.write_text(site.read_text().replace('kind = "local"', 'kind = "local"\nworker_init = "sleep 600"', 1))
+    worker = start_worker(service, site, "w-queued", env={"MAPCAMPAIGN_WORKER_DRAIN_S": "300"})
+    wait_for(api.plans, 120, "the plan build claimed", worker=worker)
+    started = time.monotonic()
+    assert worker.stop(signal.SIGTERM, timeout=120) == 0, worker.log_tail()
+    assert time.monotonic() - started < 100, "the worker waited for the drain instead of handing the build back"
+    [plan] = api.plans()
+    assert plan["state"] == "failed" and "drained" in plan["last_error"], plan
+    assert plan["build_attempts"] == 0  # not charged
+    assert api.campaign(campaign["id"])["state"] == "queued"
+    api.close()
+
+
+@on_database("sqlite")
 def test_refused_plan_is_invalidated_rebuilt_and_the_attempt_retried(make_live_service, tmp_path):
     service = make_live_service(env=FAST)
     api = Api(service)

@@ -159,3 +159,19 @@ def test_stopped_tasks(tmp_path, reason, reported):
     finish_with(run, "cancelled", -15, cancel_reason=reason.value)
     failed = [call for call in client.calls if call[0] == "failed"]
     assert [call[2] for call in failed] == ([reported] if reported else [])  # a 409 answer is fine
+
+
+def test_a_stop_asked_after_the_task_ended_does_not_change_how_it_ended(tmp_path):
+    """Found by review: the drain deadline asked runs already being reported to stop, and a task the
+    block lost (no status) was then reported as an uncharged ``drained``."""
+    from concurrent.futures import Future
+
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    run.finishing = Future()  # handed to the report threads
+    run.request_stop(CancelReason.DRAIN)
+    run.request_stop(CancelReason.CANCELLED)
+    assert run.stop_reason is None and not (run.workdir / "cancel").exists()
+    run.request_stop(CancelReason.LOST)  # the service gave it away: still no report
+    assert run.stop_reason is CancelReason.LOST
