@@ -65,7 +65,9 @@ class Agent:
         self.host = socket.gethostname()
         self.python = site.python or sys.executable
         self.run_id = uuid.uuid4().hex[:12]
-        self.client = ServiceClient(settings.api_url, token, timeout_s=settings.timeout_s)
+        self.client = ServiceClient(
+            settings.api_url, token, timeout_s=settings.timeout_s, retry_s=settings.report_retry_s
+        )
         self.context = TaskContext(
             site=site,
             layout=self.layout,

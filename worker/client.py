@@ -53,6 +53,9 @@ class NotAuthorized(ServiceError):
     """401/403: the token is wrong, or not a worker token."""
 
 
+STARTED_RETRY_S = 30.0
+
+
 def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
     with path.open("rb") as handle:
         while chunk := handle.read(size):
@@ -128,7 +131,8 @@ class ServiceClient:
         return HeartbeatAnswer.model_validate(answer.json())
 
     def started(self, task_id: str, report: TaskStarted) -> None:
-        self._post(f"/tasks/{task_id}/started", report)
+        # Briefly: the main loop sends it, and the task's final report carries the news anyway.
+        self._post(f"/tasks/{task_id}/started", report, retry_s=min(self.retry_s, STARTED_RETRY_S))
 
     def upload(self, task_id: str, name: str, path: Path, sha256: str) -> None:
         """PUT one product file, streamed in 1 MiB pieces, with its SHA-256 for the service to check."""

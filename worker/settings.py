@@ -12,6 +12,8 @@ variable                            default                                     
 ``MAPCAMPAIGN_WORKER_HEARTBEAT_S``  a third of the lease                          heartbeat interval
 ``MAPCAMPAIGN_WORKER_DRAIN_S``      300                                           on SIGTERM: how long running tasks may finish
 ``MAPCAMPAIGN_WORKER_TIMEOUT_S``    30                                            one HTTP request to the service
+``MAPCAMPAIGN_WORKER_REPORT_RETRY_S`` 300                                         how long a report is retried while the
+                                                                                  service is out of reach or busy
 ``MAPCAMPAIGN_WORKER_KEEP_WORK``    false                                         keep the work folders of succeeded tasks
 ``MAPCAMPAIGN_LOG_LEVEL``           ``info``                                      worker logging
 =================================== ============================================= =======================================
@@ -48,6 +50,9 @@ class WorkerSettings(BaseSettings):
     heartbeat_s: float | None = Field(None, ge=0.05, le=3_600, validation_alias="MAPCAMPAIGN_WORKER_HEARTBEAT_S")
     drain_s: float = Field(300.0, ge=0, le=7 * 86_400, validation_alias="MAPCAMPAIGN_WORKER_DRAIN_S")
     timeout_s: float = Field(30.0, ge=1, le=3_600, validation_alias="MAPCAMPAIGN_WORKER_TIMEOUT_S")
+    # A report is worth retrying as long as the task's lease may still be alive: the service's default
+    # lease (300 s) by default, so that a restart of the service does not turn finished work into lost work.
+    report_retry_s: float = Field(300.0, ge=0, le=86_400, validation_alias="MAPCAMPAIGN_WORKER_REPORT_RETRY_S")
     keep_work: bool = Field(False, validation_alias="MAPCAMPAIGN_WORKER_KEEP_WORK")
     log_level: str = Field("info")
 

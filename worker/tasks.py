@@ -362,10 +362,14 @@ class TaskRun:
         except TaskGone as gone:
             log.info("%s: the service no longer holds it for this worker (%s)", self.task_id, gone)
         except ServiceError as error:
-            log.error("%s: could not report %s: %s", self.task_id, verdict.outcome.value, error)
+            timeline["unreported"] = str(error)[:1_000]
+            log.error(
+                "%s: could not report %s: %s; its work folder %s is kept", self.task_id, verdict.outcome.value, error,
+                self.workdir,
+            )  # fmt: skip
         timeline["reported_at"] = time.time()
         timeline["outcome"] = verdict.outcome.value
-        self._tidy(verdict.outcome, timeline)
+        self._tidy(verdict.outcome, timeline, reported="unreported" not in timeline)
         return timeline
 
     def _report_success(self) -> dict[str, Any]:
@@ -465,8 +469,8 @@ class TaskRun:
         log.warning("%s failed: %s: %s", self.describe(), failure_class, verdict.message)
         self.context.client.failed(self.task_id, report)
 
-    def _tidy(self, outcome: Outcome, timeline: dict[str, Any]) -> None:
-        """Write the timeline; remove what a finished task no longer needs."""
+    def _tidy(self, outcome: Outcome, timeline: dict[str, Any], *, reported: bool = True) -> None:
+        """Write the timeline; remove what a finished task no longer needs (nothing of an unreported success)."""
         if self.workdir.exists():
             try:
                 write_json_atomic(self.workdir / TIMELINE_FILE, timeline)
@@ -478,7 +482,7 @@ class TaskRun:
             for entry in realization_dir.glob(f".{self.out.name}.partial-*"):
                 if ended_for_sure:  # every process of this attempt is gone: its temporary folder is garbage
                     _remove(entry)
-            if outcome is Outcome.SUCCEEDED:
+            if outcome is Outcome.SUCCEEDED and reported:
                 # The result is accepted: earlier attempts' folders (complete or not) are no longer wanted.
                 for entry in realization_dir.iterdir():
                     name = entry.name.lstrip(".")
@@ -486,5 +490,5 @@ class TaskRun:
                         number = name.removeprefix("attempt-").split(".")[0]
                         if number.isdigit() and int(number) < self.task.attempt:
                             _remove(entry)
-        if outcome is Outcome.SUCCEEDED and not self.context.keep_work:
+        if outcome is Outcome.SUCCEEDED and reported and not self.context.keep_work:
             _remove(self.workdir)

@@ -10,7 +10,7 @@ from pathlib import Path
 from schemas.api import PlanRef, RealizeTask
 from schemas.spec import CampaignSpec
 from tests.support.worker_helpers import tiny_spec
-from worker.client import TaskGone
+from worker.client import ServiceError, TaskGone
 from worker.layout import SiteLayout
 from worker.runner import STATUS_FILE
 from worker.site import parse_site
@@ -18,14 +18,19 @@ from worker.tasks import TaskContext, TaskRun
 
 
 class RecordingClient:
-    def __init__(self, gone: set[str] = frozenset()):
+    """Records the worker's calls; those named in ``gone`` answer 409, those in ``unreachable`` never answer."""
+
+    def __init__(self, gone: set[str] = frozenset(), unreachable: set[str] = frozenset()):
         self.calls: list[tuple] = []
         self.gone = gone
+        self.unreachable = unreachable
 
     def _call(self, *call):
         self.calls.append(call)
         if call[0] in self.gone:
             raise TaskGone(f"{call[0]}: 409", status=409)
+        if call[0] in self.unreachable:
+            raise ServiceError(f"{call[0]}: the service did not answer (ConnectError)")
 
     def started(self, task_id, report):
         self._call("started", task_id, report.host)

@@ -76,6 +76,22 @@ def test_success_uploads_every_product_then_reports_and_tidies(tmp_path):
     assert not run.workdir.exists()  # the work folder of a succeeded task goes
 
 
+def test_a_success_the_service_never_heard_of_keeps_its_files(tmp_path):
+    """Found by review: when the succeeded report could not be delivered the work folder was removed anyway.
+    The service will retry the realisation (lease expiry), but nothing finished is thrown away here."""
+    client = RecordingClient(unreachable={"succeeded"})
+    run = make_run(tmp_path, client)
+    run.prepare()
+    old = run.out.with_name("attempt-1")
+    old.mkdir()
+    write_products(run)
+    timeline = finish_with(run, "exited", 0)
+    assert [call[0] for call in client.calls] == ["started", "upload", "upload", "succeeded"]
+    assert timeline["outcome"] == "succeeded" and "did not answer" in timeline["unreported"]
+    assert run.workdir.is_dir() and run.out.is_dir() and old.is_dir()  # all kept
+    assert json.loads((run.workdir / "timeline.json").read_text())["unreported"]
+
+
 def test_a_product_that_does_not_match_result_json_is_an_app_error(tmp_path):
     client = RecordingClient()
     run = make_run(tmp_path, client)
