@@ -1,4 +1,4 @@
-from service.errors import Forbidden, NotFound
+from service.errors import Conflict, Forbidden, NotFound
 
 
 class WorkerNotFound(NotFound):
@@ -7,3 +7,9 @@ class WorkerNotFound(NotFound):
 
 class WorkerTokenMismatch(Forbidden):
     code = "worker_token_mismatch"
+
+
+class WorkerNameTaken(Conflict):
+    """Another user's worker token registered this name: re-registering would hand its tasks over."""
+
+    code = "worker_name_taken"

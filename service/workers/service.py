@@ -6,10 +6,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schemas.api import WorkerInfo, WorkerRegistration
+from service.auth.models import ApiToken
 from service.auth.service import Principal
 from service.db import utcnow
 from service.events.service import record_event
-from service.workers.errors import WorkerNotFound, WorkerTokenMismatch
+from service.workers.errors import WorkerNameTaken, WorkerNotFound, WorkerTokenMismatch
 from service.workers.models import Worker
 
 
@@ -17,6 +18,14 @@ def register_worker(*, session: Session, principal: Principal, registration: Wor
     """Create the worker, or update it when the name is known (a restarted worker keeps its id)."""
     worker = session.scalar(select(Worker).where(Worker.name == registration.name).with_for_update())
     now = utcnow()
+    if worker is not None and worker.token_id not in (None, principal.token_id):
+        # A restarted worker may come back with a new token of the same user (rotation); a token of
+        # another user would take over the worker's tasks and lock its owner out.
+        holder = session.get(ApiToken, worker.token_id)
+        if holder is not None and holder.user_id != principal.user_id:
+            raise WorkerNameTaken(
+                f"worker name {registration.name!r} is registered with another user's token; choose another name"
+            )
     if worker is None:
         worker = Worker(
             name=registration.name,

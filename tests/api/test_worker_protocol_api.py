@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from service.auth.service import create_token
+
 
 def _realize(api, worker: int) -> tuple[dict, dict]:
     build = api.build_plan(worker)
@@ -89,3 +91,19 @@ def test_report_of_a_cancelled_attempt_keeps_its_exit_code_and_log_tail(api):
     # Only as a cancelled report, and only from the holder's token.
     assert api.fail(task["task_id"], "app_error").status_code == 409
     assert api.wpost(f"/tasks/{task['task_id']}/failed", api.bob_worker, json=report).status_code == 403
+
+
+def test_another_users_worker_token_cannot_take_over_a_worker_name(api):
+    """Found by review: registering a known name with any worker token moved the worker, and so its tasks,
+    to that token. The same user's new token (rotation) still may; another user's gets 409."""
+    worker = api.register("w1")
+    api.create(realizations=1)
+    build = api.claim(worker)[0]
+    answer = api.wpost("/workers", api.bob_worker, json={"name": "w1", "site": "local", "host": "x", "capacity": 1})
+    assert answer.status_code == 409 and answer.json()["code"] == "worker_name_taken"
+    beat = api.wpost(f"/workers/{worker}/heartbeat", json={"running": [build["task_id"]]})
+    assert beat.status_code == 200 and beat.json()["lost"] == []  # the owner is not locked out
+    with api.database.session() as session:
+        rotated = create_token(session=session, user_name="alice", kind="worker")
+        session.commit()
+    assert api.register("w1", token=rotated) == worker  # a restart with a rotated token keeps its id
