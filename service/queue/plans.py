@@ -226,13 +226,28 @@ def report_build_failed(
 
 
 def fail_campaigns_needing(*, database: Database, plan: PreprocessingPlan) -> int:
-    """Fail every unfinished campaign queued before the plan's last failure that needs this plan."""
+    """Fail every unfinished campaign queued before the plan's last failure that needs this plan.
+
+    Not while another site holds the same plan ready or building: those campaigns can still finish there.
+    """
     cause = (
         f"preprocessing for scan key {plan.scan_key[:12]}, {plan.ranks} ranks at site {plan.site!r} failed "
         f"{plan.build_attempts} times; last error: {(plan.last_error or 'unknown')[-1_000:]}"
     )
     failed = 0
     with database.session() as session:
+        # Plans are per site: while another site has this plan ready or building, the campaigns go on there.
+        elsewhere = session.scalar(
+            select(PreprocessingPlan.site).where(
+                PreprocessingPlan.scan_key == plan.scan_key,
+                PreprocessingPlan.ranks == plan.ranks,
+                PreprocessingPlan.site != plan.site,
+                PreprocessingPlan.state.in_(("ready", "building")),
+            ).limit(1)
+        )
+        if elsewhere is not None:
+            log.warning("%s; the campaigns needing it go on at site %r", cause, elsewhere)
+            return 0
         ids = list(
             session.scalars(
                 select(Campaign.id).where(

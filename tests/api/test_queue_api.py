@@ -117,6 +117,24 @@ def test_drained_plan_builds_are_given_back_up_to_a_limit(make_api):
     assert api.campaign(campaign["id"])["state"] == "failed"
 
 
+def test_a_plan_failing_at_one_site_does_not_fail_campaigns_another_site_serves(make_api):
+    """Found by review: a build exhausted at site b failed the campaign although site a had the plan and
+    was running it."""
+    api = make_api(max_plan_builds=1)
+    campaign = api.create(realizations=3)
+    at_a = api.register("wa", site="a")
+    at_b = api.register("wb", site="b")
+    api.build_plan(at_a)
+    running = api.claim(at_a)[0]
+    assert running["kind"] == "realize"
+    build = api.claim(at_b)[0]
+    assert build["kind"] == "preprocess"
+    assert api.fail(build["task_id"], "app_error", 1).status_code == 200
+    assert api.campaign(campaign["id"])["state"] in ("queued", "running")
+    assert api.succeed(running).status_code == 200
+    assert [task["kind"] for task in api.claim(at_a, max_tasks=2)] == ["realize", "realize"]
+
+
 def test_expired_lease_requeues_as_lost_worker(make_api):
     api = make_api(lease_s=0.2)
     campaign = api.create(realizations=1, max_attempts=3)
