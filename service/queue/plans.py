@@ -248,15 +248,14 @@ def fail_campaigns_needing(*, database: Database, plan: PreprocessingPlan) -> in
         if elsewhere is not None:
             log.warning("%s; the campaigns needing it go on at site %r", cause, elsewhere)
             return 0
-        ids = list(
-            session.scalars(
-                select(Campaign.id).where(
-                    Campaign.scan_key == plan.scan_key,
-                    Campaign.ranks == plan.ranks,
-                    Campaign.state.in_(("queued", "running")),
-                )
-            )
+        needing = select(Campaign.id).where(
+            Campaign.scan_key == plan.scan_key,
+            Campaign.ranks == plan.ranks,
+            Campaign.state.in_(("queued", "running")),
         )
+        if plan.failed_at is not None:  # campaigns queued later get a fresh budget of builds
+            needing = needing.where(Campaign.queued_at <= plan.failed_at)
+        ids = list(session.scalars(needing))
     for campaign_id in sorted(ids):
         # One transaction per campaign, campaign row locked first like every other change.
         with database.session() as session:

@@ -20,7 +20,7 @@ from service.config import Settings
 from service.db import Database, utcnow
 from service.events.service import record_event
 from service.queue.models import PreprocessingPlan
-from service.queue.plans import report_build_failed
+from service.queue.plans import fail_campaigns_needing, report_build_failed
 from service.queue.tasks import end_attempt
 from service.workers.artifacts import ArtifactStore
 from service.workers.models import Worker
@@ -32,6 +32,7 @@ log = logging.getLogger("mapcampaign.reaper")
 class Reaped:
     realizations: int = 0
     plans: int = 0
+    stranded_campaigns: int = 0  # campaigns of an exhausted plan that were left unfailed
 
 
 def reap_expired(*, database: Database, settings: Settings) -> Reaped:
@@ -90,8 +91,23 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
                 max_builds=settings.max_plan_builds,
             )
             reaped.plans += 1
-    if reaped.realizations or reaped.plans:
-        log.info("reaper: %d realisation leases and %d plan leases expired", reaped.realizations, reaped.plans)
+    # Failing the campaigns of an exhausted plan happens after the plan's own commit, one campaign at a
+    # time; if that was cut short (the API killed, the database gone), nothing else would ever fail them.
+    with database.session(write=False) as session:
+        exhausted = list(
+            session.scalars(
+                select(PreprocessingPlan).where(
+                    PreprocessingPlan.state == "failed", PreprocessingPlan.build_attempts >= settings.max_plan_builds
+                )
+            )
+        )
+    for plan in exhausted:
+        reaped.stranded_campaigns += fail_campaigns_needing(database=database, plan=plan)
+    if reaped.realizations or reaped.plans or reaped.stranded_campaigns:
+        log.info(
+            "reaper: %d realisation leases and %d plan leases expired; %d campaigns of exhausted plans failed",
+            reaped.realizations, reaped.plans, reaped.stranded_campaigns,
+        )  # fmt: skip
     return reaped
 
 

@@ -8,6 +8,7 @@ import time
 from sqlalchemy import select
 
 from service.campaigns.hooks import on_result_accepted, remove_result_hook
+from service.db import utcnow
 from service.events.models import Event
 from tests.support.service_helpers import product, sha256
 
@@ -133,6 +134,30 @@ def test_a_plan_failing_at_one_site_does_not_fail_campaigns_another_site_serves(
     assert api.campaign(campaign["id"])["state"] in ("queued", "running")
     assert api.succeed(running).status_code == 200
     assert [task["kind"] for task in api.claim(at_a, max_tasks=2)] == ["realize", "realize"]
+
+
+def test_campaigns_left_unfailed_by_an_interrupted_plan_failure_are_failed_by_the_reaper(make_api):
+    """Found by review: the plan is marked exhausted first and its campaigns failed afterwards, one at a
+    time; cut short there (the API killed), nothing failed them later and they stayed queued for ever."""
+    from sqlalchemy import update
+
+    from service.queue.models import PreprocessingPlan
+
+    api = make_api(max_plan_builds=1)
+    campaign = api.create(realizations=1)
+    worker = api.register()
+    build = api.claim(worker)[0]
+    assert api.fail(build["task_id"], "app_error", 1).status_code == 200
+    assert api.campaign(campaign["id"])["state"] == "failed"
+    stranded = api.create(name="stranded", realizations=1)  # queued after the failure: a fresh budget...
+    with api.database.session() as session:  # ...unless the failure was recorded later than it was queued
+        session.execute(update(PreprocessingPlan).values(failed_at=utcnow()))
+        session.commit()
+    assert api.campaign(stranded["id"])["state"] == "queued"
+    assert api.reap().stranded_campaigns == 1
+    failed = api.campaign(stranded["id"])
+    assert failed["state"] == "failed" and "preprocessing" in failed["failure_cause"]
+    assert api.reap().stranded_campaigns == 0  # once
 
 
 def test_expired_lease_requeues_as_lost_worker(make_api):
