@@ -54,6 +54,7 @@ class NotAuthorized(ServiceError):
 
 
 STARTED_RETRY_S = 30.0
+CLAIM_TIMEOUT_S = 90.0
 
 
 def _file_chunks(path: Path, size: int = 1 << 20) -> Iterator[bytes]:
@@ -66,6 +67,7 @@ class ServiceClient:
     def __init__(self, api_url: str, token: str, *, timeout_s: float = 30.0, retry_s: float = 60.0):
         self.api_url = api_url.rstrip("/")
         self.retry_s = retry_s
+        self.timeout_s = timeout_s
         self._http = httpx.Client(
             base_url=self.api_url,
             headers={"Authorization": f"Bearer {token}", "User-Agent": "mapcampaign-worker"},
@@ -123,7 +125,12 @@ class ServiceClient:
         return WorkerInfo.model_validate(self._post("/workers", registration, retry_s=retry_s).json())
 
     def claim(self, worker_id: int, max_tasks: int) -> ClaimAnswer:
-        answer = self._post(f"/workers/{worker_id}/claim", ClaimRequest(max_tasks=max_tasks), retry_s=0)
+        # A claim the service commits but whose answer the worker stops waiting for strands its tasks until
+        # their leases expire: wait well past the service's admission queue (30 s) before giving up.
+        answer = self._post(
+            f"/workers/{worker_id}/claim", ClaimRequest(max_tasks=max_tasks), retry_s=0,
+            timeout=max(self.timeout_s, CLAIM_TIMEOUT_S),
+        )
         return ClaimAnswer.model_validate(answer.json())
 
     def heartbeat(self, worker_id: int, running: list[str]) -> HeartbeatAnswer:
