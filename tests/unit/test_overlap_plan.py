@@ -94,3 +94,16 @@ def test_bit_helpers():
     np.testing.assert_array_equal(highest_bit(values), [-1, 0, 1, 1, 2, 2, 3, 3, 31, 31])
     np.testing.assert_array_equal(lowest_bit(values), [-1, 0, 1, 0, 2, 1, 3, 2, 31, 0])
     assert butterfly_shape(1) == (1, 0) and butterfly_shape(6) == (4, 2) and butterfly_shape(8) == (8, 3)
+
+
+def test_flat_positions_are_kept_only_for_the_pcg_columns():
+    """The one-off 12-column reduction (hit and preconditioner blocks) must not leave its index arrays
+    behind for the whole solve (found by review: ~300 bytes per local pixel on the butterfly)."""
+    from mapmaker.reduction import FlatCache, flat_rows
+
+    cache = FlatCache()
+    rows = np.array([0, 2, 5])
+    assert np.array_equal(cache(12, "slot", rows), flat_rows(rows, 12))
+    assert np.array_equal(flat_rows(rows, 3), [0, 1, 2, 6, 7, 8, 15, 16, 17])
+    assert cache(3, "slot", rows) is cache(3, "slot", rows)  # the PCG's k: made once, reused
+    assert list(cache) == [(3, "slot")]
