@@ -118,13 +118,15 @@ def read_json(path: Path) -> dict | None:
 
 
 def read_cancel(workdir: Path) -> str | None:
-    """The cancel reason, or None when the task is not cancelled."""
+    """The cancel reason, or None when the task is not cancelled (or the file cannot be read just now).
+
+    A read error (ESTALE or EIO on a network file system) is not a cancel: the runner looks again at
+    its next poll, and a worker that is really gone is caught by the liveness file instead.
+    """
     try:
         text = (workdir / CANCEL_FILE).read_text().strip()
-    except FileNotFoundError:
-        return None
     except OSError:
-        return CancelReason.CANCELLED.value
+        return None
     return text if text in {reason.value for reason in CancelReason} else CancelReason.CANCELLED.value
 
 

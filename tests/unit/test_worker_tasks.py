@@ -191,3 +191,15 @@ def test_a_stop_asked_after_the_task_ended_does_not_change_how_it_ended(tmp_path
     assert run.stop_reason is None and not (run.workdir / "cancel").exists()
     run.request_stop(CancelReason.LOST)  # the service gave it away: still no report
     assert run.stop_reason is CancelReason.LOST
+
+
+def test_an_unreadable_cancel_file_is_not_a_cancel(tmp_path):
+    """Found by review: any read error of the cancel file (ESTALE on NFS) made the runner kill a healthy task."""
+    from worker.runner import CANCEL_FILE, read_cancel, write_cancel
+
+    assert read_cancel(tmp_path) is None
+    (tmp_path / CANCEL_FILE).mkdir()  # reading it fails with IsADirectoryError, an OSError
+    assert read_cancel(tmp_path) is None
+    (tmp_path / CANCEL_FILE).rmdir()
+    write_cancel(tmp_path, CancelReason.DRAIN)
+    assert read_cancel(tmp_path) == "drain"
