@@ -61,6 +61,7 @@ SPEC_FILE = "spec.json"
 TIMELINE_FILE = "timeline.json"
 RESULT_FILE = "result.json"
 STDERR_TAIL_BYTES = 256 * 1024
+STATUS_VISIBLE_S = 10.0  # how long a finished app's status.json may take to appear (NFS attribute caches)
 
 
 @dataclass(frozen=True)
@@ -302,9 +303,17 @@ class TaskRun:
             error = self.future.exception()
             if error is not None:
                 exception_name, exception_text = type(error).__name__, str(error)
+        status = self.status()
+        if status is None and self.future is not None and self.future.done() and exception_name is None:
+            # The runner wrote status.json before its app returned; on a shared file system that caches
+            # lookups it can take a moment to show here. Without it an exit 0 would read as "no status".
+            deadline = time.monotonic() + STATUS_VISIBLE_S
+            while status is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                status = self.status()
         return Evidence(
             kind=self.kind,
-            status=self.status(),
+            status=status,
             app_exception=exception_name,
             app_exception_text=exception_text,
             stderr_tail=read_tail(self.workdir / STDERR_FILE),

@@ -203,3 +203,23 @@ def test_an_unreadable_cancel_file_is_not_a_cancel(tmp_path):
     (tmp_path / CANCEL_FILE).rmdir()
     write_cancel(tmp_path, CancelReason.DRAIN)
     assert read_cancel(tmp_path) == "drain"
+
+
+def test_a_status_that_shows_late_on_a_shared_file_system_is_waited_for(tmp_path):
+    """Found by review: the Parsl app had returned but status.json was not yet visible (NFS attribute
+    cache), and a task that exited 0 was classified launch_error ("no status")."""
+    import threading
+    from concurrent.futures import Future
+
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    run.future = Future()
+    run.future.set_result(0)  # the app returned normally
+    status = {"ending": "exited", "exit_code": 0, "launched_at": 1.0, "ended_at": 2.0, "walltime_s": 300.0}
+    later = threading.Timer(0.5, lambda: (run.workdir / "status.json").write_text(json.dumps(status)))
+    later.start()
+    try:
+        assert run.evidence().status == status
+    finally:
+        later.join()
