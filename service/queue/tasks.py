@@ -75,6 +75,8 @@ def hold_attempt(*, session: Session, task_id: str, principal: Principal, for_re
         raise TaskNotFound(f"task {task_id} not found (its campaign may have been deleted)")
     campaign = session.scalar(select(Campaign).where(Campaign.id == attempt.campaign_id).with_for_update())
     realization = session.scalar(select(Realization).where(Realization.id == attempt.realization_id).with_for_update())
+    if campaign is None or realization is None:  # deleted between reading the attempt and locking its rows
+        raise TaskNotFound(f"task {task_id} not found (its campaign was deleted)")
     session.refresh(attempt)
     worker = _check_token(session.get(Worker, attempt.worker_id) if attempt.worker_id else None, principal, task_id)
     if realization.state == "succeeded" and for_result:
