@@ -27,6 +27,7 @@ from schemas.api import (
 from service.campaigns.hooks import run_result_hooks
 from service.db import get_database
 from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, RowId, SessionDep, SettingsDep
+from service.errors import DomainError
 from service.queue import tasks
 from service.queue.claim import claim_tasks
 from service.workers import service
@@ -165,4 +166,9 @@ async def upload_artifact(
         sha256=digest,
         max_bytes=settings.max_artifact_bytes,
     )
+    try:  # the upload can take minutes: the attempt may have ended meanwhile, and its staging been cleared
+        await anyio.to_thread.run_sync(current_attempt)
+    except DomainError:
+        store.discard(campaign_id=campaign_id, attempt_id=attempt_id)
+        raise
     return ArtifactReceipt(task_id=task_id, name=name, sha256=digest, size_bytes=size)
