@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from service.auth.models import ApiToken
+from service.migrate import head_revisions
 from tests.support.service_helpers import spec_data
 
 
@@ -96,7 +97,7 @@ def test_health_metrics_and_openapi(api):
     assert api.client.get("/healthz").json() == {
         "status": "ok",
         "database": api.database.dialect,
-        "schema_revision": "0001",
+        "schema_revision": ",".join(sorted(head_revisions())),  # the newest migration
     }
     api.create(realizations=3)
     worker = api.register()
