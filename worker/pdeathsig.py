@@ -6,7 +6,9 @@ block (a batch job holding nodes). On Linux this asks the kernel for a
 parent-death signal (``prctl(PR_SET_PDEATHSIG)``, which survives ``exec``)
 and then replaces itself with PROGRAM; elsewhere it only execs. PROGRAM
 gets a session of its own, so a Ctrl-C at the worker's terminal reaches the
-worker (which drains) and not the interchange.
+worker (which drains) and not the interchange. A launcher that sets
+``MAPCAMPAIGN_PDEATHSIG_PARENT`` to its own pid closes the window in which it
+could die before the request is made.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+PARENT_VARIABLE = "MAPCAMPAIGN_PDEATHSIG_PARENT"  # pid of the launching process, when it sets it
 
 
 def main() -> None:
     if len(sys.argv) < 2:
         print("usage: python -m worker.pdeathsig PROGRAM [ARGS...]", file=sys.stderr)
         sys.exit(2)
-    parent = os.getppid()
+    # The launcher names itself: read here, getppid() would already be the reaper's pid if the launcher
+    # died while this interpreter was starting, and the death would then go unnoticed.
+    parent = int(os.environ.pop(PARENT_VARIABLE, "") or os.getppid())
     try:
         os.setsid()  # a session of its own: a Ctrl-C meant for the worker does not reach it
     except OSError:

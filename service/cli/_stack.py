@@ -23,6 +23,7 @@ import typer
 
 from service.cli._client import local_server_url, up_record_path
 from service.cli._utilities import fail
+from worker.pdeathsig import PARENT_VARIABLE
 
 if TYPE_CHECKING:
     from service.config import Settings
@@ -122,7 +123,7 @@ class LocalStack:
             # the kernel sends them SIGTERM, so the API and the worker (which drains) do not live on.
             return subprocess.Popen(
                 [sys.executable, "-m", "worker.pdeathsig", sys.executable, "-m", "service.cli", *args],
-                env=self._environment(),
+                env={**self._environment(), PARENT_VARIABLE: str(os.getpid())},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
