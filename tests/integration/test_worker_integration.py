@@ -208,7 +208,11 @@ def test_crashing_realisation_is_retried_then_failed_with_class_and_log_tail(mak
 def test_walltime_kills_the_whole_task_and_retries_per_policy(make_live_service, tmp_path):
     service = make_live_service(env=FAST)
     api = Api(service)
-    campaign = api.create(long_spec("too slow", realizations=1, max_attempts=2, **{"resources.walltime_s": 2.0}))
+    # A solve that cannot converge (tol 1e-30): killed mid-solve, never racing its own last write to the limit
+    # (on a fast machine the plain long spec finished its products right at 2 s, and left them behind).
+    spec = long_spec("too slow", realizations=1, max_attempts=2, **{"resources.walltime_s": 2.0})
+    spec["solver"] = {"tol": 1e-30, "max_iter": 10_000}
+    campaign = api.create(spec)
     worker = start_worker(service, write_site(tmp_path / "site.toml"), "w-walltime")
     try:
         wait_for(lambda: running_task_processes(worker), 240, "the ranks of the first attempt", worker=worker)
