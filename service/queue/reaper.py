@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass
 
 import anyio
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import exists, select
+from sqlalchemy.orm import Session, aliased
 
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.config import Settings
@@ -93,11 +93,26 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
             reaped.plans += 1
     # Failing the campaigns of an exhausted plan happens after the plan's own commit, one campaign at a
     # time; if that was cut short (the API killed, the database gone), nothing else would ever fail them.
+    # Every pass: so only plans that still have such a campaign, and no other site serving it, are read.
+    sibling = aliased(PreprocessingPlan)
     with database.session(write=False) as session:
         exhausted = list(
             session.scalars(
                 select(PreprocessingPlan).where(
-                    PreprocessingPlan.state == "failed", PreprocessingPlan.build_attempts >= settings.max_plan_builds
+                    PreprocessingPlan.state == "failed",
+                    PreprocessingPlan.build_attempts >= settings.max_plan_builds,
+                    exists().where(
+                        Campaign.scan_key == PreprocessingPlan.scan_key,
+                        Campaign.ranks == PreprocessingPlan.ranks,
+                        Campaign.state.in_(("queued", "running")),
+                        Campaign.queued_at <= PreprocessingPlan.failed_at,
+                    ),
+                    ~exists().where(
+                        sibling.scan_key == PreprocessingPlan.scan_key,
+                        sibling.ranks == PreprocessingPlan.ranks,
+                        sibling.site != PreprocessingPlan.site,
+                        sibling.state.in_(("ready", "building")),
+                    ),
                 )
             )
         )
