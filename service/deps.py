@@ -25,6 +25,9 @@ MAX_ROW_ID = 2**63 - 1
 RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="Id (1 to 2^63 - 1)")]
 RowIdQuery = Annotated[int | None, Query(ge=1, le=MAX_ROW_ID, description="Id (1 to 2^63 - 1)")]
 EventPosition = Annotated[int, Query(ge=0, le=MAX_ROW_ID, description="Start after this event id (0: from the start)")]
+EventPositionQuery = Annotated[
+    int | None, Query(ge=0, le=MAX_ROW_ID, description="Start after this event id (0: from the start)")
+]
 RealizationIndex = Annotated[
     int, Path(ge=0, lt=MAX_REALIZATIONS, description=f"Realisation index (0 to {MAX_REALIZATIONS - 1})")
 ]
@@ -34,6 +37,7 @@ __all__ = [
     "CurrentWorker",
     "DatabaseDep",
     "EventPosition",
+    "EventPositionQuery",
     "ReadSessionDep",
     "RealizationIndex",
     "RowId",

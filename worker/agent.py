@@ -21,7 +21,9 @@ SIGTERM or SIGINT: stop claiming; running tasks may finish until
 ``MAPCAMPAIGN_WORKER_DRAIN_S``; then they are killed (whole process tree) and
 reported ``drained``, which the service requeues without charging the
 attempt to ``max_attempts`` (up to 5 drains per realisation; a lease expiry,
-``lost_worker``, is charged). A second signal skips the wait. The worker then shuts Parsl down (its blocks end) and exits 0.
+``lost_worker``, is charged). Tasks not yet started are handed back at once.
+A second signal skips the wait. The worker then shuts Parsl down (its blocks
+end) and exits 0.
 """
 
 from __future__ import annotations

@@ -43,7 +43,15 @@ from service.dashboard.session import (
     session_key,
     set_session_cookie,
 )
-from service.deps import MAX_ROW_ID, ReadSessionDep, RealizationIndex, RowId, RowIdQuery, SessionDep, SettingsDep
+from service.deps import (
+    EventPositionQuery,
+    ReadSessionDep,
+    RealizationIndex,
+    RowId,
+    RowIdQuery,
+    SessionDep,
+    SettingsDep,
+)
 from service.errors import DomainError, NotFound
 from service.events.router import open_event_stream
 from service.workers.artifacts import ArtifactStore
@@ -474,7 +482,7 @@ async def events(
     user: DashboardUser,
     settings: SettingsDep,
     campaign_id: RowIdQuery = None,
-    after: Annotated[int | None, Query(ge=0, le=MAX_ROW_ID)] = None,
+    after: EventPositionQuery = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> StreamingResponse:
     """The service's event stream (same events, same resumption), for a browser logged in with the cookie."""

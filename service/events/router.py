@@ -22,7 +22,7 @@ from service.auth.service import Principal
 from service.campaigns.service import get_campaign
 from service.config import Settings
 from service.db import Database, get_database
-from service.deps import MAX_ROW_ID, CurrentUser, EventPosition, ReadSessionDep, RowIdQuery, SettingsDep
+from service.deps import CurrentUser, EventPosition, EventPositionQuery, ReadSessionDep, RowIdQuery, SettingsDep
 from service.errors import Invalid
 from service.events.models import Event
 from service.events.service import events_after, latest_event_id
@@ -62,7 +62,7 @@ async def stream_events(
     user: CurrentUser,
     settings: SettingsDep,
     campaign_id: RowIdQuery = None,
-    after: Annotated[int | None, Query(ge=0, le=MAX_ROW_ID, description="Start after this event id (0: from the start)")] = None,
+    after: EventPositionQuery = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> StreamingResponse:
     return await open_event_stream(request, user, settings, campaign_id, after, last_event_id)
