@@ -10,8 +10,12 @@ one (no whole-map collective), else from one buffered ``Allreduce(MIN)``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from mpi4py import MPI
+
+_GATHER_TAG = 77  # point-to-point messages of gather_owned_rows
 
 
 class DistributedPixels:
@@ -91,30 +95,47 @@ class DistributedPixels:
             return self._global_sum(np.einsum("ij,ij->", a, b))
         return self._global_sum(np.einsum("i,ij,ij->", self._owned_weight, a, b))
 
-    def gather_to_root(self, values: np.ndarray, fill: float, root: int = 0) -> np.ndarray | None:
-        """Full map [npix, k] on ``root`` (``fill`` where no rank has the pixel); None elsewhere.
+    def gather_owned_rows(
+        self,
+        values: np.ndarray,
+        receive: Callable[[np.ndarray, np.ndarray], None] | None,
+        root: int = 0,
+    ) -> None:
+        """Collective: hand every owned pixel's row to ``receive(ids, rows)`` on ``root``, a piece at a time.
 
-        values [n_local, k] float64, consistent across ranks; each pixel is sent
-        by its owner only (Gatherv of ids, then of values).
+        values [n_local, k] float64, consistent across ranks. On root,
+        ``receive`` gets the global ids [m] int64 and rows [m, k] float64 of at
+        most ``buffer_pixels`` owned pixels per call, every observed pixel
+        exactly once (root's own first, then each rank's in rank order); it is
+        ignored elsewhere. Root never holds more than one piece of another
+        rank's rows, so whatever it builds from them (typed full-sky arrays,
+        say) is its only map-sized memory.
         """
         values = np.asarray(values, dtype=np.float64)
         k = values.shape[1]
-        ids = np.ascontiguousarray(self.local_pixels[self.owned])
-        rows = np.ascontiguousarray(values[self.owned])
-        counts = self.comm.gather(len(ids), root=root)
-        if self.rank == root:
-            counts = np.asarray(counts, dtype=np.int64)
-            displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            all_ids = np.empty(int(counts.sum()), dtype=np.int64)
-            all_rows = np.empty((int(counts.sum()), k), dtype=np.float64)
-            self.comm.Gatherv(ids, [all_ids, counts, displacements, MPI.INT64_T], root=root)
-            self.comm.Gatherv(rows, [all_rows, counts * k, displacements * k, MPI.DOUBLE], root=root)
-            full = np.full((self.npix, k), fill, dtype=np.float64)
-            full[all_ids] = all_rows
-            return full
-        self.comm.Gatherv(ids, None, root=root)
-        self.comm.Gatherv(rows, None, root=root)
-        return None
+        owned = np.flatnonzero(self.owned)
+        size = self.comm.Get_size()
+        if self.rank != root:
+            self.comm.send(len(owned), dest=root, tag=_GATHER_TAG)
+            for first in range(0, len(owned), self.buffer_pixels):
+                rows = owned[first : first + self.buffer_pixels]
+                self.comm.Send(np.ascontiguousarray(self.local_pixels[rows]), dest=root, tag=_GATHER_TAG)
+                self.comm.Send(np.ascontiguousarray(values[rows]), dest=root, tag=_GATHER_TAG)
+            return
+        for first in range(0, len(owned), self.buffer_pixels):
+            rows = owned[first : first + self.buffer_pixels]
+            receive(self.local_pixels[rows], values[rows])
+        ids = np.empty(self.buffer_pixels, dtype=np.int64)
+        rows = np.empty((self.buffer_pixels, k), dtype=np.float64)
+        for source in range(size):
+            if source == root:
+                continue
+            count = self.comm.recv(source=source, tag=_GATHER_TAG)
+            for first in range(0, count, self.buffer_pixels):
+                n = min(self.buffer_pixels, count - first)
+                self.comm.Recv(ids[:n], source=source, tag=_GATHER_TAG)
+                self.comm.Recv(rows[:n], source=source, tag=_GATHER_TAG)
+                receive(ids[:n], rows[:n])
 
     def broadcast_from_root(self, full: np.ndarray | None, k: int, root: int = 0) -> np.ndarray:
         """This rank's rows [n_local, k] of a full map ``full`` [npix, k] held by ``root``.

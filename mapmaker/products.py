@@ -105,7 +105,7 @@ def write_maps(
         paths["iqu"], iqu, dtype=np.float64, column_names=["I_STOKES", "Q_STOKES", "U_STOKES"],
         column_units="K", **common,
     )
-    hp.write_map(paths["hits"], hits.astype(np.int64), dtype=np.int64, column_names=["HITS"], **common)
+    hp.write_map(paths["hits"], np.asarray(hits, dtype=np.int64), dtype=np.int64, column_names=["HITS"], **common)
     hp.write_map(paths["rcond"], rcond, dtype=np.float64, column_names=["RCOND"], **common)
     return [file_record(role, path, folder.path) for role, path in paths.items()]
 

@@ -262,8 +262,7 @@ def run_realization(
 
     # 8. products gathered on root.
     with timers("comm"):
-        rows = np.column_stack([result.solution, hits, pixel_rcond, cut.astype(np.float64)])
-        full = pixels.gather_to_root(rows, fill=np.nan)
+        maps = gather_maps(pixels, result.solution, hits, pixel_rcond, cut)
     outcome = SolveOutcome(
         pcg=result,
         strategy=strategy,
@@ -282,15 +281,39 @@ def run_realization(
         plan_build_s=plan_build_s,
         local_map=result.solution,
     )
-    if rank == 0:
-        observed = ~np.isnan(full[:, 4])
-        solved_full = observed & (full[:, 5] == 0.0)
-        iqu = np.full((3, npix), hp.UNSEEN)
-        iqu[:, solved_full] = full[solved_full, :3].T
-        outcome.iqu = iqu
-        outcome.hits = np.where(observed, full[:, 3], 0.0).round().astype(np.int64)
-        outcome.rcond = np.where(observed, full[:, 4], hp.UNSEEN)
+    if maps is not None:
+        outcome.iqu, outcome.hits, outcome.rcond = maps
     return outcome
+
+
+def gather_maps(
+    pixels: DistributedPixels, solution: np.ndarray, hits: np.ndarray, rcond: np.ndarray, cut: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Collective: the full-sky product maps on rank 0, None elsewhere.
+
+    solution [n_local, 3] (K), hits [n_local], rcond [n_local], cut
+    [n_local] bool: this rank's rows, consistent across ranks. Returns IQU
+    [3, npix] float64 (UNSEEN where unobserved or cut), hits [npix] int64 (0
+    where unobserved) and rcond [npix] float64 (UNSEEN where unobserved).
+    Rank 0 fills these typed arrays (40 bytes per sky pixel) piece by piece
+    as the owners' rows arrive, and holds no other full-sky array.
+    """
+    rows = np.column_stack([solution, hits, rcond, cut.astype(np.float64)])
+    if pixels.rank != 0:
+        pixels.gather_owned_rows(rows, None)
+        return None
+    iqu = np.full((3, pixels.npix), hp.UNSEEN)
+    hit_map = np.zeros(pixels.npix, dtype=np.int64)
+    rcond_map = np.full(pixels.npix, hp.UNSEEN)
+
+    def place(ids: np.ndarray, piece: np.ndarray) -> None:
+        solved = piece[:, 5] == 0.0
+        iqu[:, ids[solved]] = piece[solved, :3].T
+        hit_map[ids] = np.rint(piece[:, 3])
+        rcond_map[ids] = piece[:, 4]
+
+    pixels.gather_owned_rows(rows, place)
+    return iqu, hit_map, rcond_map
 
 
 def check_plan_pixels(comm: MPI.Comm, plan: Any, local_pixels: np.ndarray) -> None:

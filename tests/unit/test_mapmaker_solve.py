@@ -161,3 +161,52 @@ def test_outcome_reports_counts():
     rcond = outcome.rcond[outcome.hits > 0]
     assert np.all((rcond >= 0) & (rcond <= 0.5 + 1e-12))  # rcond of (1, cos, sin) blocks is at most 1/2
     assert outcome.stats.reduce_bytes == 0  # one rank sends nothing
+
+
+def test_gathered_maps_are_typed_full_sky_arrays_built_without_a_dense_copy():
+    """gather_maps fills IQU, hits and rcond from the owned rows, and holds no other full-sky array.
+
+    The earlier gather built a dense [npix, 6] float64 copy of every column
+    before the typed maps (~100 bytes per sky pixel at its peak); the typed
+    maps themselves are 40 bytes per pixel (3 + 1 + 1 values of 8 bytes).
+    """
+    import tracemalloc
+
+    from mapmaker.distributed import DistributedPixels
+    from mapmaker.realize import gather_maps
+
+    nside = 128
+    npix = hp.nside2npix(nside)
+    generator = np.random.default_rng(5)
+    local_pixels = np.sort(generator.choice(npix, size=npix // 2, replace=False)).astype(np.int64)
+    pixels = DistributedPixels(MPI.COMM_SELF, local_pixels, npix, buffer_pixels=4096)
+    n = len(local_pixels)
+    solution = generator.standard_normal((n, 3))
+    hits = generator.integers(1, 50, n).astype(np.float64)
+    rcond = generator.uniform(0, 0.5, n)
+    cut = rcond < 0.05
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        iqu, hit_map, rcond_map = gather_maps(pixels, solution, hits, rcond, cut)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    solved = local_pixels[~cut]
+    expected_iqu = np.full((3, npix), hp.UNSEEN)
+    expected_iqu[:, solved] = solution[~cut].T
+    np.testing.assert_array_equal(iqu, expected_iqu)
+    expected_hits = np.zeros(npix, dtype=np.int64)
+    expected_hits[local_pixels] = hits.astype(np.int64)
+    np.testing.assert_array_equal(hit_map, expected_hits)
+    assert hit_map.dtype == np.int64
+    expected_rcond = np.full(npix, hp.UNSEEN)
+    expected_rcond[local_pixels] = rcond
+    np.testing.assert_array_equal(rcond_map, expected_rcond)
+
+    # The maps (40 bytes per sky pixel) plus the local [n_local, 6] rows (48 per observed pixel,
+    # half the sky here) and one piece; the dense copy would add 48 more per sky pixel.
+    assert peak - before <= 40 * npix + 48 * n + 200 * 4096 + (1 << 20)

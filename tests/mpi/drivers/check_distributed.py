@@ -61,15 +61,23 @@ def main() -> None:
         assert pixels.dot(ones, ones) == 3 * len(union)  # shared pixels count once
         assert pixels.sum_owned(np.ones(len(mine))) == len(union)
 
-        # Gather: every rank holds the consistent (reduced) value pixel * 2.
+        # Gather: every rank holds the consistent (reduced) value pixel * 2; root sees each
+        # observed pixel exactly once, in pieces of at most buffer_pixels rows.
         rows = np.column_stack([mine * 2.0, -mine * 1.0])
-        full = pixels.gather_to_root(rows, fill=-1.0)
+        received = []
+
+        def receive(ids, piece):
+            assert len(ids) == len(piece) <= buffer_pixels
+            received.append((ids.copy(), piece.copy()))
+
+        pixels.gather_owned_rows(rows, receive)
         if rank == 0:
-            expected = np.full((NPIX, 2), -1.0)
-            expected[union] = np.column_stack([union * 2.0, -union * 1.0])
-            np.testing.assert_array_equal(full, expected)
+            ids = np.concatenate([r[0] for r in received])
+            gathered = np.concatenate([r[1] for r in received])
+            np.testing.assert_array_equal(np.sort(ids), union)
+            np.testing.assert_array_equal(gathered, np.column_stack([ids * 2.0, -ids * 1.0]))
         else:
-            assert full is None
+            assert received == []
 
         # Broadcast: each rank receives its rows of root's full map.
         source = np.arange(NPIX * 3, dtype=np.float64).reshape(NPIX, 3) if rank == 0 else None
