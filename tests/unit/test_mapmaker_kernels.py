@@ -181,13 +181,44 @@ def test_rcond_cut_selects_the_ill_conditioned_pixels():
     np.testing.assert_array_equal(rcond < 0.01, [False, True, True, False])
 
 
-@pytest.mark.parametrize("npix", [50, 10**6])  # lookup table, np.unique
-def test_observed_pixels_both_ways(npix, rng):
-    from mapmaker.local_data import observed_pixels
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("npix", [50, 10**6])  # lookup table, sparse blocks
+def test_observed_pixels_both_ways(npix, dtype, rng, monkeypatch):
+    from mapmaker import local_data
 
-    pixels = rng.choice(npix, size=300).astype(np.int64)
-    local_pixels, local_index = observed_pixels(pixels, npix)
-    np.testing.assert_array_equal(local_pixels, np.unique(pixels))
-    np.testing.assert_array_equal(local_pixels[local_index], pixels)
+    monkeypatch.setattr(local_data, "OBSERVED_PIXELS_BLOCK", 64)  # several blocks, the last one short
+    pixels = rng.choice(npix, size=300).astype(dtype)
+    original = pixels.copy()
+    local_pixels, local_index = local_data.observed_pixels(pixels, npix)
+    np.testing.assert_array_equal(local_pixels, np.unique(original))
+    np.testing.assert_array_equal(local_pixels[local_index], original)
     assert local_pixels.dtype == np.int64
     assert local_index.dtype == np.int32  # the pointing cache's index: 4 bytes per sample
+    if dtype == np.int32:
+        assert np.shares_memory(local_index, pixels)  # written over the pixel ids, no sample-sized copy
+
+
+def test_observed_pixels_sparse_path_memory(rng):
+    """High nside, few samples: the sparse path holds ~16 bytes per sample, not np.unique's ~37.
+
+    Worst case for it: random pixel ids (no two samples share a pixel, mostly).
+    Measured with tracemalloc, which sees numpy's allocations.
+    """
+    import tracemalloc
+
+    from mapmaker.local_data import OBSERVED_PIXELS_BLOCK, observed_pixels
+
+    npix, n = 12 * 2048**2, 4_000_000
+    pixels = rng.choice(npix, size=n).astype(np.int32)
+    original = pixels.copy()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        local_pixels, local_index = observed_pixels(pixels, npix)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(local_pixels[local_index], original)
+    # The blocks' unique ids and their union (4 + 4), the int64 result (8), and one block's
+    # sort and search (argsort int64, sorted ids, int64 positions: 20 per block sample).
+    assert peak - before <= 17 * n + 24 * OBSERVED_PIXELS_BLOCK
