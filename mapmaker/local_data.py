@@ -276,7 +276,7 @@ OBSERVED_PIXELS_BLOCK = 1 << 20  # samples per block of observed_pixels' sparse 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
     """``np.unique(values)`` by one sort: numpy 2.4's ``np.unique`` without ``return_inverse``
-    hashes instead, 25x slower on 1M int32 pixel ids (measured)."""
+    hashes, then sorts the distinct values: 28x slower on 1M int32 pixel ids of 12M (measured)."""
     ordered = np.sort(values)
     if len(ordered) == 0:
         return ordered

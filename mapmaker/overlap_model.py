@@ -31,6 +31,7 @@ import numpy as np
 
 from mapmaker.commodel import OverlapFigures, hybrid_thresholds
 from mapmaker.decomposition import ChunkLayout, chunk_layout, decompose
+from mapmaker.local_data import sorted_unique
 from mapmaker.overlap import butterfly_shape
 from mapmaker.scan import ChunkPointing
 from schemas.spec import CampaignSpec, scan_key
@@ -71,7 +72,7 @@ def chunk_sets(spec: CampaignSpec, time_step: int = 1, progress: Progress | None
         row = []
         for detector in representative:
             pixels, _ = pointer(t, detector)
-            row.append(np.unique(pixels[::time_step]).astype(np.int32))
+            row.append(sorted_unique(pixels[::time_step]).astype(np.int32))
         sets.append(row)
         if progress and (t + 1) % max(1, layout.n_time_chunks // 10) == 0:
             progress(f"pointing: {t + 1}/{layout.n_time_chunks} time chunks")
@@ -290,12 +291,6 @@ def _indicator(rows: np.ndarray, columns: np.ndarray, n_rows: int, n_columns: in
     matrix.sum_duplicates()
     matrix.data[:] = 1.0
     return matrix
-
-
-def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """np.unique by sorting (numpy's hash-based unique is slow on large int64 arrays)."""
-    values = np.sort(values)
-    return values[np.concatenate([[True], values[1:] != values[:-1]])] if len(values) else values
 
 
 def relative_error(exact: OverlapFigures, approximate: OverlapFigures) -> dict[str, float]:
