@@ -27,7 +27,7 @@ from schemas.api import (
 from service.campaigns.hooks import run_result_hooks
 from service.db import get_database
 from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, RowId, SessionDep, SettingsDep
-from service.errors import DomainError
+from service.errors import DomainError, InsufficientStorage
 from service.queue import tasks
 from service.queue.claim import claim_tasks
 from service.workers import service
@@ -158,17 +158,29 @@ async def upload_artifact(
             return ids
 
     campaign_id, attempt_id = await anyio.to_thread.run_sync(current_attempt)
-    size = await store.receive(
-        request.stream(),
-        campaign_id=campaign_id,
-        attempt_id=attempt_id,
-        name=name,
-        sha256=digest,
-        max_bytes=settings.max_artifact_bytes,
-    )
-    try:  # the upload can take minutes: the attempt may have ended meanwhile, and its staging been cleared
-        await anyio.to_thread.run_sync(current_attempt)
-    except DomainError:
-        store.discard(campaign_id=campaign_id, attempt_id=attempt_id)
+
+    async def still_current() -> None:
+        """The upload can take minutes: the attempt may have ended meanwhile (its staging cleared, or
+        cleared before this upload made it again); then nothing it staged may stay."""
+        try:
+            await anyio.to_thread.run_sync(current_attempt)
+        except DomainError:
+            store.discard(campaign_id=campaign_id, attempt_id=attempt_id)
+            raise
+
+    try:
+        size = await store.receive(
+            request.stream(),
+            campaign_id=campaign_id,
+            attempt_id=attempt_id,
+            name=name,
+            sha256=digest,
+            max_bytes=settings.max_artifact_bytes,
+        )
+    except InsufficientStorage:
+        # An attempt that ended during the upload has had its staging folder removed under it, which
+        # fails the write: the cause to report is the ended attempt (409/404), not a full disk.
+        await still_current()
         raise
+    await still_current()
     return ArtifactReceipt(task_id=task_id, name=name, sha256=digest, size_bytes=size)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 import time
 
+import pytest
+
 from sqlalchemy import select
 
 from service.campaigns.hooks import on_result_accepted, remove_result_hook
@@ -378,6 +380,113 @@ def test_uploads_of_a_failed_attempt_are_discarded(api):
     assert any(staging.iterdir())
     assert api.fail(task["task_id"], "walltime", None).status_code == 200
     assert not any(staging.iterdir())
+
+
+def _cancel_as_the_endpoint_does(api, campaign_id: int) -> None:
+    """What POST /campaigns/{id}/cancel does, from another session while an upload is in progress."""
+    from service.campaigns import service as campaigns
+    from service.workers.artifacts import ArtifactStore
+
+    with api.database.session() as session:
+        owner = session.get(campaigns.Campaign, campaign_id).owner_id
+        campaigns.cancel_campaign(session=session, owner_id=owner, campaign_id=campaign_id, reason="test")
+        session.commit()
+    ArtifactStore(api.settings.products_dir).discard(campaign_id=campaign_id)
+
+
+def test_an_upload_its_campaign_was_cancelled_under_is_a_409_and_leaves_nothing_staged(api, monkeypatch):
+    """The campaign is cancelled while the body is still being written (its staging folder removed under
+    the upload): the worker is told its lease is gone, not that the disk is full (a 507 would make it
+    retry), and no file of the attempt is left."""
+    import os
+
+    campaign = api.create(realizations=1, max_attempts=2)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    maps = b"SIMPLE = T" * 100
+    real_fsync = os.fsync
+    cancelled = []
+
+    def cancel_while_flushing(fd):
+        if ".upload-" in os.readlink(f"/proc/self/fd/{fd}") and not cancelled:
+            cancelled.append(fd)
+            _cancel_as_the_endpoint_does(api, campaign["id"])
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", cancel_while_flushing)
+    upload = api.request(
+        "PUT", f"/tasks/{task['task_id']}/artifacts/iqu.fits", api.alice_worker,
+        content=maps, headers={"X-Content-SHA256": sha256(maps)},
+    )
+    assert cancelled
+    assert upload.status_code == 409, upload.text
+    assert upload.json()["code"] == "lease_lost"
+    assert "cancelled" in upload.json()["detail"]
+    staging = api.settings.products_dir / str(campaign["id"]) / "realizations" / ".staging"
+    assert not staging.exists() or not any(staging.rglob("*"))
+
+
+def test_an_upload_that_outlives_its_attempt_discards_what_it_staged(api, monkeypatch):
+    """The attempt ends (and its staging is cleared) after the upload's first check but before its
+    folder is made: the upload then stores the file in a folder nobody will clear, so its second
+    check must find the attempt gone, answer 409 and remove the file."""
+    from service.workers.artifacts import ArtifactStore
+
+    campaign = api.create(realizations=1, max_attempts=2)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    maps = b"SIMPLE = T" * 100
+    real_receive = ArtifactStore.receive
+
+    async def cancel_then_receive(self, chunks, **kwargs):
+        _cancel_as_the_endpoint_does(api, campaign["id"])
+        return await real_receive(self, chunks, **kwargs)
+
+    monkeypatch.setattr(ArtifactStore, "receive", cancel_then_receive)
+    upload = api.request(
+        "PUT", f"/tasks/{task['task_id']}/artifacts/iqu.fits", api.alice_worker,
+        content=maps, headers={"X-Content-SHA256": sha256(maps)},
+    )
+    assert upload.status_code == 409, upload.text
+    assert upload.json()["code"] == "lease_lost"
+    staging = api.settings.products_dir / str(campaign["id"]) / "realizations" / ".staging"
+    assert not staging.exists() or not any(staging.rglob("*"))
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)  # SQLite serialises the two writers
+def test_a_report_racing_its_campaigns_deletion_is_a_404(api, monkeypatch):
+    """The campaign is deleted after the report has read its attempt but before it locks the rows."""
+    from sqlalchemy.orm import Session
+
+    from service.campaigns import service as campaigns
+    from service.campaigns.models import Attempt
+
+    campaign = api.create(realizations=1, max_attempts=2)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    assert api.post(f"/campaigns/{campaign['id']}/cancel", json={"reason": "test"}).status_code == 200
+    real_get = Session.get
+    deleted = []
+
+    def delete_after_the_attempt_is_read(self, entity, ident, **kwargs):
+        found = real_get(self, entity, ident, **kwargs)
+        if entity is Attempt and not deleted:
+            deleted.append(ident)
+            with api.database.session() as other:  # what DELETE /campaigns/{id} does, in another transaction
+                owner = real_get(other, campaigns.Campaign, campaign["id"]).owner_id
+                campaigns.delete_campaign(
+                    session=other, owner_id=owner, campaign_id=campaign["id"], products_dir=api.settings.products_dir
+                )
+        return found
+
+    monkeypatch.setattr(Session, "get", delete_after_the_attempt_is_read)
+    report = api.wpost(f"/tasks/{task['task_id']}/started")
+    assert deleted
+    assert report.status_code == 404, report.text
+    assert report.json()["code"] == "task_not_found"
 
 
 def test_a_product_the_service_cannot_write_is_507_and_leaves_no_file(api, monkeypatch):
