@@ -15,7 +15,12 @@ Each pass of the loop:
 4. heartbeat every lease/3: ``cancel`` -> stop and report cancelled; ``lost``
    -> stop and report nothing;
 5. claim ``max_tasks - held`` tasks, unless draining; an empty answer waits
-   ``MAPCAMPAIGN_WORKER_POLL_S`` before the next claim.
+   ``MAPCAMPAIGN_WORKER_POLL_S`` before the next claim. After
+   ``LAUNCH_FAILURES_BEFORE_PAUSE`` tasks in a row that this worker could not
+   even hand to Parsl (its work folder cannot be written: disk full, quota,
+   permissions; Parsl refusing), it stops claiming for 30 s, doubling to 10
+   min while it goes on failing: a broken site must not burn the attempts of
+   the whole queue in seconds.
 
 SIGTERM or SIGINT: stop claiming; running tasks may finish until
 ``MAPCAMPAIGN_WORKER_DRAIN_S``; then they are killed (whole process tree) and
@@ -55,6 +60,9 @@ log = logging.getLogger("mapcampaign.worker")
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+LAUNCH_FAILURES_BEFORE_PAUSE = 3
+FIRST_LAUNCH_PAUSE_S = 30.0
+LONGEST_LAUNCH_PAUSE_S = 600.0
 STOP_BACKSTOP_S = 30.0  # after a stop request: wait the kill grace plus this for the runner, then report anyway
 
 
@@ -89,6 +97,8 @@ class Agent:
         self.stopped_tasks = False
         self.exit_code = EXIT_OK
         self.lease_s: float | None = None
+        self.launch_failures_in_a_row = 0
+        self.claims_paused_until = 0.0  # time.monotonic()
         self.reporters = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="report")
         self.dfk: Any = None
         self.executor: Any = None
@@ -239,7 +249,7 @@ class Agent:
             if self.runs and now >= next_beat:
                 self._heartbeat()
                 next_beat = time.monotonic() + self._heartbeat_interval()
-            if not self.draining and now >= next_claim:
+            if not self.draining and now >= next_claim and now >= self.claims_paused_until:
                 free = self._free_slots()
                 if free > 0:
                     claimed = self._claim(free)
@@ -283,14 +293,29 @@ class Agent:
                 run.submit(self.app)
                 run.future.add_done_callback(lambda _future: self.wake.set())
                 log.info("%s submitted", run.describe())
+                self.launch_failures_in_a_row = 0
                 return
             except Exception as error:
                 log.exception("%s could not be submitted", run.task_id)
                 verdict = Verdict(
                     Outcome.LAUNCH_ERROR, None, f"could not submit the task: {type(error).__name__}: {error}"
                 )
+                self._note_launch_failure(verdict.message)
         run.early_verdict = verdict
         self._finish(run)
+
+    def _note_launch_failure(self, cause: str) -> None:
+        """Count a task this worker could not launch; pause claiming after several in a row."""
+        self.launch_failures_in_a_row += 1
+        beyond = self.launch_failures_in_a_row - LAUNCH_FAILURES_BEFORE_PAUSE
+        if beyond < 0:
+            return
+        pause = min(FIRST_LAUNCH_PAUSE_S * 2 ** min(beyond, 16), LONGEST_LAUNCH_PAUSE_S)
+        self.claims_paused_until = time.monotonic() + pause
+        log.error(
+            "%d tasks in a row could not be launched at this site (last: %s); claiming nothing for %.0f s",
+            self.launch_failures_in_a_row, cause, pause,
+        )  # fmt: skip
 
     def _watch_runs(self, now: float) -> None:
         for run in list(self.runs.values()):
@@ -361,7 +386,10 @@ class Agent:
             with self.lock:
                 runs = list(self.runs.values())
             for run in runs:
-                run.touch()
+                try:
+                    run.touch()
+                except Exception:  # this thread must outlive any one failure: the runners depend on it
+                    log.exception("%s: touching its liveness file failed", run.task_id)
 
 
 def run_worker(settings: WorkerSettings, site: SiteConfig, token: str) -> int:

@@ -46,7 +46,8 @@ class ServiceError(Exception):
 
 
 class TaskGone(ServiceError):
-    """409: the task is no longer this worker's; nothing to report any more."""
+    """409, or 404 ``task_not_found`` (its campaign was deleted): the task is no longer this worker's;
+    nothing to report any more."""
 
 
 class NotAuthorized(ServiceError):
@@ -109,8 +110,8 @@ class ServiceClient:
         except ValueError:
             detail, code = answer.text[:500], None
         message = f"{method} {path}: HTTP {answer.status_code}: {detail}"
-        if answer.status_code == 409:
-            raise TaskGone(message, status=409, code=code)
+        if answer.status_code == 409 or (answer.status_code == 404 and code == "task_not_found"):
+            raise TaskGone(message, status=answer.status_code, code=code)
         if answer.status_code in (401, 403):
             raise NotAuthorized(message, status=answer.status_code, code=code)
         raise ServiceError(message, status=answer.status_code, code=code)

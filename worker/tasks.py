@@ -21,6 +21,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from pydantic import ValidationError
 from schemas.api import PlanBuilt, PlanInvalid, PreprocessTask, RealizeTask, TaskFailed, TaskStarted
 from schemas.plan import PlanReport
 from schemas.result import RealizationResult
-from worker.client import RETRY_STATUS, ServiceClient, ServiceError, TaskGone
+from worker.client import RETRY_STATUS, NotAuthorized, ServiceClient, ServiceError, TaskGone
 from worker.commands import (
     RunnerLimits,
     bash_command,
@@ -100,6 +101,28 @@ def read_tail(path: Path, max_bytes: int = STDERR_TAIL_BYTES) -> str:
         return ""
 
 
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False when the file system will not say (EIO, ESTALE, EACCES): the caller looks again."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def _refusal_is_a_failure(report: Callable[[], None], what: str) -> None:
+    """Send a success report; a refusal that no retry can change (4xx other than 409 and the
+    token's 401/403: a result that does not match, too large, ...) becomes a :class:`ReportProblem`,
+    so that the attempt is reported failed with the service's reason instead of expiring as lost."""
+    try:
+        report()
+    except (TaskGone, NotAuthorized):
+        raise
+    except ServiceError as error:
+        if error.status is not None and 400 <= error.status < 500:
+            raise ReportProblem(f"the service refused the {what}: {error}") from None
+        raise
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -117,6 +140,7 @@ class TaskRun:
         self.submitted_at: float | None = None
         self.future: Any = None  # Parsl AppFuture
         self.started_reported = False
+        self.touch_failed = False
         self.stop_reason: CancelReason | None = None
         self.stop_requested_at: float | None = None
         self.early_verdict: Verdict | None = None  # decided before launch (pre-checks, submit errors)
@@ -164,12 +188,21 @@ class TaskRun:
                 f"the task needs {resources.nodes} nodes; blocks of site {self.context.site.name!r} have "
                 f"{self.context.site.nodes_per_block}",
             )
-        if isinstance(self.task, RealizeTask) and (self.plan_file is None or not self.plan_file.is_file()):
-            return Verdict(
-                Outcome.PLAN_REFUSED,
-                None,
-                f"plan refused: the plan file {self.task.plan.path!r} is missing at this site",
-            )
+        if isinstance(self.task, RealizeTask):
+            try:
+                present = self.plan_file is not None and self.plan_file.is_file()
+            except OSError as error:  # e.g. a folder of another user's data_dir this worker may not enter
+                return Verdict(
+                    Outcome.PLAN_REFUSED,
+                    None,
+                    f"plan refused: the plan file {self.task.plan.path!r} cannot be read at this site: {error}",
+                )
+            if not present:
+                return Verdict(
+                    Outcome.PLAN_REFUSED,
+                    None,
+                    f"plan refused: the plan file {self.task.plan.path!r} is missing at this site",
+                )
         return None
 
     def prepare(self) -> None:
@@ -250,20 +283,28 @@ class TaskRun:
         return read_json(self.workdir / STATUS_FILE)
 
     def launched(self) -> bool:
-        return (self.workdir / RUNNER_FILE).exists() or (self.workdir / STATUS_FILE).exists()
+        return _exists(self.workdir / RUNNER_FILE) or _exists(self.workdir / STATUS_FILE)
 
     def ended(self) -> bool:
         if self.early_verdict is not None:
             return True
-        if (self.workdir / STATUS_FILE).exists():
+        if _exists(self.workdir / STATUS_FILE):
             return True
         return self.future is not None and self.future.done()
 
     def touch(self) -> None:
+        """Tell the runner its worker is alive. A failed touch (EIO, ESTALE on a shared file system) is
+        logged once and tried again next time: the runner gives up only after ``liveness_timeout_s``."""
         try:
             os.utime(self.workdir / LIVENESS_FILE)
         except FileNotFoundError:
             pass
+        except OSError as error:
+            if not self.touch_failed:
+                log.warning("%s: could not touch its liveness file: %s; trying again", self.task_id, error)
+            self.touch_failed = True
+        else:
+            self.touch_failed = False
 
     def request_stop(self, reason: CancelReason) -> None:
         """Ask the runner to end the task (it may not have started yet: then it never launches).
@@ -358,6 +399,8 @@ class TaskRun:
                     self.report_started()
                 except TaskGone:
                     pass
+                except ServiceError as error:  # the outcome's own report (retried longer) carries the news
+                    log.warning("%s: could not report its start (%s); reporting how it ended", self.task_id, error)
             if verdict.outcome is Outcome.SUCCEEDED:
                 try:
                     timeline.update(self._report_success())
@@ -406,7 +449,7 @@ class TaskRun:
                     raise  # the service is out of reach, not refusing: the lease runs out, the task is retried as lost
                 # e.g. 507: the service answered that it could not store it; a failed attempt, not a lost one
                 raise ReportProblem(f"the service did not store product {product.path!r}: {error}") from None
-        self.context.client.succeeded(self.task_id, result)
+        _refusal_is_a_failure(lambda: self.context.client.succeeded(self.task_id, result), "result")
         log.info(
             "%s succeeded: %d iterations, %s, %.1f s in the map-maker; %d products uploaded",
             self.describe(),
@@ -445,7 +488,7 @@ class TaskRun:
             size_bytes=report.size_bytes,
             build_time_s=report.build_time_s,
         )
-        self.context.client.plan_built(self.task_id, built)
+        _refusal_is_a_failure(lambda: self.context.client.plan_built(self.task_id, built), "plan")
         log.info(
             "%s built %s (%d bytes, %.2f s)", self.describe(), self.plan_file.name, built.size_bytes, built.build_time_s
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 
@@ -223,3 +224,96 @@ def test_a_status_that_shows_late_on_a_shared_file_system_is_waited_for(tmp_path
         assert run.evidence().status == status
     finally:
         later.join()
+
+
+class SuccessRefusingClient(RecordingClient):
+    """Answers the success report with ``error`` (every other call as RecordingClient)."""
+
+    def __init__(self, error: ServiceError, **kwargs):
+        super().__init__(**kwargs)
+        self.error = error
+
+    def succeeded(self, task_id, result):
+        super().succeeded(task_id, result)
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "reported_failure"),
+    [
+        (ServiceError("HTTP 422: the result does not match the task", status=422, code="result_mismatch"), True),
+        (ServiceError("HTTP 413: request body too large", status=413, code="too_large"), True),
+        (ServiceError("the service did not answer (ConnectError)"), False),
+    ],
+)
+def test_a_refused_success_report_is_reported_as_a_failure_with_the_reason(tmp_path, error, reported_failure):
+    """Found by review: a 4xx refusal of ``succeeded`` was only logged; the lease then expired and the
+    attempt was charged lost_worker, every time, with the cause in the worker's log alone."""
+    client = SuccessRefusingClient(error)
+    run = make_run(tmp_path, client)
+    run.prepare()
+    write_products(run)
+    timeline = finish_with(run, "exited", 0)
+    failed = [call for call in client.calls if call[0] == "failed"]
+    if reported_failure:
+        assert [call[2] for call in failed] == ["app_error"] and "refused the result" in failed[0][4]
+        assert str(error.status) in failed[0][4]
+        assert "unreported" not in timeline
+    else:
+        assert failed == [] and "did not answer" in timeline["unreported"]
+
+
+def test_a_start_report_that_cannot_be_sent_does_not_stop_the_final_report(tmp_path):
+    """Found by review: any error but 409 on the late ``started`` report skipped the outcome's report."""
+    client = RecordingClient(unreachable={"started"})
+    run = make_run(tmp_path, client)
+    run.prepare()
+    run.request_stop(CancelReason.DRAIN)
+    timeline = finish_with(run, "cancelled", -15, cancel_reason=CancelReason.DRAIN.value)
+    assert [call[0] for call in client.calls] == ["started", "failed"]
+    assert client.calls[1][2] == "drained"
+    assert "unreported" not in timeline
+
+
+def test_a_plan_that_cannot_be_read_here_is_refused_not_a_crash(tmp_path, monkeypatch):
+    """Found by review: ``is_file()`` re-raises EACCES (a plan under a folder this worker may not enter;
+    the tests run as root, whom permissions do not stop, hence the patch), which escaped the launch
+    and stopped the whole worker."""
+    import errno
+    from pathlib import Path
+
+    run = make_run(tmp_path, RecordingClient())
+    real_is_file = Path.is_file
+
+    def forbidden(path):
+        if path == run.plan_file:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_is_file(path)
+
+    monkeypatch.setattr(Path, "is_file", forbidden)
+    verdict = run.precheck()
+    assert verdict.outcome is Outcome.PLAN_REFUSED
+    assert "cannot be read at this site" in verdict.message and "Permission denied" in verdict.message
+
+
+def test_a_liveness_touch_that_fails_is_tried_again(tmp_path, monkeypatch):
+    """Found by review: one EIO from utime ended the liveness thread for good."""
+    import errno
+
+    run = make_run(tmp_path, RecordingClient())
+    run.prepare()
+    real_utime = os.utime
+    failures = [OSError(errno.EIO, "Input/output error")]
+
+    def flaky_utime(path, *args, **kwargs):
+        if failures:
+            raise failures.pop()
+        return real_utime(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "utime", flaky_utime)
+    liveness = run.workdir / "liveness"
+    real_utime(liveness, (0, 0))
+    run.touch()  # fails, is noted
+    assert run.touch_failed and liveness.stat().st_mtime == 0
+    run.touch()
+    assert not run.touch_failed and liveness.stat().st_mtime > 0

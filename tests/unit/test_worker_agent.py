@@ -1,0 +1,83 @@
+"""The worker's loop (worker.agent) with a recording client in place of the service and no Parsl."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import itertools
+import logging
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+from schemas.api import ClaimAnswer, HeartbeatAnswer
+from tests.support.task_run import RecordingClient, make_run
+from worker.agent import FIRST_LAUNCH_PAUSE_S, LAUNCH_FAILURES_BEFORE_PAUSE, Agent
+from worker.settings import WorkerSettings
+from worker.tasks import TaskRun
+
+
+class EndlessQueue(RecordingClient):
+    """A service with an endless queue: every claim hands out as many tasks as asked for."""
+
+    def __init__(self, prototype):
+        super().__init__()
+        self.prototype = prototype
+        self.ids = itertools.count(100)
+
+    def claim(self, worker_id, max_tasks):
+        self.calls.append(("claim", max_tasks))
+        expires = datetime.now(UTC) + timedelta(seconds=300)
+        tasks = [
+            self.prototype.model_copy(update={"task_id": f"realize-{n}", "attempt_id": n, "lease_expires_at": expires})
+            for n in itertools.islice(self.ids, max_tasks)
+        ]
+        return ClaimAnswer(tasks=tasks)
+
+    def heartbeat(self, worker_id, running):
+        return HeartbeatAnswer(lease_expires_at=datetime.now(UTC), extended=[], cancel=[], lost=[])
+
+
+def test_a_site_that_cannot_launch_anything_stops_claiming_instead_of_failing_the_queue(tmp_path, monkeypatch, caplog):
+    """Found by review: with its work folder unwritable (disk full) a worker claimed and failed 4,700
+    tasks in 3 s, every realisation of every campaign charged ``launch_error`` until ``max_attempts``."""
+    prototype_run = make_run(tmp_path / "proto", RecordingClient())
+    client = EndlessQueue(prototype_run.task)
+    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker", poll_s=0.05), prototype_run.context.site, "token")
+    agent.client = client
+    agent.context = dataclasses.replace(prototype_run.context, client=client)
+    agent.worker_id = 1
+
+    def disk_full(run):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(TaskRun, "prepare", disk_full)
+    loop = threading.Thread(target=agent._loop, daemon=True)
+    with caplog.at_level(logging.ERROR, logger="mapcampaign.worker"):
+        loop.start()
+        deadline = time.monotonic() + 30
+        while len([c for c in client.calls if c[0] == "failed"]) < LAUNCH_FAILURES_BEFORE_PAUSE:
+            assert time.monotonic() < deadline, client.calls
+            time.sleep(0.05)
+        time.sleep(1.0)  # ~20 claim polls would have passed
+        agent.drain_deadline = time.monotonic()
+        agent.wake.set()
+        loop.join(30)
+    assert not loop.is_alive()
+    failed = [call for call in client.calls if call[0] == "failed"]
+    assert len(failed) == LAUNCH_FAILURES_BEFORE_PAUSE  # max_tasks 1: one task per claim, then the pause
+    assert {call[2] for call in failed} == {"launch_error"} and "No space left on device" in failed[0][4]
+    assert agent.claims_paused_until - time.monotonic() > FIRST_LAUNCH_PAUSE_S - 5
+    assert f"claiming nothing for {FIRST_LAUNCH_PAUSE_S:.0f} s" in caplog.text
+
+
+def test_the_pause_doubles_while_launches_go_on_failing_up_to_ten_minutes(tmp_path):
+    prototype_run = make_run(tmp_path / "proto", RecordingClient())
+    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker"), prototype_run.context.site, "token")
+    pauses = []
+    for _ in range(LAUNCH_FAILURES_BEFORE_PAUSE + 8):
+        agent._note_launch_failure("disk full")
+        pauses.append(round(agent.claims_paused_until - time.monotonic()))
+    assert all(pause < 0 for pause in pauses[: LAUNCH_FAILURES_BEFORE_PAUSE - 1])  # not paused yet
+    assert pauses[LAUNCH_FAILURES_BEFORE_PAUSE - 1 :][:6] == [30, 60, 120, 240, 480, 600]
+    assert max(pauses) == 600
