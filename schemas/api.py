@@ -295,6 +295,10 @@ Task = Annotated[PreprocessTask | RealizeTask, Field(discriminator="kind")]
 
 class ClaimAnswer(ApiModel):
     tasks: list[Task]
+    lease_s: float | None = Field(
+        None, description="Length of a lease, seconds (heartbeat within it); unlike lease_expires_at, "
+        "free of any difference between the service's clock and the worker's"
+    )
 
 
 class HeartbeatRequest(ApiModel):
@@ -303,6 +307,7 @@ class HeartbeatRequest(ApiModel):
 
 class HeartbeatAnswer(ApiModel):
     lease_expires_at: datetime = Field(description="New expiry of every extended lease")
+    lease_s: float | None = Field(None, description="Length of a lease, seconds (see ClaimAnswer)")
     extended: list[str] = Field(description="Task ids whose lease was extended: keep running them")
     cancel: list[str] = Field(description="Task ids to stop: their campaign was cancelled, failed or deleted")
     lost: list[str] = Field(description="Task ids that are no longer this worker's (lease expired, reassigned)")

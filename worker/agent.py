@@ -267,8 +267,12 @@ class Agent:
             return 10.0
         return min(max(self.lease_s / 3, 0.2), 60.0)
 
-    def _note_lease(self, expires_at: datetime) -> None:
-        self.lease_s = max((expires_at - datetime.now(UTC)).total_seconds(), 0.5)
+    def _note_lease(self, expires_at: datetime, lease_s: float | None) -> None:
+        """The lease length the heartbeat interval follows: the service's own figure when it sends one;
+        else its expiry time less this machine's clock, which is off by any difference between the clocks."""
+        if lease_s is None:
+            lease_s = (expires_at - datetime.now(UTC)).total_seconds()
+        self.lease_s = max(lease_s, 0.5)
 
     def _claim(self, free: int) -> int:
         assert self.worker_id is not None
@@ -278,7 +282,7 @@ class Agent:
             log.warning("claim failed: %s", error)
             return 0
         for task in answer.tasks:
-            self._note_lease(task.lease_expires_at)
+            self._note_lease(task.lease_expires_at, answer.lease_s)
             run = TaskRun(task, self.context)
             with self.lock:
                 self.runs[run.task_id] = run
@@ -368,7 +372,7 @@ class Agent:
             log.warning("heartbeat failed: %s", error)
             return
         if answer.extended:
-            self._note_lease(answer.lease_expires_at)
+            self._note_lease(answer.lease_expires_at, answer.lease_s)
         for task_id in answer.cancel:
             run = self.runs.get(task_id)
             if run is not None and run.stop_reason is None:

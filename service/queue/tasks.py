@@ -426,7 +426,9 @@ def heartbeat(*, session: Session, worker: Worker, running: list[str], settings:
             else:
                 lost.append(task_id)
     session.commit()
-    return HeartbeatAnswer(lease_expires_at=expires, extended=extended, cancel=cancel, lost=lost)
+    return HeartbeatAnswer(
+        lease_expires_at=expires, lease_s=settings.lease_s, extended=extended, cancel=cancel, lost=lost
+    )
 
 
 def report_succeeded(

@@ -54,7 +54,7 @@ def claim(
 ) -> ClaimAnswer:
     worker = service.worker_for(session=session, principal=principal, worker_id=worker_id, lock=True)
     found = claim_tasks(session=session, worker=worker, max_tasks=request_body.max_tasks, settings=settings)
-    return ClaimAnswer(tasks=found)
+    return ClaimAnswer(tasks=found, lease_s=settings.lease_s)
 
 
 @workers_router.post("/{worker_id}/heartbeat", response_model=HeartbeatAnswer)

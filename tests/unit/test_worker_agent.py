@@ -81,3 +81,15 @@ def test_the_pause_doubles_while_launches_go_on_failing_up_to_ten_minutes(tmp_pa
     assert all(pause < 0 for pause in pauses[: LAUNCH_FAILURES_BEFORE_PAUSE - 1])  # not paused yet
     assert pauses[LAUNCH_FAILURES_BEFORE_PAUSE - 1 :][:6] == [30, 60, 120, 240, 480, 600]
     assert max(pauses) == 600
+
+
+def test_heartbeats_follow_the_services_lease_length_whatever_this_machines_clock_says(tmp_path):
+    """Found by review: the lease length was the service's expiry time less the worker's clock, so a
+    worker clock 120 s behind with a 45 s lease beat every 55 s, and its tasks were reaped while running."""
+    prototype_run = make_run(tmp_path / "proto", RecordingClient())
+    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker"), prototype_run.context.site, "token")
+    service_now = datetime.now(UTC) + timedelta(seconds=120)  # the worker's clock is 120 s behind
+    agent._note_lease(service_now + timedelta(seconds=45), 45.0)
+    assert agent._heartbeat_interval() == 15.0
+    agent._note_lease(service_now + timedelta(seconds=45), None)  # an older service: the clocks decide
+    assert abs(agent._heartbeat_interval() - 55.0) < 1.0
