@@ -16,6 +16,7 @@ from sqlalchemy import exists, select
 from sqlalchemy.orm import Session, aliased
 
 from service.campaigns.models import Attempt, Campaign, Realization
+from service.campaigns.service import settle_campaign
 from service.config import Settings
 from service.db import Database, utcnow
 from service.events.service import record_event
@@ -144,9 +145,11 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
         )
     )
     ended: list[int] = []
+    holder_ids = {r.lease_holder_id for r in realizations if r.lease_holder_id is not None}
+    holders = dict(session.execute(select(Worker.id, Worker.name).where(Worker.id.in_(holder_ids))).tuples().all())
     for realization in realizations:
         attempt = session.get(Attempt, realization.current_attempt_id) if realization.current_attempt_id else None
-        holder = session.scalar(select(Worker.name).where(Worker.id == realization.lease_holder_id))
+        holder = holders.get(realization.lease_holder_id)
         record_event(
             session,
             "lease_expired",
@@ -169,8 +172,11 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
             exit_code=None,
             log_tail=f"lease expired: worker {holder!r} stopped sending heartbeats",
             worker_name=holder,
+            settle=False,
         )
         ended.append(attempt.id)
+    if realizations:  # once for the campaign, not once per realisation: each is a count over all of it
+        settle_campaign(session=session, campaign=campaign)
     session.commit()
     return ended
 

@@ -279,8 +279,12 @@ def end_attempt(
     exit_code: int | None,
     log_tail: str | None,
     worker_name: str | None,
+    settle: bool = True,
 ) -> None:
     """A failed attempt: back to the queue while attempts remain, else the realisation fails.
+
+    ``settle=False`` leaves :func:`settle_campaign` (a count over the whole
+    campaign) to the caller, who ends many attempts of one campaign at once.
 
     A ``drained`` attempt (its worker was stopped and ended it at the drain
     deadline) is the site's doing, not the realisation's: it is given back to
@@ -327,7 +331,8 @@ def end_attempt(
             "charged": charged,
         },
     )
-    settle_campaign(session=session, campaign=campaign)
+    if settle:
+        settle_campaign(session=session, campaign=campaign)
 
 
 def _plan_worker(session: Session, plan_id: int, principal: Principal, task_id: str) -> int:

@@ -195,6 +195,34 @@ def test_expired_lease_requeues_as_lost_worker(make_api):
     assert api.realization(campaign["id"], 0)["state"] == "succeeded"
 
 
+def test_the_reaper_settles_a_campaign_once_per_pass_not_once_per_expired_lease(make_api):
+    """Found by review: each expired lease re-counted the whole campaign (GROUP BY over its realisations)
+    inside the reaper's one write transaction: 1000 expired leases of a 100k campaign held SQLite's write
+    lock for 32 s. The statements of one pass are counted here; settling is the only GROUP BY."""
+    from sqlalchemy import event
+
+    api = make_api(lease_s=0.2)
+    campaign = api.create(realizations=40, max_attempts=1)
+    worker = api.register(capacity=20)
+    api.build_plan(worker)
+    assert len(api.claim(worker, max_tasks=20)) == 20
+    time.sleep(0.3)
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    engine = api.database.engine
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        assert api.reap().realizations == 20
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert sum("GROUP BY" in statement.upper() for statement in statements) == 1
+    assert api.campaign(campaign["id"])["progress"]["counts"]["failed"] == 20  # one attempt each: failed
+    assert api.campaign(campaign["id"])["state"] == "running"  # 20 still queued
+
+
 def test_heartbeat_extends_leases(api):
     campaign = api.create(realizations=1)
     worker = api.register()
