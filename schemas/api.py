@@ -81,6 +81,19 @@ class ApiModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class RequestModel(ApiModel):
+    """Base of the bodies clients send. No text may hold NUL: PostgreSQL refuses it in a text column,
+    so it would fail only there, and only once stored (see :class:`TaskFailed` for the log tail).
+    Answers are not checked: what SQLite stored before this rule must still be readable."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("must not contain NUL characters (\\x00)")
+        return value
+
+
 # --------------------------------------------------------------------------- errors, health
 
 
@@ -150,7 +163,7 @@ class CampaignPage(ApiModel):
     next_cursor: str | None = Field(None, description="Pass as ?cursor= for the next page; None on the last page")
 
 
-class CancelRequest(ApiModel):
+class CancelRequest(RequestModel):
     reason: str = Field("cancelled by the owner", max_length=1_000)
 
 
@@ -227,7 +240,7 @@ class PlanPage(ApiModel):
 # --------------------------------------------------------------------------- workers
 
 
-class WorkerRegistration(ApiModel):
+class WorkerRegistration(RequestModel):
     name: str = Field(pattern=NAME_PATTERN, description="Stable name of this worker; registering again updates it")
     site: str = Field(pattern=NAME_PATTERN, description="Site whose preprocessing plans this worker can use")
     host: str = Field(max_length=255)
@@ -251,7 +264,7 @@ class WorkerInfo(ApiModel):
     last_heartbeat_at: datetime | None
 
 
-class ClaimRequest(ApiModel):
+class ClaimRequest(RequestModel):
     max_tasks: int = Field(1, ge=1, le=1_000, description="Free slots: at most this many tasks are handed out")
 
 
@@ -301,7 +314,7 @@ class ClaimAnswer(ApiModel):
     )
 
 
-class HeartbeatRequest(ApiModel):
+class HeartbeatRequest(RequestModel):
     running: list[str] = Field(default_factory=list, max_length=100_000, description="Task ids the worker holds")
 
 
@@ -313,32 +326,38 @@ class HeartbeatAnswer(ApiModel):
     lost: list[str] = Field(description="Task ids that are no longer this worker's (lease expired, reassigned)")
 
 
-class TaskStarted(ApiModel):
+class TaskStarted(RequestModel):
     host: str | None = Field(None, max_length=255)
     scheduler_job_id: str | None = Field(None, max_length=255)
 
 
-class TaskSucceeded(ApiModel):
+class TaskSucceeded(RequestModel):
     """A realisation's result; every product it names must have been uploaded as an artifact first."""
 
     result: RealizationResult
 
 
-class PlanBuilt(ApiModel):
+class PlanBuilt(RequestModel):
     path: str = Field(min_length=1, max_length=4_096, description="Where the plan file lives on the site")
     checksum: str = Field(min_length=1, max_length=200)
-    size_bytes: int = Field(ge=0)
-    build_time_s: float = Field(ge=0)
+    size_bytes: int = Field(ge=0, lt=2**63)
+    build_time_s: float = Field(ge=0, allow_inf_nan=False)
 
 
-class TaskFailed(ApiModel):
+class TaskFailed(RequestModel):
     failure_class: FailureClass
-    exit_code: int | None = None
+    exit_code: int | None = Field(None, ge=-(2**31), lt=2**31, description="Exit status, or -signal")
     log_tail: str = Field("", max_length=MAX_LOG_TAIL_CHARS)
     message: str | None = Field(None, max_length=4_000, description="One line for people: what went wrong")
 
+    @field_validator("log_tail", "message", mode="before")
+    @classmethod
+    def _keep_binary_output(cls, value: Any) -> Any:
+        """A crashing program may write binary to stderr: its NULs become U+FFFD, not a refused report."""
+        return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
 
-class PlanInvalid(ApiModel):
+
+class PlanInvalid(RequestModel):
     """A worker found a ready plan unusable (the map-maker refused it, or its file is gone): build it again.
 
     Only a worker holding a realize task that uses the plan may say so; a plan

@@ -39,9 +39,10 @@ _DETECTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")
 
 
 class StrictModel(BaseModel):
-    """Base for every spec model: unknown fields are errors, not silently dropped."""
+    """Base for every spec model: unknown fields are errors, not silently dropped; numbers are finite
+    (an unbounded field such as ``noise.interval_s`` would otherwise take ``inf``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- scan patterns

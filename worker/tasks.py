@@ -96,7 +96,7 @@ def read_tail(path: Path, max_bytes: int = STDERR_TAIL_BYTES) -> str:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
             handle.seek(max(0, size - max_bytes))
-            return handle.read().decode(errors="replace")
+            return handle.read().decode(errors="replace").replace("\x00", "\ufffd")  # PostgreSQL refuses NUL
     except OSError:
         return ""
 

@@ -22,7 +22,15 @@ from service.auth.service import Principal
 from service.campaigns.service import get_campaign
 from service.config import Settings
 from service.db import Database, get_database
-from service.deps import CurrentUser, EventPosition, EventPositionQuery, ReadSessionDep, RowIdQuery, SettingsDep
+from service.deps import (
+    MAX_ROW_ID,
+    CurrentUser,
+    EventPosition,
+    EventPositionQuery,
+    ReadSessionDep,
+    RowIdQuery,
+    SettingsDep,
+)
 from service.errors import Invalid
 from service.events.models import Event
 from service.events.service import events_after, latest_event_id
@@ -46,9 +54,12 @@ def event_info(event: Event) -> EventInfo:
 def _start_after(last_event_id: str | None, after: int | None) -> int | None:
     if last_event_id is not None and last_event_id.strip():
         try:
-            return max(int(last_event_id.strip()), 0)
+            position = int(last_event_id.strip())
         except ValueError:
             raise Invalid("header Last-Event-ID: must be the integer id of an event") from None
+        if position > MAX_ROW_ID:  # checked before the stream starts: inside it, only a broken connection
+            raise Invalid(f"header Last-Event-ID: must be an event id, at most {MAX_ROW_ID}")
+        return max(position, 0)
     return after
 
 

@@ -566,3 +566,30 @@ def test_a_product_the_service_cannot_write_is_507_and_leaves_no_file(api, monke
     assert put().status_code == 201
     assert api.succeed(task, products=[product("iqu.fits", maps)]).status_code == 200
     assert (realizations / "0" / "iqu.fits").read_bytes() == maps
+
+
+def test_worker_reports_with_nul_or_out_of_range_numbers_are_kept_or_refused_by_field(api):
+    """Found by review: PostgreSQL refuses NUL in text, so a crash whose stderr held binary lost its
+    failure report (a 422 naming no field, then lost_worker); SQLite took it. Now the log tail keeps
+    the text with U+FFFD; other text with NUL, and exit codes beyond 32 bits, are a 422 naming the field."""
+    campaign = api.create(realizations=1, max_attempts=2)
+    worker = api.register()
+    api.build_plan(worker)
+    task = api.claim(worker)[0]
+    refused = api.wpost(f"/tasks/{task['task_id']}/failed", json={"failure_class": "app_error", "exit_code": 2**31})
+    assert refused.status_code == 422 and "exit_code" in refused.text
+    started = api.wpost(f"/tasks/{task['task_id']}/started", json={"host": "node\x007"})
+    assert started.status_code == 422 and "host" in started.text and "NUL" in started.text
+    report = {"failure_class": "app_error", "exit_code": 139, "log_tail": "Segmentation fault\x00\x00 core", "message": "a\x00b"}
+    assert api.wpost(f"/tasks/{task['task_id']}/failed", json=report).status_code == 200
+    [attempt] = api.realization(campaign["id"], 0)["attempt_history"]
+    assert attempt["failure_class"] == "app_error" and attempt["exit_code"] == 139
+    assert attempt["log_tail"] == "Segmentation fault\ufffd\ufffd core"
+    cancel = api.post(f"/campaigns/{campaign['id']}/cancel", json={"reason": "oops\x00"})
+    assert cancel.status_code == 422 and "reason" in cancel.text
+    assert api.campaign(campaign["id"])["state"] != "cancelled"
+
+
+def test_a_last_event_id_beyond_any_event_is_refused_before_the_stream_starts(api):
+    answer = api.get("/events", headers={"Last-Event-ID": "9" * 25})
+    assert answer.status_code == 422 and "Last-Event-ID" in answer.text

@@ -8,6 +8,7 @@ generation mode of the schemathesis run.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 
@@ -142,6 +143,7 @@ def test_hostile_specs_are_refused_and_store_nothing(pg_service, pg_url):
             "malformed JSON": b'{"name": "x", ',
             "lone surrogate": b'{"name": "\\ud800 bad", "realizations": 1}',
             "NaN": b'{"name": "nan", "realizations": NaN}',
+            "Infinity in an unbounded field": json.dumps(spec_data(**{"noise.interval_s": float("inf")})).encode(),
             "not UTF-8": b'{"name": "\xff\xfe"}',
         }
         for label, content in raw.items():
