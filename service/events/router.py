@@ -16,6 +16,7 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session
 
 from schemas.api import ErrorBody, EventInfo
 from service.auth.service import Principal
@@ -105,6 +106,28 @@ async def open_event_stream(
     )
 
 
+PAGE = 500  # events per poll of a stream
+
+
+def next_page(
+    *, session: Session, after_id: int, owner_id: int, campaign_id: int | None
+) -> tuple[list[EventInfo], int]:
+    """A stream's next events for ``owner_id``, and the position to poll from next.
+
+    Event ids follow commit order (one writer at a time: SQLite, or the
+    advisory lock of :mod:`service.events.service` on PostgreSQL), so every
+    event up to the newest id read *before* the query is already visible.
+    When the page is not full the position moves past them all, other users'
+    events included: each poll then reads only what is new, instead of
+    scanning again every event since this user's last one.
+    """
+    newest = latest_event_id(session=session)
+    events = events_after(session=session, after_id=after_id, owner_id=owner_id, campaign_id=campaign_id, limit=PAGE)
+    infos = [event_info(event) for event in events]
+    caught_up = len(infos) < PAGE
+    return infos, max([after_id, *(e.id for e in infos), *([newest] if caught_up else [])])
+
+
 async def _sse(
     request: Request,
     database: Database,
@@ -114,21 +137,15 @@ async def _sse(
     poll_s: float,
     keepalive_s: float,
 ) -> AsyncIterator[str]:
-    def fetch(after_id: int) -> list[EventInfo]:
+    def fetch(after_id: int) -> tuple[list[EventInfo], int]:
         with database.session(write=False) as session:
-            return [
-                event_info(event)
-                for event in events_after(
-                    session=session, after_id=after_id, owner_id=user.user_id, campaign_id=campaign_id
-                )
-            ]
+            return next_page(session=session, after_id=after_id, owner_id=user.user_id, campaign_id=campaign_id)
 
     yield f"retry: 2000\n: stream of events after id {position}\n\n"
     quiet = 0.0
     while not await request.is_disconnected():
-        events = await anyio.to_thread.run_sync(fetch, position)
+        events, position = await anyio.to_thread.run_sync(fetch, position)
         for event in events:
-            position = event.id
             yield f"id: {event.id}\nevent: {event.kind}\ndata: {event.model_dump_json()}\n\n"
         if events:
             quiet = 0.0

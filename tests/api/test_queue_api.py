@@ -593,3 +593,26 @@ def test_worker_reports_with_nul_or_out_of_range_numbers_are_kept_or_refused_by_
 def test_a_last_event_id_beyond_any_event_is_refused_before_the_stream_starts(api):
     answer = api.get("/events", headers={"Last-Event-ID": "9" * 25})
     assert answer.status_code == 422 and "Last-Event-ID" in answer.text
+
+
+def test_an_event_stream_moves_past_other_users_events_instead_of_scanning_them_again(api):
+    """Found by review: a stream's position moved only with its user's own events, so every poll of an
+    idle user's page scanned all events of everyone else since (114 ms a poll at 300k events)."""
+    from service.events.router import PAGE, next_page
+    from service.events.service import latest_event_id
+
+    api.create(token=api.bob, realizations=2)
+    api.post(f"/campaigns/{api.create(token=api.bob, realizations=1)['id']}/cancel", api.bob, json={})
+    from service.auth.models import User
+
+    with api.database.session() as session:
+        alice_id = session.scalar(select(User.id).where(User.name == "alice"))
+        newest = latest_event_id(session=session)
+        assert newest > 0
+        events, position = next_page(session=session, after_id=0, owner_id=alice_id, campaign_id=None)
+    assert events == [] and position == newest  # nothing for alice, and nothing to scan again
+    mine = api.create(realizations=1)
+    with api.database.session() as session:
+        events, after = next_page(session=session, after_id=position, owner_id=alice_id, campaign_id=None)
+    assert {e.campaign_id for e in events} == {mine["id"]} and after == events[-1].id
+    assert len(events) < PAGE
