@@ -254,7 +254,10 @@ class ButterflyReduction(PixelReduction):
         "exact: 8 k bytes per pixel value this rank sends in the fold, the log2 p' steps and the unfold "
         "(point-to-point); messages: the non-empty sends (pieces of at most 2**31 - 1 doubles)"
     )
-    FOLD, STEP, UNFOLD = 1 << 20, 2 << 20, 3 << 20  # message tags (+ step and piece)
+    # Message tags: FOLD, UNFOLD, and STEP + step. The pieces of one message share its tag: MPI matches
+    # messages of one sender, tag and communicator in the order they were posted. All far below 32767, the
+    # largest tag every MPI must accept (MPI_TAG_UB is 2^21 - 1 on Cray MPICH, 2^19 - 1 on Intel MPI 2021).
+    FOLD, UNFOLD, STEP = 1, 2, 16
 
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, max_elements: int = MAX_ELEMENTS):
         from mapmaker.overlap import butterfly_schedule
@@ -274,12 +277,12 @@ class ButterflyReduction(PixelReduction):
         sent = messages = 0
         if receive is not None and receive.size:
             flat = receive.reshape(-1)
-            for i, (a, b) in enumerate(self._pieces(flat.size)):
-                requests.append(self.comm.Irecv([flat[a:b], MPI.DOUBLE], source=partner, tag=tag + i))
+            for a, b in self._pieces(flat.size):
+                requests.append(self.comm.Irecv([flat[a:b], MPI.DOUBLE], source=partner, tag=tag))
         if send is not None and send.size:
             flat = np.ascontiguousarray(send).reshape(-1)
-            for i, (a, b) in enumerate(self._pieces(flat.size)):
-                requests.append(self.comm.Isend([flat[a:b], MPI.DOUBLE], dest=partner, tag=tag + i))
+            for a, b in self._pieces(flat.size):
+                requests.append(self.comm.Isend([flat[a:b], MPI.DOUBLE], dest=partner, tag=tag))
                 sent += (b - a) * VALUE_BYTES
                 messages += 1
         MPI.Request.Waitall(requests)
@@ -309,7 +312,7 @@ class ButterflyReduction(PixelReduction):
         for m, step in enumerate(s.steps):
             incoming = np.empty(len(step.receive) * k)
             outgoing = np.take(work, flat(k, f"send{m}", step.send))
-            b, n = self._exchange(step.partner, outgoing, incoming, self.STEP + (m << 12))
+            b, n = self._exchange(step.partner, outgoing, incoming, self.STEP + m)
             work[flat(k, f"receive{m}", step.receive)] += incoming
             sent, messages = sent + b, messages + n
         values[:] = np.take(work, own)

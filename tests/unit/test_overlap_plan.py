@@ -107,3 +107,15 @@ def test_flat_positions_are_kept_only_for_the_pcg_columns():
     assert np.array_equal(flat_rows(rows, 3), [0, 1, 2, 6, 7, 8, 15, 16, 17])
     assert cache(3, "slot", rows) is cache(3, "slot", rows)  # the PCG's k: made once, reused
     assert list(cache) == [(3, "slot")]
+
+
+def test_butterfly_message_tags_fit_every_mpi():
+    """Found by review: tags of 2^20 to 3 * 2^20 (+ step and piece) exceed MPI_TAG_UB on Cray MPICH
+    (2^21 - 1) and Intel MPI 2021 (2^19 - 1); the standard only promises 32767. The pieces of a
+    message now share its tag (MPI keeps their order), and steps number at most log2 of the ranks."""
+    from mapmaker.reduction import ButterflyReduction
+
+    most_steps = 64
+    tags = [ButterflyReduction.FOLD, ButterflyReduction.UNFOLD]
+    tags += [ButterflyReduction.STEP + m for m in range(most_steps)]
+    assert max(tags) <= 32767 and len(set(tags)) == len(tags)
