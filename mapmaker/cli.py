@@ -209,7 +209,7 @@ def _run_realize(args: argparse.Namespace) -> int:
 
     from mapmaker.planfile import PlanRefused, load_plan
     from mapmaker.preprocess import plan_identity
-    from mapmaker.products import OutputExists, refuse_existing
+    from mapmaker.products import OutputExists, OutputUnusable, refuse_existing, refuse_unwritable
     from mapmaker.realize import realize_to_folder
     from mapmaker.reduction import ReductionUnavailable, resolve_strategy
     from mapmaker.sky import SkyError
@@ -242,7 +242,8 @@ def _run_realize(args: argparse.Namespace) -> int:
     if rank == 0:
         try:
             refuse_existing(args.out)
-        except OutputExists as error:
+            refuse_unwritable(args.out, "--out")
+        except (OutputExists, OutputUnusable) as error:
             out_problem = str(error)
     out_problem = comm.bcast(out_problem, root=0)
     if out_problem:
@@ -308,6 +309,7 @@ def _run_preprocess(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     from mapmaker.preprocess import run_preprocess
+    from mapmaker.products import OutputUnusable, refuse_unwritable
     from schemas.io import SpecError, load_spec
 
     comm = MPI.COMM_WORLD
@@ -323,9 +325,21 @@ def _run_preprocess(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
     except SpecError as error:
         return fail("invalid spec\n" + str(error))
-    for option, path in (("--out", args.out), ("--report", args.report)):
-        if path is not None and path.is_dir():
-            return fail(f"{option} {str(path)!r} is a folder; give a file name")
+    problem = None
+    if rank == 0:  # one verdict for every rank: the paths are checked once
+        for option, path in (("--out", args.out), ("--report", args.report)):
+            if path is not None and path.is_dir():
+                problem = f"{option} {str(path)!r} is a folder; give a file name"
+            elif path is not None:
+                try:
+                    refuse_unwritable(path, option)
+                except OutputUnusable as error:
+                    problem = str(error)
+            if problem:
+                break
+    problem = comm.bcast(problem, root=0)
+    if problem:
+        return fail(problem)
     progress = None if args.quiet else (lambda message: print(message, file=sys.stderr, flush=True))
     try:
         report = run_preprocess(

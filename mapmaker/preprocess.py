@@ -131,29 +131,39 @@ def run_preprocess(
     comm.Allreduce(MPI.IN_PLACE, phases, op=MPI.MAX)
     comm.Barrier()
     build_time = time.perf_counter() - started
+
+    # 4. checksum and report, on rank 0; its outcome is broadcast, so that a failure there (the report
+    # cannot be written, say) ends every rank alike instead of leaving rank 0 alone in a collective.
+    problem: OSError | None = None
+    report = None
+    if rank == 0:
+        try:
+            report = PlanReport(
+                path=str(out),
+                checksum=file_sha256(out),
+                size_bytes=out.stat().st_size,
+                build_time_s=build_time,
+                header_checksum=document["header_sha256"],
+                format_version=PLAN_FORMAT_VERSION,
+                scan_key=identity.scan_key,
+                ranks=size,
+                decomposition=identity.decomposition,
+                npix=npix,
+                buffer_pixels=buffer_pixels,
+                phases=PlanPhases(
+                    pointing=phases[0], allgather=phases[1], sift=phases[2], index=phases[3], write=phases[4]
+                ),
+                overlap=statistics,
+            )
+            if report_path is not None:
+                write_json_atomically(report_path, json.loads(report.model_dump_json()))
+        except OSError as error:
+            problem = error
+    problem = comm.bcast(problem, root=0)
+    if problem is not None:
+        raise problem
     if rank != 0:
         return None
-
-    # 4. checksum and report.
-    report = PlanReport(
-        path=str(out),
-        checksum=file_sha256(out),
-        size_bytes=out.stat().st_size,
-        build_time_s=build_time,
-        header_checksum=document["header_sha256"],
-        format_version=PLAN_FORMAT_VERSION,
-        scan_key=identity.scan_key,
-        ranks=size,
-        decomposition=identity.decomposition,
-        npix=npix,
-        buffer_pixels=buffer_pixels,
-        phases=PlanPhases(
-            pointing=phases[0], allgather=phases[1], sift=phases[2], index=phases[3], write=phases[4]
-        ),
-        overlap=statistics,
-    )
-    if report_path is not None:
-        write_json_atomically(report_path, json.loads(report.model_dump_json()))
     say(f"plan: {out} ({report.size_bytes} bytes, sha256 {report.checksum[:16]}...) in {build_time:.2f} s")
     return report
 

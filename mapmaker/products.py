@@ -46,6 +46,26 @@ def refuse_existing(out: str | Path) -> None:
         raise OutputExists(f"--out {str(out)!r} already exists; refusing to overwrite it (remove it or choose another folder)")
 
 
+class OutputUnusable(OSError):
+    """An output's folder cannot be made or written: said before the run, not after the solve."""
+
+
+def refuse_unwritable(path: str | Path, option: str) -> None:
+    """Raise :class:`OutputUnusable` unless ``path``'s folder exists or can be made, and can be written.
+
+    The nearest existing ancestor of the folder must be a folder this process may write in
+    (the missing ones below it are made when the output is written).
+    """
+    folder = Path(path).absolute().parent
+    ancestor = folder
+    while not (ancestor.exists() or ancestor.is_symlink()) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputUnusable(f"{option} {str(path)!r}: {str(ancestor)!r} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputUnusable(f"{option} {str(path)!r}: no permission to write in {str(ancestor)!r}")
+
+
 class ProductFolder:
     """A temporary sibling of ``out`` that :meth:`commit` renames to ``out``."""
 

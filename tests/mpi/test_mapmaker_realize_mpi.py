@@ -9,7 +9,7 @@ import healpy as hp
 import numpy as np
 import pytest
 
-from mpi_support import REPO, SMALL_SATELLITE_SPEC, mpiexec, realize
+from mpi_support import DRIVERS, REPO, SMALL_SATELLITE_SPEC, mpiexec, realize, run_ranks
 from schemas.result import RealizationResult
 
 pytestmark = pytest.mark.mpi
@@ -168,6 +168,38 @@ def test_existing_out_is_refused_and_left_alone(tmp_path):
     completed = realize(2, spec, 0, out)
     assert completed.returncode == 2 and "already exists" in completed.stderr
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_before_the_solve(tmp_path):
+    """Found by review: --out under a file was found only when the products were written, after the
+    whole solve (a traceback, MPI_Abort, exit 1: the worker retried it at full cost)."""
+    spec = write_spec(tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    completed = realize(2, spec, 0, tmp_path / "a-file" / "out")
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert "--out" in completed.stderr and "is not a folder" in completed.stderr
+    assert "solve:" not in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_preprocess_report_that_cannot_be_written_ends_every_rank(tmp_path):
+    """Found by review: preprocess hung for ever when rank 0 alone failed to write --report (the other
+    ranks had returned; rank 0 waited in a barrier). Refused up front now, naming the option."""
+    spec = write_spec(tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    completed = run_ranks(
+        2, "-m", "mapmaker", "preprocess", "--spec", str(spec), "--out", str(tmp_path / "plan.bin"),
+        "--report", str(tmp_path / "a-file" / "report.json"), timeout=120,
+    )
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert "--report" in completed.stderr and "is not a folder" in completed.stderr
+    assert not (tmp_path / "plan.bin").exists()
+
+
+def test_a_preprocess_failure_on_rank_0_alone_ends_every_rank(tmp_path):
+    spec = write_spec(tmp_path)
+    completed = run_ranks(2, str(DRIVERS / "check_preprocess_report_failure.py"), str(spec), str(tmp_path), timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "report failure reached 2 ranks" in completed.stdout
 
 
 @pytest.mark.parametrize(
