@@ -28,6 +28,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nside(text: str) -> int:
+    from schemas.spec import MAX_NSIDE
+
+    value = _positive_int(text)
+    if value & (value - 1) or value > MAX_NSIDE:
+        raise argparse.ArgumentTypeError(f"must be a power of two from 1 to {MAX_NSIDE}, got {value}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -169,7 +178,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--samples", type=_positive_int, default=12_000_000, help="samples per rank (default 12,000,000)")
-    parser.add_argument("--nside", type=_positive_int, default=256, help="HEALPix nside (default 256)")
+    parser.add_argument("--nside", type=_nside, default=256, help="HEALPix nside, a power of two (default 256)")
     parser.add_argument("--repeat", type=_positive_int, default=5, help="timed repetitions; the best is kept (default 5)")
     parser.add_argument("--threads", type=_positive_int, default=1, help="threads per rank (default 1)")
     parser.add_argument(
@@ -301,8 +310,12 @@ def _load_calibration(path: Path):
         return load_machine(path)
     except OSError as error:
         raise ValueError(f"--calibration {str(path)!r}: cannot read the file ({error.strerror or error})") from error
+    except UnicodeDecodeError:
+        raise ValueError(f"--calibration {str(path)!r} is not a calibration file: not UTF-8 text") from None
     except ValidationError as error:
-        raise ValueError(f"--calibration {str(path)!r} is not a calibration file: {error.errors()[0]['msg']}") from error
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the document"
+        raise ValueError(f"--calibration {str(path)!r} is not a calibration file: {where}: {first['msg']}") from error
 
 
 def _run_preprocess(args: argparse.Namespace) -> int:
@@ -464,6 +477,14 @@ def _run_bench(args: argparse.Namespace) -> int:
     if not kernels or any(k not in ("numpy", "fast") for k in kernels):
         print(f"mapmaker bench: --kernels takes numpy and/or fast, got {args.kernels!r}", file=sys.stderr)
         return BAD_INPUT
+    if args.spec is not None:  # refused here, not as a traceback from every rank (or every split of --hybrid)
+        from schemas.io import SpecError, load_spec
+
+        try:
+            load_spec(args.spec)
+        except SpecError as error:
+            print(f"mapmaker bench: --spec: invalid spec\n{error}", file=sys.stderr)
+            return BAD_INPUT
     if args.hybrid:
         return run_hybrid(cores=args.hybrid, samples_total=args.samples * args.hybrid, nside=args.nside,
                           repeat=args.repeat, kernels=",".join(kernels), as_json=args.json,

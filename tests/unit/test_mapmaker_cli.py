@@ -52,3 +52,26 @@ def test_bench_runs_and_prints_json():
 
 def test_bench_rejects_unknown_kernels():
     assert run("bench", "--kernels", "cuda").returncode == 2
+
+
+def test_bench_refuses_bad_input_with_exit_2(tmp_path):
+    """Found by review: a bad --spec or --nside ended in a traceback and exit 1."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[x]\n")
+    completed = run("bench", "--spec", str(bad))
+    assert completed.returncode == 2 and "--spec: invalid spec" in completed.stderr and "Traceback" not in completed.stderr
+    for nside in ("3", "16384"):
+        completed = run("bench", "--nside", nside)
+        assert completed.returncode == 2 and "--nside: must be a power of two" in completed.stderr
+
+
+def test_a_bad_calibration_file_is_named_with_its_field(tmp_path):
+    missing = tmp_path / "empty.json"
+    missing.write_text("{}")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    spec = str(REPO / "schemas" / "examples" / "demo.toml")
+    completed = run("model", "--spec", spec, "--ranks", "2", "--calibration", str(missing))
+    assert completed.returncode == 2 and "not a calibration file: created: Field required" in completed.stderr
+    completed = run("model", "--spec", spec, "--ranks", "2", "--calibration", str(binary))
+    assert completed.returncode == 2 and "--calibration" in completed.stderr and "not UTF-8" in completed.stderr
