@@ -219,7 +219,7 @@ def _run_realize(args: argparse.Namespace) -> int:
     from mapmaker.planfile import PlanRefused, load_plan
     from mapmaker.preprocess import plan_identity
     from mapmaker.products import OutputExists, OutputUnusable, refuse_existing, refuse_unwritable
-    from mapmaker.realize import realize_to_folder
+    from mapmaker.realize import NothingToSolve, realize_to_folder
     from mapmaker.reduction import ReductionUnavailable, resolve_strategy
     from mapmaker.sky import SkyError
     from schemas.io import SpecError, load_spec
@@ -286,6 +286,8 @@ def _run_realize(args: argparse.Namespace) -> int:
         )
     except SkyError as error:
         return fail(f"sky: {error}")
+    except NothingToSolve as error:  # raised on every rank
+        return fail(f"nothing to solve: {error}")
     except PlanRefused as error:  # raised on every rank, after the pixels were compared
         return fail(f"plan refused: {error}", code=PLAN_REFUSED)
     except OutputExists as error:  # --out appeared during the run; only root sees it

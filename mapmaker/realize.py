@@ -66,6 +66,10 @@ class RankStats:
     reductions: int = 0
 
 
+class NothingToSolve(ValueError):
+    """No observed pixel passes the rcond cut: the realisation would be an empty map (exit 2)."""
+
+
 @dataclass
 class SolveOutcome:
     """What one realisation produced. Maps are on root only (None elsewhere)."""
@@ -199,6 +203,12 @@ def run_realization(
         cut_pixels = int(round(pixels.sum_owned(cut.astype(np.float64))))
         excluded_samples = int(comm.allreduce(excluded_local, op=MPI.SUM))
     say(f"pixels: {pixels.n_observed} observed, {cut_pixels} cut by rcond < {spec.solver.rcond_min:g}")
+    if cut_pixels >= pixels.n_observed:  # global figures: every rank raises alike
+        raise NothingToSolve(
+            f"all {pixels.n_observed} observed pixels are cut by rcond < {spec.solver.rcond_min:g}: the scan "
+            "and the detectors' polarisation angles do not separate I, Q and U in any pixel (observe longer, "
+            "add detectors at other angles, or lower solver.rcond_min)"
+        )
 
     # 5. the sky at this rank's pixels.
     sky_local = None

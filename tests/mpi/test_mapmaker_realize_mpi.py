@@ -202,6 +202,38 @@ def test_a_preprocess_failure_on_rank_0_alone_ends_every_rank(tmp_path):
     assert "report failure reached 2 ranks" in completed.stdout
 
 
+ALL_CUT_SPEC = """
+name = "all-cut"
+seed = 3
+[scan]
+kind = "satellite"
+duration_s = 2.0
+chunk_s = 1.0
+drift_deg_per_day = 2880.0
+precession_period_s = 600.0
+[focal_plane]
+sample_rate_hz = 2.0
+detectors = [ { name = "A", pol_angle_deg = 0.0 }, { name = "B", pol_angle_deg = 90.0 } ]
+[pixelization]
+nside = 32
+[noise]
+f_knee_hz = 0.1
+[resources]
+ranks = 2
+"""
+
+
+def test_a_run_whose_every_pixel_is_cut_fails_with_the_reason(tmp_path):
+    """Found by review: 4 seconds of 2 detectors at 0 and 90 degrees (Q only, no U anywhere) gave an
+    all-UNSEEN map reported as converged, with w2 = 0 spectra that later divide 0 by 0."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(ALL_CUT_SPEC)
+    completed = realize(2, spec, 0, tmp_path / "out")
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert "nothing to solve" in completed.stderr and "are cut by rcond" in completed.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "change, realization, words",
     [
