@@ -12,7 +12,7 @@ from sqlalchemy import select
 from service.campaigns.hooks import on_result_accepted, remove_result_hook
 from service.db import utcnow
 from service.events.models import Event
-from tests.support.service_helpers import product, sha256
+from tests.support.service_helpers import product, sha256, spec_data
 
 
 def test_claim_order_priority_then_age_then_index(api):
@@ -616,3 +616,42 @@ def test_an_event_stream_moves_past_other_users_events_instead_of_scanning_them_
         events, after = next_page(session=session, after_id=position, owner_id=alice_id, campaign_id=None)
     assert {e.campaign_id for e in events} == {mine["id"]} and after == events[-1].id
     assert len(events) < PAGE
+
+
+def test_a_claim_reads_the_sites_plans_in_one_query_whatever_the_number_of_scan_keys(api):
+    """Found by review: one plan lookup per active (scan key, ranks) on every claim, every poll."""
+    from sqlalchemy import event
+
+    builder = api.register("builder")
+    for n in range(6):  # six scan keys, each plan being built by the builder
+        api.create(name=f"scan-{n}", **{"scan.drift_deg_per_day": 700.0 + n})
+    assert len([t for t in api.claim(builder, max_tasks=10) if t["kind"] == "preprocess"]) == 6
+    other = api.register("other")
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    event.listen(api.database.engine, "before_cursor_execute", record)
+    try:
+        assert api.claim(other, max_tasks=4) == []  # everything is being built elsewhere
+    finally:
+        event.remove(api.database.engine, "before_cursor_execute", record)
+    assert sum("FROM preprocessing_plans" in statement for statement in statements) == 1
+
+
+def test_a_claim_answer_stops_at_its_spec_budget_but_hands_out_at_least_one_task(api, monkeypatch):
+    """Found by review: every task repeats its campaign's spec, so 200 tasks of a 5,000-detector campaign
+    made a 101 MB answer (7 s); the schema allows ten times that."""
+    from schemas.spec import CampaignSpec
+    from service.queue import claim
+
+    campaign = api.create(realizations=10)
+    worker = api.register(capacity=10)
+    api.build_plan(worker)
+    size = len(CampaignSpec.model_validate(spec_data()).model_dump_json())
+    monkeypatch.setattr(claim, "CLAIM_SPEC_BYTES", 3 * size + size // 2)
+    assert len(api.claim(worker, max_tasks=10)) == 3
+    monkeypatch.setattr(claim, "CLAIM_SPEC_BYTES", size // 2)
+    assert len(api.claim(worker, max_tasks=10)) == 1  # a spec larger than the budget still goes, alone
+    assert api.campaign(campaign["id"])["progress"]["counts"]["claimed"] == 4
