@@ -380,6 +380,13 @@ class TaskRun:
     def finish(self) -> dict[str, Any]:
         """Classify and report; return the task's timeline (wall-clock seconds since the epoch)."""
         verdict = self.verdict()
+        if verdict.outcome is Outcome.LOST_WORKER and self.launched() and self.status() is None:
+            # Parsl lost the task (its pool went away), but its runner may live on: tell it to end now
+            # rather than when its liveness file goes stale, since the service will run the task again.
+            try:
+                write_cancel(self.workdir, CancelReason.LOST)
+            except OSError:
+                pass
         timeline: dict[str, Any] = {
             "task_id": self.task_id,
             "kind": self.kind,

@@ -317,3 +317,24 @@ def test_a_liveness_touch_that_fails_is_tried_again(tmp_path, monkeypatch):
     assert run.touch_failed and liveness.stat().st_mtime == 0
     run.touch()
     assert not run.touch_failed and liveness.stat().st_mtime > 0
+
+
+def test_a_task_parsl_lost_while_its_runner_lives_is_told_to_end(tmp_path):
+    """Found by review: a task whose Parsl manager was lost (its runner still up: runner.json, no
+    status.json) was reported lost_worker and dropped, and the runner ran on until its liveness file
+    went stale (120 s) while the service ran the realisation again elsewhere."""
+    import concurrent.futures
+
+    class ManagerLost(Exception):
+        pass
+
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    (run.workdir / "runner.json").write_text(json.dumps({"host": "node7", "launched_at": 1.0}))
+    run.future = concurrent.futures.Future()
+    run.future.set_exception(ManagerLost("the manager of block 0 was lost"))
+    run.finish()
+    [failed] = [call for call in client.calls if call[0] == "failed"]
+    assert failed[2] == "lost_worker"
+    assert (run.workdir / "cancel").read_text().strip() == CancelReason.LOST.value
