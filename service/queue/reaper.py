@@ -146,7 +146,7 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
     )
     ended: list[int] = []
     holder_ids = {r.lease_holder_id for r in realizations if r.lease_holder_id is not None}
-    holders = dict(session.execute(select(Worker.id, Worker.name).where(Worker.id.in_(holder_ids))).tuples().all())
+    holders = {row.id: row.name for row in session.execute(select(Worker.id, Worker.name).where(Worker.id.in_(holder_ids)))}
     for realization in realizations:
         attempt = session.get(Attempt, realization.current_attempt_id) if realization.current_attempt_id else None
         holder = holders.get(realization.lease_holder_id)
