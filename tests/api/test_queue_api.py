@@ -410,6 +410,28 @@ def test_uploads_of_a_failed_attempt_are_discarded(api):
     assert not any(staging.iterdir())
 
 
+MAPS = b"SIMPLE = T" * 100
+
+
+def _upload_maps(api, task):
+    return api.request(
+        "PUT", f"/tasks/{task['task_id']}/artifacts/iqu.fits", api.alice_worker,
+        content=MAPS, headers={"X-Content-SHA256": sha256(MAPS)},
+    )
+
+
+def _nothing_staged(api, campaign_id: int) -> bool:
+    staging = api.settings.products_dir / str(campaign_id) / "realizations" / ".staging"
+    return not staging.exists() or not any(staging.rglob("*"))
+
+
+def _a_claimed_task(api) -> tuple[dict, dict]:
+    campaign = api.create(realizations=1, max_attempts=2)
+    worker = api.register()
+    api.build_plan(worker)
+    return campaign, api.claim(worker)[0]
+
+
 def _cancel_as_the_endpoint_does(api, campaign_id: int) -> None:
     """What POST /campaigns/{id}/cancel does, from another session while an upload is in progress."""
     from service.campaigns import service as campaigns
@@ -428,11 +450,7 @@ def test_an_upload_its_campaign_was_cancelled_under_is_a_409_and_leaves_nothing_
     retry), and no file of the attempt is left."""
     import os
 
-    campaign = api.create(realizations=1, max_attempts=2)
-    worker = api.register()
-    api.build_plan(worker)
-    task = api.claim(worker)[0]
-    maps = b"SIMPLE = T" * 100
+    campaign, task = _a_claimed_task(api)
     real_fsync = os.fsync
     cancelled = []
 
@@ -443,16 +461,12 @@ def test_an_upload_its_campaign_was_cancelled_under_is_a_409_and_leaves_nothing_
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", cancel_while_flushing)
-    upload = api.request(
-        "PUT", f"/tasks/{task['task_id']}/artifacts/iqu.fits", api.alice_worker,
-        content=maps, headers={"X-Content-SHA256": sha256(maps)},
-    )
+    upload = _upload_maps(api, task)
     assert cancelled
     assert upload.status_code == 409, upload.text
     assert upload.json()["code"] == "lease_lost"
     assert "cancelled" in upload.json()["detail"]
-    staging = api.settings.products_dir / str(campaign["id"]) / "realizations" / ".staging"
-    assert not staging.exists() or not any(staging.rglob("*"))
+    assert _nothing_staged(api, campaign["id"])
 
 
 def test_an_upload_that_outlives_its_attempt_discards_what_it_staged(api, monkeypatch):
@@ -461,11 +475,7 @@ def test_an_upload_that_outlives_its_attempt_discards_what_it_staged(api, monkey
     check must find the attempt gone, answer 409 and remove the file."""
     from service.workers.artifacts import ArtifactStore
 
-    campaign = api.create(realizations=1, max_attempts=2)
-    worker = api.register()
-    api.build_plan(worker)
-    task = api.claim(worker)[0]
-    maps = b"SIMPLE = T" * 100
+    campaign, task = _a_claimed_task(api)
     real_receive = ArtifactStore.receive
 
     async def cancel_then_receive(self, chunks, **kwargs):
@@ -473,14 +483,10 @@ def test_an_upload_that_outlives_its_attempt_discards_what_it_staged(api, monkey
         return await real_receive(self, chunks, **kwargs)
 
     monkeypatch.setattr(ArtifactStore, "receive", cancel_then_receive)
-    upload = api.request(
-        "PUT", f"/tasks/{task['task_id']}/artifacts/iqu.fits", api.alice_worker,
-        content=maps, headers={"X-Content-SHA256": sha256(maps)},
-    )
+    upload = _upload_maps(api, task)
     assert upload.status_code == 409, upload.text
     assert upload.json()["code"] == "lease_lost"
-    staging = api.settings.products_dir / str(campaign["id"]) / "realizations" / ".staging"
-    assert not staging.exists() or not any(staging.rglob("*"))
+    assert _nothing_staged(api, campaign["id"])
 
 
 @pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)  # SQLite serialises the two writers
@@ -491,10 +497,7 @@ def test_a_report_racing_its_campaigns_deletion_is_a_404(api, monkeypatch):
     from service.campaigns import service as campaigns
     from service.campaigns.models import Attempt
 
-    campaign = api.create(realizations=1, max_attempts=2)
-    worker = api.register()
-    api.build_plan(worker)
-    task = api.claim(worker)[0]
+    campaign, task = _a_claimed_task(api)
     assert api.post(f"/campaigns/{campaign['id']}/cancel", json={"reason": "test"}).status_code == 200
     real_get = Session.get
     deleted = []
