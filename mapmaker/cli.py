@@ -343,14 +343,15 @@ def _run_preprocess(args: argparse.Namespace) -> int:
     problem = None
     if rank == 0:  # one verdict for every rank: the paths are checked once
         for option, path in (("--out", args.out), ("--report", args.report)):
-            if path is not None and path.is_dir():
+            if path is None:
+                continue
+            if path.is_dir():
                 problem = f"{option} {str(path)!r} is a folder; give a file name"
-            elif path is not None:
-                try:
-                    refuse_unwritable(path, option)
-                except OutputUnusable as error:
-                    problem = str(error)
-            if problem:
+                break
+            try:
+                refuse_unwritable(path, option)
+            except OutputUnusable as error:
+                problem = str(error)
                 break
     problem = comm.bcast(problem, root=0)
     if problem:

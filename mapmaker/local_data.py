@@ -295,10 +295,10 @@ def observed_pixels(pixels: np.ndarray, npix: int) -> tuple[np.ndarray, np.ndarr
     much larger than the samples -- ten times faster than sorting them.
     Otherwise (high nside, few samples per rank) block by block: the unique
     pixels of each block of samples, then of their union, then each block's
-    positions by binary search (the block sorted first). That holds the blocks' unique ids (at most
-    one per sample, in ``pixels``' dtype) instead of ``np.unique(...,
-    return_inverse=True)``'s ~36 bytes per sample (a sort permutation, a
-    sorted copy and an int64 inverse).
+    positions by binary search (the block sorted first). That holds the
+    blocks' unique ids (at most one per sample, in ``pixels``' dtype) instead
+    of ``np.unique(..., return_inverse=True)``'s ~36 bytes per sample (a sort
+    permutation, a sorted copy and an int64 inverse).
     """
     if npix <= 4 * len(pixels):
         seen = np.zeros(npix, dtype=bool)
