@@ -36,6 +36,7 @@ from numba import njit, prange
 
 from mapmaker import threads as threading
 from mapmaker.kernels.noise_fast import CirculantFilter
+from mapmaker.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row_for_read, prefetch_row_for_write
 from mapmaker.kernels.projection_fast import add_partial_maps, scatter_samples
 
 # Samples per batch of back-to-back intervals: at least BATCH_SAMPLES (32 MiB of buffer per thread), and
@@ -57,7 +58,10 @@ def batch_samples_for(n_local: int) -> int:
 @njit(nogil=True, cache=True)
 def gather_samples(local_map, local_index, weights, out):
     """``out[t] = weights[t] . local_map[local_index[t]]`` (P on a slice of samples; arrays of equal length)."""
-    for t in range(len(out)):
+    n = len(out)
+    for t in range(n):
+        if t + PREFETCH_DISTANCE < n:
+            prefetch_row_for_read(local_map, local_index[t + PREFETCH_DISTANCE])
         p = local_index[t]
         out[t] = weights[t, 0] * local_map[p, 0] + weights[t, 1] * local_map[p, 1] + weights[t, 2] * local_map[p, 2]
 
@@ -161,7 +165,12 @@ def _white_operator(local_map, local_index, weights, group_bounds, starts, lengt
         target = out if g == 0 else partial[g - 1]
         for i in range(group_bounds[g], group_bounds[g + 1]):
             scale = inverse_variance[i]
-            for t in range(starts[i], starts[i] + lengths[i]):
+            stop = starts[i] + lengths[i]
+            for t in range(starts[i], stop):
+                if t + PREFETCH_DISTANCE < stop:
+                    ahead = local_index[t + PREFETCH_DISTANCE]
+                    prefetch_row_for_read(local_map, ahead)
+                    prefetch_row_for_write(target, ahead)
                 p = local_index[t]
                 y = (weights[t, 0] * local_map[p, 0] + weights[t, 1] * local_map[p, 1] + weights[t, 2] * local_map[p, 2]) * scale
                 target[p, 0] += y * weights[t, 0]

@@ -12,12 +12,15 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from mapmaker.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row_for_write
 from mapmaker.kernels.projection_fast import SERIAL_SAMPLES_PER_THREAD
 
 
 @njit(inline="always", cache=True)
 def _blocks_range(local_index, weights, sample_weight, use_weight, first, stop, out):
     for t in range(first, stop):
+        if t + PREFETCH_DISTANCE < stop:
+            prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
         p = local_index[t]
         w0, w1, w2 = weights[t, 0], weights[t, 1], weights[t, 2]
         if use_weight:

@@ -15,13 +15,18 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from mapmaker.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row_for_read, prefetch_row_for_write
+
 # Below this many samples per thread, P^T runs on one thread (the private maps would cost more).
 SERIAL_SAMPLES_PER_THREAD = 1 << 16
 
 
 @njit(parallel=True, nogil=True, cache=True)
 def _project(local_map, local_index, weights, out):
-    for t in prange(len(local_index)):
+    n = len(local_index)
+    for t in prange(n):
+        if t + PREFETCH_DISTANCE < n:
+            prefetch_row_for_read(local_map, local_index[t + PREFETCH_DISTANCE])
         p = local_index[t]
         out[t] = weights[t, 0] * local_map[p, 0] + weights[t, 1] * local_map[p, 1] + weights[t, 2] * local_map[p, 2]
 
@@ -44,7 +49,10 @@ def scatter_samples(tod, local_index, weights, out):
 
     Callers pass slices rather than an offset: a plain ``range(len)`` loop compiles to faster code.
     """
-    for t in range(len(tod)):
+    n = len(tod)
+    for t in range(n):
+        if t + PREFETCH_DISTANCE < n:
+            prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
         p = local_index[t]
         y = tod[t]
         out[p, 0] += y * weights[t, 0]

@@ -1,0 +1,65 @@
+"""Software prefetch of one map row, for the compiled gathers and scatters (numba intrinsics).
+
+P, P^T and the preconditioner's accumulation visit map rows in scan
+order: ``local_map[local_index[t]]``. Once the local map outgrows the
+caches (nside 256: 550,000 pixels x 24 bytes, 13 MiB) nearly every
+sample misses, and the hardware prefetchers cannot guess an indirect
+address; the out-of-order core keeps only a few misses in flight, so the
+loop waits on memory latency (~10 ns a sample measured), not bandwidth.
+Asking for the row of sample ``t + PREFETCH_DISTANCE`` while sample ``t``
+is worked on keeps many misses in flight: 3-4x faster P and P^T at nside
+256 on an AMD EPYC (Zen 4), and no slower when the map fits in cache
+(a prefetch of a cached line is one cheap instruction).
+
+A prefetch is only a hint: it cannot fault, and never changes a result.
+Both the first and the last element of the row are requested, as a row
+of 3 (or 6) float64 crosses a 64-byte cache line for some rows.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+# Samples ahead of the one being worked on whose map row is requested. Best of 8..128 at nside 256
+# (64: P 0.031 s, against 0.044 s at 32 and 0.034 s at 128, on 12M samples); far enough to cover the
+# memory latency at one sample every few nanoseconds, near enough that the lines are still in L1/L2.
+PREFETCH_DISTANCE = 64
+
+_LOCALITY_KEEP_IN_ALL_CACHES = 3  # llvm.prefetch locality: 3 = keep in every cache level
+_DATA_CACHE = 1  # llvm.prefetch cache type: 1 = data
+
+
+def _row_prefetch(write: int):
+    @intrinsic
+    def prefetch(typingctx, array, row):
+        """Request ``array[row, 0]`` and ``array[row, -1]`` (a C-contiguous 2-D array) into the caches."""
+        if not (isinstance(array, types.Array) and array.ndim == 2 and isinstance(row, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            array_type, row_type = signature.args
+            value = context.make_array(array_type)(context, builder, args[0])
+            row_index = context.cast(builder, args[1], row_type, types.intp)
+            columns = cgutils.unpack_tuple(builder, value.shape, 2)[1]
+            last = builder.sub(columns, context.get_constant(types.intp, 1))
+            byte_pointer = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            function_type = ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32])
+            function = cgutils.get_or_insert_function(builder.module, function_type, "llvm.prefetch.p0")
+            for column in (context.get_constant(types.intp, 0), last):
+                pointer = cgutils.get_item_pointer(context, builder, array_type, value, [row_index, column], wraparound=False)
+                builder.call(function, [
+                    builder.bitcast(pointer, byte_pointer),
+                    ir.Constant(i32, write), ir.Constant(i32, _LOCALITY_KEEP_IN_ALL_CACHES), ir.Constant(i32, _DATA_CACHE),
+                ])
+            return context.get_dummy_value()
+
+        return types.void(array, row), codegen
+
+    return prefetch
+
+
+prefetch_row_for_read = _row_prefetch(write=0)
+prefetch_row_for_write = _row_prefetch(write=1)
