@@ -208,12 +208,14 @@ def _measure(comm, kernels: str, spec, layout, chunks, noise, repeat: int, threa
         split[kind] += clock() - start
         return value
 
+    product_buffer, preconditioned_buffer = np.empty_like(b), np.empty_like(b)  # as realize does
+
     def apply_matrix(direction):
-        product = timed("calc", lambda: local.apply_operator(direction, workers=threads))
+        product = timed("calc", lambda: local.apply_operator(direction, workers=threads, out=product_buffer))
         return timed("comm", lambda: reduction.reduce(product))
 
     def iterations() -> None:
-        pcg(apply_matrix, lambda r: timed("calc", lambda: kernel_set.blocks.apply(inverse, r)),
+        pcg(apply_matrix, lambda r: timed("calc", lambda: kernel_set.blocks.apply(inverse, r, out=preconditioned_buffer)),
             lambda u, v: timed("comm", lambda: pixels.dot(u, v)), b, tol=1e-300, max_iter=PCG_ITERATIONS)
 
     best_split = None

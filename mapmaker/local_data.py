@@ -240,19 +240,21 @@ class LocalData:
             from mapmaker.kernels import operator_fast
 
             compute_map = self.to_compute(local_map)
+            straight_into_out = out if self.position is None else None  # no permutation after: write out directly
             if self.white:
                 product = operator_fast.apply_white_operator(
                     compute_map, self.local_index, self.weights, self.interval_starts, self.interval_lengths,
-                    self.inverse_variance,
+                    self.inverse_variance, out=straight_into_out,
                 )
             else:
                 product = operator_fast.apply_inverse_noise_operator(
                     compute_map, self.local_index, self.weights, self.interval_starts, self.interval_lengths,
-                    self.filter_index, self.circulant_filters, threads=workers,
+                    self.filter_index, self.circulant_filters, threads=workers, out=straight_into_out,
                 )
             if out is None:
                 return self.to_sorted(product)
-            out[:] = self.to_sorted(product)
+            if product is not out:
+                out[:] = self.to_sorted(product)
             return out
         from mapmaker.kernels import projection
 

@@ -239,10 +239,12 @@ def run_realization(
 
     # 7. PCG.
     stats = RankStats(samples=local.n_samples, local_pixels=local.n_local)
+    # The solver is done with each result before the next call: one buffer each, no pages faulted per iteration.
+    product_buffer, preconditioned_buffer = np.empty_like(b), np.empty_like(b)
 
     def apply_matrix(direction: np.ndarray) -> np.ndarray:
         with timers("calc"):
-            product = local.apply_operator(direction, workers=threads)
+            product = local.apply_operator(direction, workers=threads, out=product_buffer)
         with timers("comm"):
             started = MPI.Wtime()
             reduction.reduce(product)
@@ -251,7 +253,7 @@ def run_realization(
 
     def apply_preconditioner(residual: np.ndarray) -> np.ndarray:
         with timers("calc"):
-            return kernel_set.blocks.apply(inverse_blocks, residual)
+            return kernel_set.blocks.apply(inverse_blocks, residual, out=preconditioned_buffer)
 
     def dot(u: np.ndarray, v: np.ndarray) -> float:
         with timers("comm"):

@@ -82,6 +82,18 @@ def _buffer(slot: int, samples: int) -> np.ndarray:
     return _buffers[slot][:samples]
 
 
+# Likewise the private maps of threads 2..T ([T - 1, n_local, 3], 24 bytes per local pixel each), each
+# zeroed by its own thread at the start of a call.
+_partial_maps = np.empty((0, 0, 3))
+
+
+def _private_maps(count: int, n_local: int) -> np.ndarray:
+    global _partial_maps
+    if _partial_maps.shape != (count, n_local, 3):
+        _partial_maps = np.empty((count, n_local, 3))
+    return _partial_maps
+
+
 def batches(starts: list[int], lengths: list[int], group: range, batch_samples: int) -> list[tuple[int, int, range]]:
     """Runs of back-to-back intervals of ``group`` of at most ``batch_samples`` samples (or one interval).
 
@@ -130,15 +142,17 @@ def apply_inverse_noise_operator(
     local_map = np.ascontiguousarray(local_map)
     if out is None:
         out = np.empty((n_local, 3), dtype=np.float64)
-    out[:] = 0.0
     starts = interval_starts.tolist()
     lengths = interval_lengths.tolist()
     chosen = filter_index.tolist()
     groups = threading.balanced_groups(lengths, threads)
-    partial = np.zeros((max(len(groups) - 1, 0), n_local, 3))
+    partial = _private_maps(max(len(groups) - 1, 0), n_local)
+    if not groups:
+        out[:] = 0.0
 
     def run(g: int) -> None:
         target = out if g == 0 else partial[g - 1]
+        target[:] = 0.0
         work = batches(starts, lengths, groups[g], batch_samples)
         buffer = _buffer(g, max(samples for _, samples, _ in work))
         for begin, samples, intervals in work:

@@ -35,3 +35,19 @@ def test_max_iter_stops_without_convergence_and_zero_rhs():
     assert result.iterations == 3 and not result.converged
     zero = pcg(lambda p: matrix @ p, lambda r: r, np.dot, np.zeros(50), tol=1e-6, max_iter=3)
     assert zero.converged and zero.iterations == 0 and np.all(zero.solution == 0)
+
+
+def test_operators_may_return_one_buffer_every_call():
+    """realize hands the solver the same output array on every call; the iterates must not change by a bit."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((30, 30))
+    matrix = a @ a.T + 30 * np.eye(30)
+    b = rng.standard_normal(30)
+    diagonal = np.diag(matrix)
+    fresh = pcg(lambda p: matrix @ p, lambda r: r / diagonal, np.dot, b, tol=1e-13, max_iter=100)
+    product, preconditioned = np.empty(30), np.empty(30)
+    buffered = pcg(lambda p: np.matmul(matrix, p, out=product), lambda r: np.divide(r, diagonal, out=preconditioned),
+                   np.dot, b, tol=1e-13, max_iter=100)
+    assert buffered.iterations == fresh.iterations and fresh.converged
+    np.testing.assert_array_equal(buffered.solution, fresh.solution)
+    assert buffered.residual_history == fresh.residual_history
