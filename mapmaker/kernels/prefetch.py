@@ -22,10 +22,13 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-# Samples ahead of the one being worked on whose map row is requested. Best of 8..128 at nside 256
-# (64: P 0.031 s, against 0.044 s at 32 and 0.034 s at 128, on 12M samples); far enough to cover the
-# memory latency at one sample every few nanoseconds, near enough that the lines are still in L1/L2.
-PREFETCH_DISTANCE = 64
+# Samples ahead of the one being worked on whose map row is requested: far enough to cover the memory
+# latency at a few nanoseconds a sample, near enough that the lines are still cached when used. At nside
+# 256 on 12M samples (Zen 4, best of 7, three rounds): 96-192 equal within the noise (P 0.029-0.030 s,
+# P^T 0.032 s), 64 slower (0.033 / 0.035 s), 32 much slower (0.049 / 0.060 s), 512 0.033 / 0.038 s.
+# Numba's caches do not see a change made here (it is compiled into the kernels of other modules):
+# delete mapmaker/kernels/__pycache__/*.nbi and *.nbc after editing it.
+PREFETCH_DISTANCE = 128
 
 _LOCALITY_KEEP_IN_ALL_CACHES = 3  # llvm.prefetch locality: 3 = keep in every cache level
 _DATA_CACHE = 1  # llvm.prefetch cache type: 1 = data
