@@ -4,12 +4,16 @@ import numpy as np
 from mapmaker.solver import pcg
 
 
+def _diagonally_dominant_system(seed: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A random symmetric positive definite matrix [n, n], a right-hand side [n] and the matrix's diagonal [n]."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n))
+    matrix = a @ a.T + n * np.eye(n)
+    return matrix, rng.standard_normal(n), np.diag(matrix)
+
+
 def test_pcg_solves_a_symmetric_positive_definite_system():
-    rng = np.random.default_rng(7)
-    a = rng.standard_normal((40, 40))
-    matrix = a @ a.T + 40 * np.eye(40)
-    b = rng.standard_normal(40)
-    diagonal = np.diag(matrix)
+    matrix, b, diagonal = _diagonally_dominant_system(7, 40)
     history = []
     result = pcg(lambda p: matrix @ p, lambda r: r / diagonal, np.dot, b, tol=1e-12, max_iter=100,
                  on_iteration=lambda k, res: history.append((k, res)))
@@ -39,11 +43,7 @@ def test_max_iter_stops_without_convergence_and_zero_rhs():
 
 def test_operators_may_return_one_buffer_every_call():
     """realize hands the solver the same output array on every call; the iterates must not change by a bit."""
-    rng = np.random.default_rng(11)
-    a = rng.standard_normal((30, 30))
-    matrix = a @ a.T + 30 * np.eye(30)
-    b = rng.standard_normal(30)
-    diagonal = np.diag(matrix)
+    matrix, b, diagonal = _diagonally_dominant_system(11, 30)
     fresh = pcg(lambda p: matrix @ p, lambda r: r / diagonal, np.dot, b, tol=1e-13, max_iter=100)
     product, preconditioned = np.empty(30), np.empty(30)
     buffered = pcg(lambda p: np.matmul(matrix, p, out=product), lambda r: np.divide(r, diagonal, out=preconditioned),
