@@ -9,7 +9,8 @@ loop waits on memory latency (~10 ns a sample measured), not bandwidth.
 Asking for the row of sample ``t + PREFETCH_DISTANCE`` while sample ``t``
 is worked on keeps many misses in flight: 3-4x faster P and P^T at nside
 256 on an AMD EPYC (Zen 4), and no slower when the map fits in cache
-(a prefetch of a cached line is one cheap instruction).
+(a prefetch of a cached line is one cheap instruction; the nside-64
+satellite example, 1.2 MiB map: P 0.014-0.018 s with or without it).
 
 A prefetch is only a hint: it cannot fault, and never changes a result.
 Both the first and the last element of the row are requested, as a row
