@@ -2,10 +2,16 @@
 
 A synthetic satellite scan (4 detectors at 100 Hz, 1-hour chunks and
 stationary intervals, 1/f noise) with ``--samples`` samples per rank. Every
-operation runs ``--repeat`` times on every rank for each implementation
+kernel runs ``--repeat`` times on every rank for each implementation
 (``numpy``, the reference, and ``fast``); the best time of the slowest rank
 is kept, and the figure printed is samples per second per core = samples
-per rank / (time x threads per rank).
+per rank / (time x threads per rank). The PCG iteration is timed in
+``--rounds`` blocks of ``PCG_ITERATIONS`` iterations, the implementations
+taking turns, so that a slow spell of a shared machine falls on both: the
+table keeps each one's best block, and a last line gives each one's median
+and range and the median and range of the per-round speed-up (on the
+machines of this project the reference's own time moved by up to 1.6x
+from run to run, which made a single best-of ratio a lottery).
 
 Memory-bandwidth floor. In the same run each rank measures a STREAM-like
 triad ``a = b + s c`` (numba, its T threads, all ranks at once, arrays far
@@ -157,17 +163,12 @@ def _pointing_rate_setup(spec, layout, chunks, kernels: str) -> Callable[[], Non
     return generate
 
 
-def _measure(comm, kernels: str, spec, layout, chunks, noise, repeat: int, threads: int) -> dict:
-    """Seconds per call of each operation with one implementation, plus the PCG calc/comm split."""
+def _measure(comm, kernels: str, spec, layout, chunks, noise, repeat: int, threads: int) -> tuple[dict, "PCGBlock"]:
+    """Seconds per call of each kernel with one implementation, and its PCG solve ready to be timed."""
     import numpy as np
-    from mpi4py import MPI
 
-    from mapmaker.distributed import DistributedPixels
     from mapmaker.kernels import implementation
-    from mapmaker.kernels import preconditioner as reference_blocks
     from mapmaker.local_data import build_local_data
-    from mapmaker.reduction import make_reduction
-    from mapmaker.solver import pcg
 
     kernel_set = implementation.get(kernels)
     implementation.warm_up(kernels)
@@ -187,61 +188,105 @@ def _measure(comm, kernels: str, spec, layout, chunks, noise, repeat: int, threa
         comm, repeat, lambda: projection.accumulate_tod_to_map(tod, index, weights, local.n_local)
     )
     seconds["N^-1"] = _best_of(comm, repeat, lambda: local.apply_inverse_noise(tod, workers=threads))
-    scratch = None  # the TOD-sized arrays go before the solve
-
-    npix = spec.pixelization.npix
-    pixels = DistributedPixels(comm, local.local_pixels, npix, spec.solver.allreduce_buffer_pixels)
-    reduction = make_reduction("allreduce", comm, local.local_pixels, npix=npix, buffer_pixels=spec.solver.allreduce_buffer_pixels)
-    weighted = local.accumulate_blocks(noise_weighted=True)
-    reduction.reduce(weighted)
-    keep = reference_blocks.rcond(weighted) > 1e-3
-    inverse = reference_blocks.invert(weighted, keep)
-    local.exclude_pixels(~keep)
-    b = local.to_sorted(projection.accumulate_tod_to_map(tod, local.local_index, local.weights, local.n_local))
-    reduction.reduce(b)
-    tod = None
-    split = {"calc": 0.0, "comm": 0.0}
-
-    def timed(kind: str, operation: Callable[[], object]):
-        start = clock()
-        value = operation()
-        split[kind] += clock() - start
-        return value
-
-    product_buffer, preconditioned_buffer = np.empty_like(b), np.empty_like(b)  # as realize does
-
-    def apply_matrix(direction):
-        product = timed("calc", lambda: local.apply_operator(direction, workers=threads, out=product_buffer))
-        return timed("comm", lambda: reduction.reduce(product))
-
-    def iterations() -> None:
-        pcg(apply_matrix, lambda r: timed("calc", lambda: kernel_set.blocks.apply(inverse, r, out=preconditioned_buffer)),
-            lambda u, v: timed("comm", lambda: pixels.dot(u, v)), b, tol=1e-300, max_iter=PCG_ITERATIONS)
-
-    best_split = None
-    best = float("inf")
-    for _ in range(max(1, repeat // 2)):
-        split.update(calc=0.0, comm=0.0)
-        elapsed = _best_of(comm, 1, iterations)
-        if elapsed < best:
-            best = elapsed
-            best_split = dict(split)
-    seconds["PCG iteration"] = best / PCG_ITERATIONS
-    calc = comm.allreduce(best_split["calc"] / PCG_ITERATIONS, op=MPI.MAX)
-    communication = comm.allreduce(best_split["comm"] / PCG_ITERATIONS, op=MPI.MAX)
-    return {
+    block = PCGBlock(comm, kernel_set, spec, local, tod, threads)
+    measured = {
         "seconds": seconds,
         "fft_flops": fft_flops(local.interval_lengths.tolist()) if not local.white else 0.0,
-        "pcg_split_seconds": {"calc": calc, "comm": communication},
         "samples_per_rank": n_samp,
         "local_pixels_rank0": local.n_local,
-        "reduction_bytes_per_call": reduction.bytes_sent,
+        "reduction_bytes_per_call": block.reduction.bytes_sent,
     }
+    return measured, block
+
+
+class PCGBlock:
+    """``PCG_ITERATIONS`` iterations of one implementation's solve, timed as a block with its calc/comm split.
+
+    Set up once (preconditioner, right-hand side from ``tod``, the output
+    buffers realize uses); :meth:`run` solves from zero again each time, so
+    every block does the same work.
+    """
+
+    def __init__(self, comm, kernel_set, spec, local, tod, threads: int):
+        import numpy as np
+
+        from mapmaker.distributed import DistributedPixels
+        from mapmaker.kernels import preconditioner as reference_blocks
+        from mapmaker.reduction import make_reduction
+
+        npix = spec.pixelization.npix
+        self.comm, self.kernel_set, self.local, self.threads = comm, kernel_set, local, threads
+        self.pixels = DistributedPixels(comm, local.local_pixels, npix, spec.solver.allreduce_buffer_pixels)
+        self.reduction = make_reduction(
+            "allreduce", comm, local.local_pixels, npix=npix, buffer_pixels=spec.solver.allreduce_buffer_pixels
+        )
+        weighted = local.accumulate_blocks(noise_weighted=True)
+        self.reduction.reduce(weighted)
+        keep = reference_blocks.rcond(weighted) > 1e-3
+        self.inverse = reference_blocks.invert(weighted, keep)
+        local.exclude_pixels(~keep)
+        projection = kernel_set.projection
+        self.b = local.to_sorted(projection.accumulate_tod_to_map(tod, local.local_index, local.weights, local.n_local))
+        self.reduction.reduce(self.b)
+        self.product_buffer, self.preconditioned_buffer = np.empty_like(self.b), np.empty_like(self.b)  # as realize
+
+    def run(self) -> tuple[float, dict[str, float]]:
+        """Seconds per iteration (slowest rank) and the calc/comm seconds per iteration (max over ranks)."""
+        from mpi4py import MPI
+
+        from mapmaker.solver import pcg
+
+        split = {"calc": 0.0, "comm": 0.0}
+
+        def timed(kind: str, operation: Callable[[], object]):
+            start = clock()
+            value = operation()
+            split[kind] += clock() - start
+            return value
+
+        def apply_matrix(direction):
+            product = timed(
+                "calc", lambda: self.local.apply_operator(direction, workers=self.threads, out=self.product_buffer)
+            )
+            return timed("comm", lambda: self.reduction.reduce(product))
+
+        def precondition(r):
+            return timed("calc", lambda: self.kernel_set.blocks.apply(self.inverse, r, out=self.preconditioned_buffer))
+
+        def iterations() -> None:
+            pcg(apply_matrix, precondition, lambda u, v: timed("comm", lambda: self.pixels.dot(u, v)), self.b,
+                tol=1e-300, max_iter=PCG_ITERATIONS)
+
+        elapsed = _best_of(self.comm, 1, iterations)
+        return elapsed / PCG_ITERATIONS, {
+            kind: self.comm.allreduce(value / PCG_ITERATIONS, op=MPI.MAX) for kind, value in split.items()
+        }
+
+
+def interleaved_rounds(blocks: dict[str, PCGBlock], rounds: int) -> dict[str, list[tuple[float, dict[str, float]]]]:
+    """Each implementation's block ``rounds`` times, taking turns (order reversed every round).
+
+    A shared machine's slow spells then fall on both implementations alike,
+    and round r of each gives a speed-up measured minutes apart at most.
+    Returns, per implementation, ``rounds`` of (seconds per iteration, split).
+    """
+    names = list(blocks)
+    timings: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            timings[name].append(blocks[name].run())
+    return timings
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
 
 
 def run_bench(
     *, samples: int, nside: int, repeat: int, threads: int, as_json: bool, kernels: str = "numpy,fast",
-    spec_path: str | None = None, clock_name: str = "wall",
+    spec_path: str | None = None, clock_name: str = "wall", rounds: int = 5,
 ) -> int:
     global clock
     import numpy as np
@@ -268,9 +313,16 @@ def run_bench(
     load_before = os.getloadavg()[0]
     bandwidth = stream_triad(comm, repeat, STREAM_ELEMENTS if samples >= 1 << 20 else 1 << 23)
     flop_rate = fma_rate(comm, repeat)
-    results = {}
+    results, blocks = {}, {}
     for name in [k.strip() for k in kernels.split(",") if k.strip()]:
-        results[name] = _measure(comm, name, spec, layout, chunks, noise, repeat, threads)
+        results[name], blocks[name] = _measure(comm, name, spec, layout, chunks, noise, repeat, threads)
+    timings = interleaved_rounds(blocks, rounds)
+    for name, result in results.items():
+        per_iteration = [seconds for seconds, _ in timings[name]]
+        best_round = min(range(rounds), key=per_iteration.__getitem__)
+        result["seconds"]["PCG iteration"] = per_iteration[best_round]
+        result["pcg_split_seconds"] = timings[name][best_round][1]
+        result["pcg_rounds_seconds"] = per_iteration
     n_samp = next(iter(results.values()))["samples_per_rank"]
 
     cores_per_second = threads if clock_name == "wall" else 1  # CPU time already sums the threads
@@ -304,6 +356,7 @@ def run_bench(
         "load_average": {"before": load_before, "after": os.getloadavg()[0]},
         "operations": table,
         "pcg_split_seconds_per_iteration": {name: r["pcg_split_seconds"] for name, r in results.items()},
+        "pcg_rounds": _rounds_summary({name: r["pcg_rounds_seconds"] for name, r in results.items()}),
         "reduction": {"strategy": "allreduce", "bytes_per_call": next(iter(results.values()))["reduction_bytes_per_call"]},
         "numpy": np.__version__,
     }
@@ -314,6 +367,18 @@ def run_bench(
             _print_report(report, list(results))
         sys.stdout.flush()
     return 0
+
+
+def _rounds_summary(per_iteration: dict[str, list[float]]) -> dict:
+    """Median and range of each implementation's rounds and, for numpy vs fast, of the per-round speed-up."""
+    summary: dict = {
+        "seconds_per_iteration": per_iteration,
+        "median_seconds_per_iteration": {name: _median(values) for name, values in per_iteration.items()},
+    }
+    if set(per_iteration) == {"numpy", "fast"}:
+        ratios = [slow / fast for slow, fast in zip(per_iteration["numpy"], per_iteration["fast"])]
+        summary["speedup"] = {"per_round": ratios, "median": _median(ratios), "min": min(ratios), "max": max(ratios)}
+    return summary
 
 
 def _print_report(report: dict, names: list[str]) -> None:
@@ -344,11 +409,22 @@ def _print_report(report: dict, names: list[str]) -> None:
               f"({rate / report['fma_flops_per_second_per_core']:.0%} of the FMA loop)")
     for name, split in report["pcg_split_seconds_per_iteration"].items():
         print(f"PCG iteration split ({name}): calc {split['calc']:.4f} s, comm {split['comm']:.4f} s (max over ranks)")
+    rounds = report["pcg_rounds"]
+    spans = ", ".join(
+        f"{name} {rounds['median_seconds_per_iteration'][name]:.4f} s ({min(values):.4f}-{max(values):.4f})"
+        for name, values in rounds["seconds_per_iteration"].items()
+    )
+    count = len(next(iter(rounds["seconds_per_iteration"].values())))
+    line = f"PCG iteration, {count} interleaved rounds of {PCG_ITERATIONS}: {spans} per iteration (median, range)"
+    if "speedup" in rounds:
+        speedup = rounds["speedup"]
+        line += f"; speed-up median {speedup['median']:.1f}x ({speedup['min']:.1f}-{speedup['max']:.1f}x)"
+    print(line)
 
 
 def run_hybrid(
     *, cores: int, samples_total: int, nside: int, repeat: int, kernels: str, as_json: bool, spec_path: str | None = None,
-    clock_name: str = "wall",
+    clock_name: str = "wall", rounds: int = 5,
 ) -> int:
     """Every ranks x threads = ``cores`` split under mpiexec at a fixed total of samples; calc/comm per iteration."""
     mpiexec = Path(sys.executable).with_name("mpiexec")
@@ -358,6 +434,7 @@ def run_hybrid(
         threads = cores // ranks
         command = [launcher, "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "mapmaker", "bench", "--json",
                    "--samples", str(samples_total // ranks), "--nside", str(nside), "--repeat", str(repeat),
+                   "--rounds", str(rounds),
                    "--threads", str(threads), "--kernels", kernels, "--clock", clock_name]
         command += ["--spec", spec_path] if spec_path else []
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
@@ -371,6 +448,7 @@ def run_hybrid(
             rows.append({
                 "kernels": name, "ranks": ranks, "threads_per_rank": threads,
                 "seconds_per_iteration": iteration,
+                "median_seconds_per_iteration": report["pcg_rounds"]["median_seconds_per_iteration"][name],
                 "calc_core_seconds": split["calc"] * scale, "comm_core_seconds": split["comm"] * scale,
                 "samples_per_second_per_core": samples_total / (iteration * scale),
                 "load_average": report["load_average"],
@@ -381,9 +459,11 @@ def run_hybrid(
     rule = "seconds x cores" if clock_name == "wall" else "CPU seconds of a rank (all its threads) x ranks"
     print(f"mapmaker bench --hybrid {cores}: {samples_total:,} samples in all, nside {nside}, {clock_name} clock; "
           f"per PCG iteration, core-seconds = {rule} (calc and comm: max over ranks)")
-    print(f"{'kernels':<8}{'ranks x threads':>16}{'s/iteration':>13}{'samples/s/core':>16}{'calc core-s':>13}{'comm core-s':>13}{'load':>12}")
+    print(f"{'kernels':<8}{'ranks x threads':>16}{'s/iteration':>13}{'median s/it':>13}{'samples/s/core':>16}"
+          f"{'calc core-s':>13}{'comm core-s':>13}{'load':>12}")
     for row in rows:
         load = f"{row['load_average']['before']:.1f}-{row['load_average']['after']:.1f}"
         print(f"{row['kernels']:<8}{row['ranks']:>9} x {row['threads_per_rank']:<4}{row['seconds_per_iteration']:>13.4f}"
+              f"{row['median_seconds_per_iteration']:>13.4f}"
               f"{row['samples_per_second_per_core']:>16.3e}{row['calc_core_seconds']:>13.4f}{row['comm_core_seconds']:>13.4f}{load:>12}")
     return 0

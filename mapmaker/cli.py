@@ -180,6 +180,10 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=_positive_int, default=12_000_000, help="samples per rank (default 12,000,000)")
     parser.add_argument("--nside", type=_nside, default=256, help="HEALPix nside, a power of two (default 256)")
     parser.add_argument("--repeat", type=_positive_int, default=5, help="timed repetitions; the best is kept (default 5)")
+    parser.add_argument(
+        "--rounds", type=_positive_int, default=5,
+        help="blocks of PCG iterations per implementation, taken in turns; best, median and range printed (default 5)",
+    )
     parser.add_argument("--threads", type=_positive_int, default=1, help="threads per rank (default 1)")
     parser.add_argument(
         "--kernels", default="numpy,fast", help="comma-separated implementations to time (default numpy,fast)"
@@ -491,10 +495,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.hybrid:
         return run_hybrid(cores=args.hybrid, samples_total=args.samples * args.hybrid, nside=args.nside,
                           repeat=args.repeat, kernels=",".join(kernels), as_json=args.json,
-                          spec_path=str(args.spec) if args.spec else None, clock_name=args.clock)
+                          spec_path=str(args.spec) if args.spec else None, clock_name=args.clock, rounds=args.rounds)
     return run_bench(samples=args.samples, nside=args.nside, repeat=args.repeat, threads=args.threads,
                      as_json=args.json, kernels=",".join(kernels), spec_path=str(args.spec) if args.spec else None,
-                     clock_name=args.clock)
+                     clock_name=args.clock, rounds=args.rounds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -36,7 +38,7 @@ def test_missing_spec_file_exits_2(tmp_path):
 
 
 def test_bench_runs_and_prints_json():
-    completed = run("bench", "--samples", "20000", "--nside", "16", "--repeat", "1", "--json")
+    completed = run("bench", "--samples", "20000", "--nside", "16", "--repeat", "1", "--rounds", "3", "--json")
     assert completed.returncode == 0, completed.stderr[-2000:]
     report = json.loads(completed.stdout)
     assert set(report["operations"]) == {"pointing", "P", "P^T", "N^-1", "PCG iteration"}
@@ -48,6 +50,15 @@ def test_bench_runs_and_prints_json():
     assert report["stream_triad_bytes_per_second_per_rank"] > 0
     assert set(report["pcg_split_seconds_per_iteration"]["fast"]) == {"calc", "comm"}
     assert report["ranks"] == 1 and report["samples_per_rank"] > 0
+    rounds = report["pcg_rounds"]
+    for name in ("numpy", "fast"):  # the table's PCG row is the best of the interleaved rounds
+        assert len(rounds["seconds_per_iteration"][name]) == 3
+        assert report["operations"]["PCG iteration"][name]["seconds"] == min(rounds["seconds_per_iteration"][name])
+    speedup = rounds["speedup"]
+    assert speedup["per_round"] == pytest.approx(
+        [n / f for n, f in zip(rounds["seconds_per_iteration"]["numpy"], rounds["seconds_per_iteration"]["fast"])]
+    )
+    assert speedup["min"] <= speedup["median"] <= speedup["max"]
 
 
 def test_bench_rejects_unknown_kernels():
@@ -75,3 +86,22 @@ def test_a_bad_calibration_file_is_named_with_its_field(tmp_path):
     assert completed.returncode == 2 and "not a calibration file: created: Field required" in completed.stderr
     completed = run("model", "--spec", spec, "--ranks", "2", "--calibration", str(binary))
     assert completed.returncode == 2 and "--calibration" in completed.stderr and "not UTF-8" in completed.stderr
+
+
+def test_bench_rounds_take_turns_and_reverse_the_order_each_round():
+    from mapmaker.bench import interleaved_rounds
+
+    order = []
+
+    class Block:
+        def __init__(self, name):
+            self.name = name
+
+        def run(self):
+            order.append(self.name)
+            return float(len(order)), {"calc": 0.0, "comm": 0.0}
+
+    timings = interleaved_rounds({"numpy": Block("numpy"), "fast": Block("fast")}, 3)
+    assert order == ["numpy", "fast", "fast", "numpy", "numpy", "fast"]
+    assert [seconds for seconds, _ in timings["numpy"]] == [1.0, 4.0, 5.0]
+    assert [seconds for seconds, _ in timings["fast"]] == [2.0, 3.0, 6.0]
