@@ -466,4 +466,14 @@ def run_hybrid(
         print(f"{row['kernels']:<8}{row['ranks']:>9} x {row['threads_per_rank']:<4}{row['seconds_per_iteration']:>13.4f}"
               f"{row['median_seconds_per_iteration']:>13.4f}"
               f"{row['samples_per_second_per_core']:>16.3e}{row['calc_core_seconds']:>13.4f}{row['comm_core_seconds']:>13.4f}{load:>12}")
+    best = {}
+    for row in rows:  # each implementation's fastest split, by its median round
+        if row["kernels"] not in best or row["median_seconds_per_iteration"] < best[row["kernels"]]["median_seconds_per_iteration"]:
+            best[row["kernels"]] = row
+    if set(best) == {"numpy", "fast"}:
+        slow, fast = best["numpy"], best["fast"]
+        print(f"best split by median: numpy {slow['ranks']} x {slow['threads_per_rank']} "
+              f"{slow['median_seconds_per_iteration']:.4f} s, fast {fast['ranks']} x {fast['threads_per_rank']} "
+              f"{fast['median_seconds_per_iteration']:.4f} s per iteration: "
+              f"{slow['median_seconds_per_iteration'] / fast['median_seconds_per_iteration']:.1f}x at {cores} cores")
     return 0

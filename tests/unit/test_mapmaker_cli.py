@@ -105,3 +105,16 @@ def test_bench_rounds_take_turns_and_reverse_the_order_each_round():
     assert order == ["numpy", "fast", "fast", "numpy", "numpy", "fast"]
     assert [seconds for seconds, _ in timings["numpy"]] == [1.0, 4.0, 5.0]
     assert [seconds for seconds, _ in timings["fast"]] == [2.0, 3.0, 6.0]
+
+
+def test_bench_hybrid_runs_every_split_under_mpiexec():
+    completed = run("bench", "--hybrid", "2", "--samples", "20000", "--nside", "16", "--repeat", "1", "--rounds", "3",
+                    "--json")
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    rows = json.loads(completed.stdout)
+    assert sorted((row["kernels"], row["ranks"], row["threads_per_rank"]) for row in rows) == [
+        ("fast", 1, 2), ("fast", 2, 1), ("numpy", 1, 2), ("numpy", 2, 1)
+    ]
+    for row in rows:  # the best round can be no slower than the median one
+        assert 0 < row["seconds_per_iteration"] <= row["median_seconds_per_iteration"]
+        assert row["calc_core_seconds"] > 0
