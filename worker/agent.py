@@ -1,9 +1,11 @@
 """The worker's loop: register, claim up to free capacity, run tasks through Parsl, heartbeat, drain on SIGTERM.
 
 One thread runs the loop (and owns Parsl); a small pool of reporting threads
-uploads products and posts reports, so heartbeats go on while a large
-product is uploaded; one thread touches the liveness files of running tasks
-(the runner's dead-man switch, :mod:`worker.runner`).
+uploads products and posts reports, so the loop goes on while a large
+product is uploaded; one thread sends the heartbeats, so that a claim whose
+answer is slow (it may wait 90 s) or a slow launch cannot let the leases of
+running tasks expire; one thread touches the liveness files of running
+tasks (the runner's dead-man switch, :mod:`worker.runner`).
 
 Each pass of the loop:
 
@@ -12,7 +14,8 @@ Each pass of the loop:
    to the reporting pool; a task stopped before its runner started is
    reported at once;
 3. draining: after the deadline, ask every running task to stop;
-4. heartbeat every lease/3: ``cancel`` -> stop and report cancelled; ``lost``
+4. the answers of the heartbeats (sent every lease/3 by their own thread
+   while tasks are held): ``cancel`` -> stop and report cancelled; ``lost``
    -> stop and report nothing;
 5. claim ``max_tasks - held`` tasks, unless draining; an empty answer waits
    ``MAPCAMPAIGN_WORKER_POLL_S`` before the next claim. After
@@ -36,6 +39,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
@@ -46,7 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from schemas.api import WorkerRegistration
+from schemas.api import HeartbeatAnswer, WorkerRegistration
 from worker.client import NotAuthorized, ServiceClient, ServiceError, TaskGone
 from worker.layout import SiteLayout
 from worker.outcome import Outcome, Verdict
@@ -97,6 +101,7 @@ class Agent:
         self.stopped_tasks = False
         self.exit_code = EXIT_OK
         self.lease_s: float | None = None
+        self.heartbeat_answers: queue.SimpleQueue[HeartbeatAnswer] = queue.SimpleQueue()  # heartbeat thread -> loop
         self.launch_failures_in_a_row = 0
         self.claims_paused_until = 0.0  # time.monotonic()
         self.reporters = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="report")
@@ -216,13 +221,23 @@ class Agent:
         return self.drain_deadline is not None
 
     def _loop(self) -> None:
+        stop_beating = threading.Event()
+        beater = threading.Thread(target=self._beat, args=(stop_beating,), name="heartbeat", daemon=True)
+        beater.start()
+        try:
+            self._pass_loop()
+        finally:
+            stop_beating.set()
+            beater.join(timeout=self.settings.timeout_s + 1.0)
+
+    def _pass_loop(self) -> None:
         next_claim = 0.0
-        next_beat = time.monotonic() + self._heartbeat_interval()
         announced_drain = False
         while True:
             self.wake.clear()
             now = time.monotonic()
             self._collect_finished()
+            self._apply_heartbeat_answers()
             self._watch_runs(now)
             if self.draining and not announced_drain:
                 announced_drain = True
@@ -246,9 +261,6 @@ class Agent:
                 self.exit_code = EXIT_FAILED
                 self.drain_deadline = now
                 continue
-            if self.runs and now >= next_beat:
-                self._heartbeat()
-                next_beat = time.monotonic() + self._heartbeat_interval()
             if not self.draining and now >= next_claim and now >= self.claims_paused_until:
                 free = self._free_slots()
                 if free > 0:
@@ -363,26 +375,43 @@ class Agent:
             if error is not None:
                 log.error("%s: reporting failed: %s: %s", run.task_id, type(error).__name__, error)
 
-    def _heartbeat(self) -> None:
-        assert self.worker_id is not None
-        held = list(self.runs)
-        try:
-            answer = self.client.heartbeat(self.worker_id, held)
-        except ServiceError as error:
-            log.warning("heartbeat failed: %s", error)
-            return
-        if answer.extended:
-            self._note_lease(answer.lease_expires_at, answer.lease_s)
-        for task_id in answer.cancel:
-            run = self.runs.get(task_id)
-            if run is not None and run.stop_reason is None:
-                log.info("%s: cancelled by the service; ending it", task_id)
-                run.request_stop(CancelReason.CANCELLED)
-        for task_id in answer.lost:
-            run = self.runs.get(task_id)
-            if run is not None and run.stop_reason is not CancelReason.LOST:
-                log.warning("%s: the service says it is no longer ours; ending it without a report", task_id)
-                run.request_stop(CancelReason.LOST)
+    def _beat(self, stop: threading.Event) -> None:
+        """The heartbeat thread: every interval, while tasks are held, post their ids; the loop gets the answer."""
+        while not stop.wait(self._heartbeat_interval()):
+            with self.lock:
+                held = list(self.runs)
+            if not held:
+                continue
+            try:
+                answer = self.client.heartbeat(self.worker_id, held)
+            except ServiceError as error:
+                log.warning("heartbeat failed: %s", error)
+                continue
+            except Exception:  # this thread must outlive any one failure: the leases depend on it
+                log.exception("heartbeat failed")
+                continue
+            if answer.extended:
+                self._note_lease(answer.lease_expires_at, answer.lease_s)
+            self.heartbeat_answers.put(answer)
+            self.wake.set()
+
+    def _apply_heartbeat_answers(self) -> None:
+        """In the loop, which owns the runs: stop what the service cancelled or no longer counts as ours."""
+        while True:
+            try:
+                answer = self.heartbeat_answers.get_nowait()
+            except queue.Empty:
+                return
+            for task_id in answer.cancel:
+                run = self.runs.get(task_id)
+                if run is not None and run.stop_reason is None:
+                    log.info("%s: cancelled by the service; ending it", task_id)
+                    run.request_stop(CancelReason.CANCELLED)
+            for task_id in answer.lost:
+                run = self.runs.get(task_id)
+                if run is not None and run.stop_reason is not CancelReason.LOST:
+                    log.warning("%s: the service says it is no longer ours; ending it without a report", task_id)
+                    run.request_stop(CancelReason.LOST)
 
     def _touch_liveness(self) -> None:
         interval = min(self.site.runner.liveness_timeout_s / 4, 10.0)

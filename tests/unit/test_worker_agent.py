@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import errno
 import itertools
@@ -93,3 +94,71 @@ def test_heartbeats_follow_the_services_lease_length_whatever_this_machines_cloc
     assert agent._heartbeat_interval() == 15.0
     agent._note_lease(service_now + timedelta(seconds=45), None)  # an older service: the clocks decide
     assert abs(agent._heartbeat_interval() - 55.0) < 1.0
+
+
+class SlowSecondClaim(RecordingClient):
+    """The first claim hands out one task; the second hangs until released, as a service busy for a minute.
+    Heartbeats are recorded with the time; the answer cancels what ``cancel`` names."""
+
+    def __init__(self, prototype):
+        super().__init__()
+        self.prototype = prototype
+        self.claims = 0
+        self.claim_waiting = threading.Event()
+        self.release_claim = threading.Event()
+        self.cancel: list[str] = []
+
+    def claim(self, worker_id, max_tasks):
+        self.claims += 1
+        if self.claims == 1:
+            expires = datetime.now(UTC) + timedelta(seconds=300)
+            task = self.prototype.model_copy(update={"task_id": "realize-1", "lease_expires_at": expires})
+            return ClaimAnswer(tasks=[task])
+        self.claim_waiting.set()
+        self.release_claim.wait(30)
+        return ClaimAnswer(tasks=[])
+
+    def heartbeat(self, worker_id, running):
+        during_claim = self.claim_waiting.is_set() and not self.release_claim.is_set()
+        self.calls.append(("heartbeat", tuple(running), during_claim))
+        return HeartbeatAnswer(lease_expires_at=datetime.now(UTC) + timedelta(seconds=300), extended=list(running),
+                               cancel=[task for task in self.cancel if task in running], lost=[])
+
+
+def test_heartbeats_go_on_while_a_claim_waits_for_its_answer(tmp_path, monkeypatch):
+    """Found by review: heartbeats shared the loop with claims, so a claim waiting 90 s for a busy service
+    delayed every heartbeat by as much, and with a short lease the running tasks were reaped."""
+    prototype_run = make_run(tmp_path / "proto", RecordingClient())
+    client = SlowSecondClaim(prototype_run.task)
+    site = prototype_run.context.site.model_copy(update={"max_tasks": 2})  # a free slot: the loop claims again
+    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker", poll_s=0.05, heartbeat_s=0.1), site, "token")
+    agent.client = client
+    agent.context = dataclasses.replace(prototype_run.context, client=client, site=site)
+    agent.worker_id = 1
+
+    def queued_in_parsl(run, app):  # held and never started: what a task waiting for its block looks like
+        run.future = concurrent.futures.Future()
+
+    monkeypatch.setattr(TaskRun, "submit", queued_in_parsl)
+    loop = threading.Thread(target=agent._loop, daemon=True)
+    loop.start()
+    try:
+        assert client.claim_waiting.wait(30)
+        deadline = time.monotonic() + 30
+        while len([c for c in client.calls if c[0] == "heartbeat" and c[2]]) < 3:
+            assert time.monotonic() < deadline, client.calls
+            time.sleep(0.05)
+        assert all(c[1] == ("realize-1",) for c in client.calls if c[0] == "heartbeat")
+        # A heartbeat's answer still reaches the loop, which owns the runs: the cancel stops the task.
+        client.cancel = ["realize-1"]
+        client.release_claim.set()
+        deadline = time.monotonic() + 30
+        while agent.runs.get("realize-1") is not None and agent.runs["realize-1"].stop_reason is None:
+            assert time.monotonic() < deadline, client.calls
+            time.sleep(0.05)
+    finally:
+        client.release_claim.set()
+        agent.drain_deadline = time.monotonic()
+        agent.wake.set()
+        loop.join(30)
+    assert not loop.is_alive()
