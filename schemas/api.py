@@ -29,14 +29,18 @@ API_PREFIX = "/api/v1"
 CampaignState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 RealizationState = Literal["queued", "claimed", "running", "succeeded", "failed", "cancelled"]
 PlanState = Literal["building", "ready", "failed"]
-FailureClass = Literal["app_error", "walltime", "oom", "lost_worker", "drained", "launch_error", "cancelled"]
+FailureClass = Literal[
+    "app_error", "walltime", "oom", "lost_worker", "drained", "launch_error", "site_error", "cancelled"
+]
 TokenKind = Literal["user", "worker"]
 
 CAMPAIGN_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
 REALIZATION_STATES: tuple[str, ...] = ("queued", "claimed", "running", "succeeded", "failed", "cancelled")
 UNFINISHED_REALIZATION_STATES: tuple[str, ...] = ("queued", "claimed", "running")
 FINISHED_CAMPAIGN_STATES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
-FAILURE_CLASSES: tuple[str, ...] = ("app_error", "walltime", "oom", "lost_worker", "drained", "launch_error", "cancelled")
+FAILURE_CLASSES: tuple[str, ...] = (
+    "app_error", "walltime", "oom", "lost_worker", "drained", "launch_error", "site_error", "cancelled"
+)
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 ARTIFACT_SHA256_HEADER = "X-Content-SHA256"

@@ -23,7 +23,9 @@ Each pass of the loop:
    even hand to Parsl (its work folder cannot be written: disk full, quota,
    permissions; Parsl refusing), it stops claiming for 30 s, doubling to 10
    min while it goes on failing: a broken site must not burn the attempts of
-   the whole queue in seconds.
+   the whole queue in seconds. Such tasks are reported ``site_error``, which
+   the service requeues without charging the attempt (up to 3 times per
+   realisation).
 
 SIGTERM or SIGINT: stop claiming; running tasks may finish until
 ``MAPCAMPAIGN_WORKER_DRAIN_S``; then they are killed (whole process tree) and
@@ -313,8 +315,8 @@ class Agent:
                 return
             except Exception as error:
                 log.exception("%s could not be submitted", run.task_id)
-                verdict = Verdict(
-                    Outcome.LAUNCH_ERROR, None, f"could not submit the task: {type(error).__name__}: {error}"
+                verdict = Verdict(  # the site's fault, not the task's: the service gives the attempt back
+                    Outcome.SITE_ERROR, None, f"could not submit the task: {type(error).__name__}: {error}"
                 )
                 self._note_launch_failure(verdict.message)
         run.early_verdict = verdict

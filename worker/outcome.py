@@ -22,6 +22,9 @@ outcome                    when                                                 
                            OOM killer), or Python raised MemoryError
 ``launch_error``           the runner or the MPI launcher could not start it      ``launch_error``
                            (exit 126/127, Hydra/srun launch errors, Parsl refused)
+``site_error``             the worker could not hand it to Parsl at all: its      ``site_error`` (the service
+                           work folder cannot be written (disk full, quota,       does not charge it, up to
+                           permissions) or submitting raised                      3 times per realisation)
 ``lost_worker``            the worker or the block went away: orphaned (dead-man  ``lost_worker``
                            switch), runner signalled by the scheduler, Parsl
                            lost the manager
@@ -66,6 +69,7 @@ class Outcome(str, enum.Enum):
     WALLTIME = "walltime"
     OOM = "oom"
     LAUNCH_ERROR = "launch_error"
+    SITE_ERROR = "site_error"
     LOST_WORKER = "lost_worker"
     DRAINED = "drained"
     CANCELLED = "cancelled"

@@ -39,6 +39,10 @@ from service.workers.models import Worker
 
 # Drained attempts a realisation is given back before drains count against max_attempts.
 MAX_UNCHARGED_DRAINS = 5
+# Likewise attempts a worker could not launch for its site's reasons (work folder unwritable, Parsl
+# refusing): the site's fault, not the realisation's; fewer, as a broken site may keep claiming.
+MAX_UNCHARGED_SITE_ERRORS = 3
+UNCHARGED_FAILURES = {"drained": MAX_UNCHARGED_DRAINS, "site_error": MAX_UNCHARGED_SITE_ERRORS}
 
 log = logging.getLogger("mapcampaign.queue")
 
@@ -234,9 +238,11 @@ def report_failed(
         plan = locked_build(
             session=session, plan_id=ident, build=build or 0, worker_id=_plan_worker(session, ident, principal, task_id)
         )
-        if report.failure_class == "drained" and plan.build_number - plan.build_attempts < MAX_UNCHARGED_DRAINS:
-            # The worker was stopped under the build: not the plan's fault, the build is given back (the
-            # gap between builds started and builds charged bounds how often, budget resets included).
+        given_back = UNCHARGED_FAILURES.get(report.failure_class, 0)
+        if plan.build_number - plan.build_attempts < given_back:
+            # The worker was stopped under the build, or its site could not launch it: not the plan's
+            # fault, the build is given back (the gap between builds started and builds charged bounds
+            # how often, budget resets included).
             plan.build_attempts = max(plan.build_attempts - 1, 0)
         cause = f"{report.failure_class}" + (f" (exit code {report.exit_code})" if report.exit_code is not None else "")
         if report.message:
@@ -287,10 +293,12 @@ def end_attempt(
     campaign) to the caller, who ends many attempts of one campaign at once.
 
     A ``drained`` attempt (its worker was stopped and ended it at the drain
-    deadline) is the site's doing, not the realisation's: it is given back to
-    the budget, up to MAX_UNCHARGED_DRAINS times per realisation; beyond that
-    drains count like any other failure, so that no realisation goes round
-    for ever.
+    deadline) and a ``site_error`` one (the worker could not launch it at its
+    site: work folder unwritable, Parsl refusing) are the site's doing, not
+    the realisation's: they are given back to the budget, up to
+    MAX_UNCHARGED_DRAINS and MAX_UNCHARGED_SITE_ERRORS times per realisation;
+    beyond that they count like any other failure, so that no realisation
+    goes round for ever.
     """
     now = utcnow()
     attempt.ended_at = now
@@ -302,12 +310,12 @@ def end_attempt(
     realization.current_attempt_id = None
     realization.updated_at = now
     charged = True
-    if failure_class == "drained":
+    if failure_class in UNCHARGED_FAILURES:
         session.flush()  # this attempt's failure class is counted below
-        drains = session.scalar(
-            select(func.count()).where(Attempt.realization_id == realization.id, Attempt.failure_class == "drained")
+        earlier = session.scalar(
+            select(func.count()).where(Attempt.realization_id == realization.id, Attempt.failure_class == failure_class)
         )
-        if drains <= MAX_UNCHARGED_DRAINS:
+        if earlier <= UNCHARGED_FAILURES[failure_class]:
             realization.attempts = max(realization.attempts - 1, 0)
             charged = False
     if realization.attempts >= campaign.max_attempts:

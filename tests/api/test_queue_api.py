@@ -100,23 +100,25 @@ def test_failed_build_is_retried_then_campaigns_fail_with_the_cause(make_api):
     assert third["kind"] == "preprocess" and third["task_id"] not in (first["task_id"], second["task_id"])
 
 
-def test_drained_plan_builds_are_given_back_up_to_a_limit(make_api):
-    """A worker stopped under a plan build does not use up max_plan_builds (found by review: three worker
-    restarts during one long build failed every campaign needing the plan)."""
-    from service.queue.tasks import MAX_UNCHARGED_DRAINS
+@pytest.mark.parametrize("failure_class", ["drained", "site_error"])
+def test_plan_builds_ended_by_the_site_are_given_back_up_to_a_limit(make_api, failure_class):
+    """A worker stopped under a plan build, or unable to launch it at its site, does not use up
+    max_plan_builds (found by review: three worker restarts during one long build failed every campaign
+    needing the plan)."""
+    from service.queue.tasks import UNCHARGED_FAILURES
 
     api = make_api(max_plan_builds=1)
     campaign = api.create(realizations=1)
     worker = api.register()
-    for _ in range(MAX_UNCHARGED_DRAINS):
+    for _ in range(UNCHARGED_FAILURES[failure_class]):
         build = api.claim(worker)[0]
         assert build["kind"] == "preprocess"
-        assert api.fail(build["task_id"], "drained", -15).status_code == 200
+        assert api.fail(build["task_id"], failure_class, -15).status_code == 200
         plan = api.get(f"/plans/{build['plan_id']}").json()
-        assert plan["state"] == "failed" and plan["build_attempts"] == 0 and "drained" in plan["last_error"]
+        assert plan["state"] == "failed" and plan["build_attempts"] == 0 and failure_class in plan["last_error"]
         assert api.campaign(campaign["id"])["state"] == "queued"
     last = api.claim(worker)[0]
-    assert api.fail(last["task_id"], "drained", -15).status_code == 200  # one drain too many: charged
+    assert api.fail(last["task_id"], failure_class, -15).status_code == 200  # one too many: charged
     assert api.campaign(campaign["id"])["state"] == "failed"
 
 
@@ -272,22 +274,26 @@ def test_attempts_capped_then_realisation_fails(api):
     assert history[1]["log_tail"] == "Traceback: boom"
 
 
-def test_drained_attempts_are_given_back_up_to_a_limit(api):
-    """A worker stopped under a running task (``drained``) does not use up the realisation's attempts;
-    past MAX_UNCHARGED_DRAINS drains they count, so a realisation cannot go round for ever."""
-    from service.queue.tasks import MAX_UNCHARGED_DRAINS
+@pytest.mark.parametrize("failure_class", ["drained", "site_error"])
+def test_attempts_ended_by_the_site_are_given_back_up_to_a_limit(api, failure_class):
+    """A worker stopped under a running task (``drained``) or unable to launch it at its site (``site_error``:
+    disk full, Parsl refusing) does not use up the realisation's attempts; past the limit of each class they
+    count, so a realisation cannot go round for ever. Found by review for ``site_error``: a broken site's
+    launch failures were charged ``launch_error``, three realisations' attempts per pause of the worker."""
+    from service.queue.tasks import UNCHARGED_FAILURES
 
+    limit = UNCHARGED_FAILURES[failure_class]
     campaign = api.create(realizations=1, max_attempts=1)
     worker = api.register()
     api.build_plan(worker)
-    for drain in range(1, MAX_UNCHARGED_DRAINS + 1):
+    for given_back in range(1, limit + 1):
         task = api.claim(worker)[0]
-        assert task["attempt"] == drain  # numbered on, but always the first of the budget
-        assert api.fail(task["task_id"], "drained", -15).json()["state"] == "queued"
+        assert task["attempt"] == given_back  # numbered on, but always the first of the budget
+        assert api.fail(task["task_id"], failure_class, -15).json()["state"] == "queued"
     last = api.claim(worker)[0]
-    assert api.fail(last["task_id"], "drained", -15).json()["state"] == "failed"  # the sixth drain is charged
+    assert api.fail(last["task_id"], failure_class, -15).json()["state"] == "failed"  # one too many: charged
     history = api.realization(campaign["id"], 0)["attempt_history"]
-    assert [a["failure_class"] for a in history] == ["drained"] * (MAX_UNCHARGED_DRAINS + 1)
+    assert [a["failure_class"] for a in history] == [failure_class] * (limit + 1)
     assert api.campaign(campaign["id"])["state"] == "failed"
     # Another failure class is charged at once: max_attempts 1 fails on the first.
     other = api.create(realizations=1, max_attempts=1)

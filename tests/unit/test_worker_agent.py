@@ -67,7 +67,7 @@ def test_a_site_that_cannot_launch_anything_stops_claiming_instead_of_failing_th
     assert not loop.is_alive()
     failed = [call for call in client.calls if call[0] == "failed"]
     assert len(failed) == LAUNCH_FAILURES_BEFORE_PAUSE  # max_tasks 1: one task per claim, then the pause
-    assert {call[2] for call in failed} == {"launch_error"} and "No space left on device" in failed[0][4]
+    assert {call[2] for call in failed} == {"site_error"} and "No space left on device" in failed[0][4]
     assert agent.claims_paused_until - time.monotonic() > FIRST_LAUNCH_PAUSE_S - 5
     assert f"claiming nothing for {FIRST_LAUNCH_PAUSE_S:.0f} s" in caplog.text
 
