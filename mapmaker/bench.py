@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -278,12 +279,6 @@ def interleaved_rounds(blocks: dict[str, PCGBlock], rounds: int) -> dict[str, li
     return timings
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
-
-
 def run_bench(
     *, samples: int, nside: int, repeat: int, threads: int, as_json: bool, kernels: str = "numpy,fast",
     spec_path: str | None = None, clock_name: str = "wall", rounds: int = 5,
@@ -373,11 +368,13 @@ def _rounds_summary(per_iteration: dict[str, list[float]]) -> dict:
     """Median and range of each implementation's rounds and, for numpy vs fast, of the per-round speed-up."""
     summary: dict = {
         "seconds_per_iteration": per_iteration,
-        "median_seconds_per_iteration": {name: _median(values) for name, values in per_iteration.items()},
+        "median_seconds_per_iteration": {name: statistics.median(values) for name, values in per_iteration.items()},
     }
     if set(per_iteration) == {"numpy", "fast"}:
         ratios = [slow / fast for slow, fast in zip(per_iteration["numpy"], per_iteration["fast"])]
-        summary["speedup"] = {"per_round": ratios, "median": _median(ratios), "min": min(ratios), "max": max(ratios)}
+        summary["speedup"] = {
+            "per_round": ratios, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)
+        }
     return summary
 
 
@@ -466,10 +463,10 @@ def run_hybrid(
         print(f"{row['kernels']:<8}{row['ranks']:>9} x {row['threads_per_rank']:<4}{row['seconds_per_iteration']:>13.4f}"
               f"{row['median_seconds_per_iteration']:>13.4f}"
               f"{row['samples_per_second_per_core']:>16.3e}{row['calc_core_seconds']:>13.4f}{row['comm_core_seconds']:>13.4f}{load:>12}")
-    best = {}
-    for row in rows:  # each implementation's fastest split, by its median round
-        if row["kernels"] not in best or row["median_seconds_per_iteration"] < best[row["kernels"]]["median_seconds_per_iteration"]:
-            best[row["kernels"]] = row
+    best = {  # each implementation's fastest split, by its median round
+        name: min((row for row in rows if row["kernels"] == name), key=lambda row: row["median_seconds_per_iteration"])
+        for name in {row["kernels"] for row in rows}
+    }
     if set(best) == {"numpy", "fast"}:
         slow, fast = best["numpy"], best["fast"]
         print(f"best split by median: numpy {slow['ranks']} x {slow['threads_per_rank']} "

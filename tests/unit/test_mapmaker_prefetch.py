@@ -19,7 +19,7 @@ def _touch_every_row(array, rows):
 
 @pytest.mark.parametrize("columns", [3, 6])
 @pytest.mark.parametrize("index_type", [np.int32, np.int64])
-def test_prefetch_leaves_the_array_unchanged(columns, index_type):
+def test_prefetch_compiles_for_every_index_type_and_row_width_and_leaves_the_array_unchanged(columns, index_type):
     array = np.arange(10 * columns, dtype=np.float64).reshape(10, columns)
     before = array.copy()
     _touch_every_row(array, np.array([0, 9, 5, 9, 0], dtype=index_type))
