@@ -78,6 +78,7 @@ def warm_up(name: str = DEFAULT) -> float:
         kernels.blocks.accumulate_blocks(index, weights, 12, np.ones(4))
         kernels.blocks.apply(np.ones((12, 3, 3)), local_map)
         circulant = [noise_fast.CirculantFilter(np.ones(3), 4), noise_fast.CirculantFilter(np.ones(3), 5)]
+        noise_fast.CirculantFilter(np.ones(5), 8, four_step_from=0).apply(np.ones(8))  # the four-step kernels
         noise_fast.apply_inverse_noise(tod, starts, lengths, np.zeros(1, dtype=np.int64), circulant)
         noise_fast.apply_inverse_noise(np.ones(5), starts, lengths + 1, np.ones(1, dtype=np.int64), circulant)
         operator_fast.apply_inverse_noise_operator(local_map, index, weights, starts, lengths,

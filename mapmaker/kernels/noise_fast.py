@@ -14,6 +14,13 @@ filters an interval *in place* with no allocation:
   machines ducc0's complex FFT of n/2 points is 1.3-1.5x faster than its
   real FFT of n points (``r2r_fftpack``), and the mixing pass costs a
   tenth of a transform.
+- long even n (from :data:`FOUR_STEP_MIN_SAMPLES` = 2^18): the half-length complex
+  FFT as a four-step transform (:class:`FourStepSplit`): the n/2 points seen
+  as an n1 x n2 array, ducc0 FFTs down the columns, a twiddle pass, FFTs
+  along the rows, the pair mixing done in that transposed order
+  (:func:`mix_transposed_spectrum`), and the same steps backwards. Every
+  FFT is short enough to stay in L1/L2; a single FFT of 180,000 points
+  makes each of its passes over a 2.9 MB array that does not fit in L2.
 - odd n: FFTPACK's halfcomplex order with ``ducc0.fft.r2r_fftpack`` in
   place, multiplied by the filter laid out in that order
   (:func:`halfcomplex_filter`).
@@ -25,11 +32,23 @@ so intervals run concurrently in the thread pool of :mod:`mapmaker.threads`
 """
 from __future__ import annotations
 
+import functools
+import math
+
 import ducc0
 import numpy as np
 from numba import njit
 
 from mapmaker import threads as threading
+
+# Even intervals this long (and longer) filter through the four-step transform. `benchmarks/bench_fft.py`
+# (12M samples of intervals fresh from memory, medians of 5 interleaved rounds), four-step against one
+# ducc0 FFT on an Intel Xeon with 2 MiB of L2 per core, two runs: 0.66-0.73x at 36,000 samples (seven
+# calls into ducc0 instead of two), 0.77-0.84x at 72,000, 1.02-1.05x at 131,072, 1.15-1.21x at
+# 200,000, 1.28-1.41x at 262,144, 1.52-1.54x at 360,000, 1.92-2.02x at 720,000. An AMD Zen 4 (1 MiB
+# L2) gave 1.0x at 72,000 and 1.2x at 360,000 in an earlier session's prototype; 2^18 keeps the
+# four-step where it wins on both.
+FOUR_STEP_MIN_SAMPLES = 1 << 18
 
 
 def halfcomplex_filter(inverse_psd: np.ndarray, n: int) -> np.ndarray:
@@ -110,32 +129,151 @@ def filter_packed_spectrum(x, s, d, w_real, w_imag):
         x[q + 1] = o2_re - e2_im
 
 
+def pair_factors(inverse_psd: np.ndarray, m: int, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``s_k = (H_k + H_{m-k}) / 2m``, ``d_k = (H_k - H_{m-k}) / 2m`` of :func:`filter_packed_spectrum`; k of any shape.
+
+    inverse_psd [m + 1] (H, the real FFT's filter of n = 2m samples); k integers in [0, m].
+    """
+    return (inverse_psd[k] + inverse_psd[m - k]) / (2.0 * m), (inverse_psd[k] - inverse_psd[m - k]) / (2.0 * m)
+
+
+def balanced_split(m: int) -> tuple[int, int] | None:
+    """``(n1, n2)`` with ``n1 * n2 == m``, n2 the largest divisor of m up to sqrt(m); None if n2 < 2 or n1 > 16 n2.
+
+    A lopsided split (m prime, or twice a large prime) would leave one FFT as long as the whole.
+    """
+    n2 = max((d for d in range(1, math.isqrt(m) + 1) if m % d == 0), default=1)
+    n1 = m // n2
+    if n2 < 2 or n1 > 16 * n2:
+        return None
+    return n1, n2
+
+
+@njit(nogil=True, cache=True, fastmath=True, error_model="numpy", boundscheck=False)
+def twiddle_in_place(z, twiddle, inverse):
+    """``z [n1, n2] complex128 *= twiddle [n1, n2]`` (its conjugate if ``inverse``): the four-step's middle pass."""
+    n1, n2 = z.shape
+    for i in range(n1):
+        for j in range(n2):
+            w = twiddle[i, j]
+            if inverse:
+                w = w.conjugate()
+            z[i, j] *= w
+
+
+@njit(nogil=True, cache=True, fastmath=True, error_model="numpy", boundscheck=False, inline="always")
+def _mix_pair(z, p1, p2, q1, q2, s, d, w):
+    """One pair (k, m - k) of :func:`filter_packed_spectrum`'s map, at z[p1, p2] and z[q1, q2], with w = w^k."""
+    a = z[p1, p2]
+    b = z[q1, q2].conjugate()
+    e = 0.5 * (a + b)
+    o = -0.5j * (a - b)
+    e2 = s * e + d * (w * o)
+    o2 = d * (w.conjugate() * e) + s * o
+    z[p1, p2] = e2 + 1j * o2
+    z[q1, q2] = e2.conjugate() + 1j * o2.conjugate()
+
+
+@njit(nogil=True, cache=True, fastmath=True, error_model="numpy", boundscheck=False)
+def mix_transposed_spectrum(z, s, d, w_row, w_column):
+    """:func:`filter_packed_spectrum` on the four-step's output order, in place.
+
+    z [n1, n2] complex128 holds ``Z[k1 + n1 k2]`` at ``[k1, k2]`` (m = n1 n2).
+    The partner m - k of k is ``[0, n2 - k2]`` in row 0 and
+    ``[n1 - k1, n2 - 1 - k2]`` elsewhere, so row k1 mixes with row n1 - k1
+    read backwards, both in memory order. s, d [n1 // 2 + 1, n2]: s_k and
+    d_k at k's place (rows k1 <= n1/2); ``w^k = w_row[k1] w_column[k2]``
+    with w_row [n1], w_column [n2] (``w = exp(-2 pi i / n)``, n = 2m).
+    """
+    n1, n2 = z.shape
+    # k = 0 pairs with k = m (the Nyquist frequency): E and O are real there.
+    e = z[0, 0].real
+    o = z[0, 0].imag
+    z[0, 0] = complex(s[0, 0] * e + d[0, 0] * o, d[0, 0] * e + s[0, 0] * o)
+    for k2 in range(1, (n2 + 1) // 2):
+        _mix_pair(z, 0, k2, 0, n2 - k2, s[0, k2], d[0, k2], w_column[k2])
+    if n2 % 2 == 0:  # k = m/2 pairs with itself: d = 0
+        z[0, n2 // 2] *= s[0, n2 // 2]
+    for k1 in range(1, (n1 + 1) // 2):
+        for k2 in range(n2):
+            _mix_pair(z, k1, k2, n1 - k1, n2 - 1 - k2, s[k1, k2], d[k1, k2], w_row[k1] * w_column[k2])
+    if n1 % 2 == 0:  # row n1/2 is its own partner, read backwards
+        k1 = n1 // 2
+        for k2 in range(n2 // 2):
+            _mix_pair(z, k1, k2, k1, n2 - 1 - k2, s[k1, k2], d[k1, k2], w_row[k1] * w_column[k2])
+        if n2 % 2 == 1:  # k = m/2
+            z[k1, n2 // 2] *= s[k1, n2 // 2]
+
+
+@functools.lru_cache(maxsize=8)
+def _four_step_twiddle(n1: int, n2: int) -> np.ndarray:
+    """``exp(-2 pi i k1 j2 / (n1 n2))`` [n1, n2] complex128, shared by every filter of that split (read-only)."""
+    twiddle = np.exp(-2j * np.pi * np.outer(np.arange(n1), np.arange(n2)) / (n1 * n2))  # k1 j2 < n1 n2
+    twiddle.flags.writeable = False
+    return twiddle
+
+
+class FourStepSplit:
+    """The packed-spectrum filter of one even length n as a four-step FFT of its n/2 = n1 x n2 complex points.
+
+    inverse_psd [n // 2 + 1] (K^-2); ``split`` from :func:`balanced_split`.
+    """
+
+    def __init__(self, inverse_psd: np.ndarray, n: int, split: tuple[int, int]):
+        n1, n2 = split
+        m = n // 2
+        if n1 * n2 != m:
+            raise ValueError(f"split {n1} x {n2} does not make {m} points")
+        self.shape = (n1, n2)
+        k = np.arange(n1 // 2 + 1)[:, None] + n1 * np.arange(n2)[None, :]  # k < m: both k and m - k in range
+        self.s, self.d = pair_factors(inverse_psd, m, k)
+        self.w_row = np.exp(-2j * np.pi * np.arange(n1) / n)
+        self.w_column = np.exp(-2j * np.pi * n1 * np.arange(n2) / n)
+        self.twiddle = _four_step_twiddle(n1, n2)
+
+    def apply(self, segment: np.ndarray) -> None:
+        """Filter a contiguous segment [n] float64 (K) in place (K^-1)."""
+        z = segment.view(np.complex128).reshape(self.shape)
+        ducc0.fft.c2c(z, axes=(0,), forward=True, out=z)
+        twiddle_in_place(z, self.twiddle, False)
+        ducc0.fft.c2c(z, axes=(1,), forward=True, out=z)
+        mix_transposed_spectrum(z, self.s, self.d, self.w_row, self.w_column)
+        ducc0.fft.c2c(z, axes=(1,), forward=False, out=z)
+        twiddle_in_place(z, self.twiddle, True)
+        ducc0.fft.c2c(z, axes=(0,), forward=False, out=z)
+
+
 class CirculantFilter:
     """N^-1 of one interval length n: the circulant with eigenvalues ``inverse_psd [n // 2 + 1]`` (K^-2).
 
     Made once per filter; :meth:`apply` filters an [n] float64 segment in place.
+    Even lengths from ``four_step_from`` samples on, with a balanced split of
+    n/2, go through :class:`FourStepSplit` (``four_step`` is then that split).
     """
 
-    def __init__(self, inverse_psd: np.ndarray, n: int):
+    def __init__(self, inverse_psd: np.ndarray, n: int, four_step_from: int = FOUR_STEP_MIN_SAMPLES):
         inverse_psd = np.asarray(inverse_psd, dtype=np.float64)
         if len(inverse_psd) != n // 2 + 1:
             raise ValueError(f"filter has {len(inverse_psd)} frequencies, intervals have {n} samples")
         self.length = n
         self.packed = n % 2 == 0 and n >= 2
-        if self.packed:
+        split = balanced_split(n // 2) if self.packed and n >= four_step_from else None
+        self.four_step = FourStepSplit(inverse_psd, n, split) if split else None
+        if self.packed and self.four_step is None:
             m = n // 2
             k = np.arange(m // 2 + 1)
-            self.s = (inverse_psd[k] + inverse_psd[m - k]) / (2.0 * m)
-            self.d = (inverse_psd[k] - inverse_psd[m - k]) / (2.0 * m)
+            self.s, self.d = pair_factors(inverse_psd, m, k)
             twiddle = np.exp(-2j * np.pi * k / n)
             self.w_real = np.ascontiguousarray(twiddle.real)
             self.w_imag = np.ascontiguousarray(twiddle.imag)
-        else:
+        elif not self.packed:
             self.halfcomplex = halfcomplex_filter(inverse_psd, n)
 
     def apply(self, segment: np.ndarray) -> np.ndarray:
         """Filter a contiguous segment [n] float64 (K) in place; returns it (K^-1)."""
-        if self.packed:
+        if self.four_step is not None:
+            self.four_step.apply(segment)
+        elif self.packed:
             z = segment.view(np.complex128)
             ducc0.fft.c2c(z, axes=(0,), forward=True, out=z)
             filter_packed_spectrum(segment, self.s, self.d, self.w_real, self.w_imag)

@@ -178,7 +178,14 @@ def interval_layout(rng):
             filters.append(1.0 / psd)
         filter_index.append(filter_of_length[key])
     by_index = {index: length for (length, _), index in filter_of_length.items()}
-    circulant = [noise_fast.CirculantFilter(filters[i], by_index[i]) for i in range(len(filters))]
+    # every other filter forced through the four-step transform, so both paths meet in one N^-1
+    circulant = [
+        noise_fast.CirculantFilter(
+            filters[i], by_index[i], four_step_from=0 if i % 2 else noise_fast.FOUR_STEP_MIN_SAMPLES
+        )
+        for i in range(len(filters))
+    ]
+    assert any(c.four_step is not None for c in circulant) and any(c.four_step is None and c.packed for c in circulant)
     return starts, lengths, np.array(filter_index), filters, circulant
 
 
@@ -190,14 +197,22 @@ def test_halfcomplex_filter_layout():
         noise_fast.halfcomplex_filter(inverse, 9)
 
 
-@pytest.mark.parametrize("length", [*range(1, 41), 4002, 72_000])
-def test_circulant_filter_matches_rfft_multiply_irfft(length, rng):
-    """Even lengths go through the packed half-length complex FFT, odd ones through halfcomplex r2r."""
+@pytest.mark.parametrize("four_step_from", [noise_fast.FOUR_STEP_MIN_SAMPLES, 0], ids=["default", "four-step"])
+@pytest.mark.parametrize("length", [*range(1, 41), 4002, 15_838, 72_000])
+def test_circulant_filter_matches_rfft_multiply_irfft(length, four_step_from, rng):
+    """Even lengths go through the packed half-length complex FFT, odd ones through halfcomplex r2r.
+
+    Forced from 0 samples on, the four-step path meets every parity of its split (n1, n2 odd or
+    even: 6 = 2 x 3 points... 72,000 = 200 x 180); 15,838 (twice a prime) has no split and stays 1-D.
+    """
     inverse = rng.uniform(0.1, 10.0, length // 2 + 1)
     tod = rng.standard_normal(length)
     expected = np.fft.irfft(np.fft.rfft(tod) * inverse, n=length)
-    circulant = noise_fast.CirculantFilter(inverse, length)
+    circulant = noise_fast.CirculantFilter(inverse, length, four_step_from=four_step_from)
     assert circulant.packed == (length % 2 == 0)
+    split = noise_fast.balanced_split(length // 2) if circulant.packed else None
+    uses_four_step = circulant.packed and length >= four_step_from and split is not None
+    assert (circulant.four_step is not None) == uses_four_step
     buffer = np.zeros(length + 1)
     segment = buffer[1:]  # 8 bytes off a 16-byte boundary: the packed complex view must not care
     segment[:] = tod
@@ -206,6 +221,28 @@ def test_circulant_filter_matches_rfft_multiply_irfft(length, rng):
     assert buffer[0] == 0.0
     with pytest.raises(ValueError, match="frequencies"):
         noise_fast.CirculantFilter(inverse[:-1], length)
+
+
+@pytest.mark.parametrize(
+    ("points", "split"),
+    [(1, None), (2, None), (4, (2, 2)), (6, (3, 2)), (12, (4, 3)), (7919, None), (2 * 7919, None),
+     (68, (17, 4)), (2 * 101, None), (72, (9, 8)), (180_000, (450, 400)), (131_072, (512, 256))],
+)
+def test_balanced_split(points, split):
+    """n2 is the largest divisor up to sqrt(m); splits more lopsided than 16:1 (or with n2 = 1) are refused."""
+    assert noise_fast.balanced_split(points) == split
+
+
+def test_four_step_is_the_default_for_long_intervals_only(rng):
+    long, short = noise_fast.FOUR_STEP_MIN_SAMPLES, noise_fast.FOUR_STEP_MIN_SAMPLES - 2
+    assert noise_fast.CirculantFilter(np.ones(long // 2 + 1), long).four_step.shape == (512, 256)
+    assert noise_fast.CirculantFilter(np.ones(short // 2 + 1), short).four_step is None
+    # the twiddle table is shared by every filter of one split, and nobody may write to it
+    a, b = (noise_fast.CirculantFilter(rng.uniform(1, 2, 37), 72, four_step_from=0) for _ in range(2))
+    assert a.four_step.twiddle is b.four_step.twiddle
+    assert not a.four_step.twiddle.flags.writeable
+    with pytest.raises(ValueError, match="does not make"):
+        noise_fast.FourStepSplit(np.ones(37), 72, (9, 9))
 
 
 def test_inverse_noise_matches_the_reference(thread_count, rng):
