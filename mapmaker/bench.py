@@ -62,6 +62,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SAMPLE_RATE_HZ = 100.0
 DETECTORS = 4
@@ -164,7 +165,7 @@ def _pointing_rate_setup(spec, layout, chunks, kernels: str) -> Callable[[], Non
     return generate
 
 
-def _measure(comm, kernels: str, spec, layout, chunks, noise, repeat: int, threads: int) -> tuple[dict, "PCGBlock"]:
+def _measure(comm, kernels: str, spec, layout, chunks, noise, repeat: int, threads: int) -> tuple[dict, PCGBlock]:
     """Seconds per call of each kernel with one implementation, and its PCG solve ready to be timed."""
     import numpy as np
 
@@ -264,15 +265,16 @@ class PCGBlock:
         }
 
 
-def interleaved_rounds(blocks: dict[str, PCGBlock], rounds: int) -> dict[str, list[tuple[float, dict[str, float]]]]:
-    """Each implementation's block ``rounds`` times, taking turns (order reversed every round).
+def interleaved_rounds(blocks: dict[str, Any], rounds: int) -> dict[str, list[Any]]:
+    """Each implementation's block (anything with ``run()``, e.g. a :class:`PCGBlock`) ``rounds`` times, taking turns.
 
-    A shared machine's slow spells then fall on both implementations alike,
-    and round r of each gives a speed-up measured minutes apart at most.
-    Returns, per implementation, ``rounds`` of (seconds per iteration, split).
+    The order is reversed every round. A shared machine's slow spells then
+    fall on both implementations alike, and round r of each gives a speed-up
+    measured minutes apart at most. Returns, per implementation, the
+    ``rounds`` values of ``run()`` (for a PCGBlock: seconds per iteration, split).
     """
     names = list(blocks)
-    timings: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in names}
+    timings: dict[str, list[Any]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else reversed(names):
             timings[name].append(blocks[name].run())
