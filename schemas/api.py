@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -34,13 +34,12 @@ FailureClass = Literal[
 ]
 TokenKind = Literal["user", "worker"]
 
-CAMPAIGN_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
-REALIZATION_STATES: tuple[str, ...] = ("queued", "claimed", "running", "succeeded", "failed", "cancelled")
+# The tuples are the Literals' own members, in order: one list to extend, not two.
+CAMPAIGN_STATES: tuple[str, ...] = get_args(CampaignState)
+REALIZATION_STATES: tuple[str, ...] = get_args(RealizationState)
 UNFINISHED_REALIZATION_STATES: tuple[str, ...] = ("queued", "claimed", "running")
 FINISHED_CAMPAIGN_STATES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
-FAILURE_CLASSES: tuple[str, ...] = (
-    "app_error", "walltime", "oom", "lost_worker", "drained", "launch_error", "site_error", "cancelled"
-)
+FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 ARTIFACT_SHA256_HEADER = "X-Content-SHA256"
