@@ -411,6 +411,10 @@ class Agent:
                     run.request_stop(CancelReason.CANCELLED)
             for task_id in answer.lost:
                 run = self.runs.get(task_id)
+                if run is not None and run.finishing is not None and (run.workdir_removed or run.runner_ended()):
+                    # Ended and being reported: a heartbeat that reached the service after it accepted the
+                    # report reads "not yours"; nothing is left to stop, and the report's answer tells the rest.
+                    continue
                 if run is not None and run.stop_reason is not CancelReason.LOST:
                     log.warning("%s: the service says it is no longer ours; ending it without a report", task_id)
                     run.request_stop(CancelReason.LOST)

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -145,6 +146,10 @@ class TaskRun:
         self.stop_requested_at: float | None = None
         self.early_verdict: Verdict | None = None  # decided before launch (pre-checks, submit errors)
         self.finishing: Any = None  # concurrent.futures.Future of finish()
+        # The loop thread writes cancel files while a report thread may be removing the work folder:
+        # one at a time, and none once it is gone (a file written mid-removal left the folder behind).
+        self.workdir_lock = threading.Lock()
+        self.workdir_removed = False
         resources = task.spec.resources
         self.threads = resources.threads_per_rank
         if isinstance(task, PreprocessTask):
@@ -288,7 +293,7 @@ class TaskRun:
     def ended(self) -> bool:
         if self.early_verdict is not None:
             return True
-        if _exists(self.workdir / STATUS_FILE):
+        if self.runner_ended():
             return True
         return self.future is not None and self.future.done()
 
@@ -317,10 +322,20 @@ class TaskRun:
         if self.stop_reason is None or reason is CancelReason.LOST:
             self.stop_reason = reason
         self.stop_requested_at = self.stop_requested_at or time.monotonic()
-        try:
-            write_cancel(self.workdir, reason)
-        except OSError:  # the work folder is gone: the task was reported and tidied meanwhile
-            pass
+        self._write_cancel(reason)
+
+    def _write_cancel(self, reason: CancelReason) -> None:
+        with self.workdir_lock:
+            if self.workdir_removed:  # reported and tidied meanwhile: nothing left to stop
+                return
+            try:
+                write_cancel(self.workdir, reason)
+            except OSError:  # the work folder is gone or cannot be written: the runner's liveness check remains
+                pass
+
+    def runner_ended(self) -> bool:
+        """The runner wrote its status: every process of the task is gone."""
+        return _exists(self.workdir / STATUS_FILE)
 
     def report_started(self) -> None:
         info = self.runner_info() or self.status() or {}
@@ -383,10 +398,7 @@ class TaskRun:
         if verdict.outcome is Outcome.LOST_WORKER and self.launched() and self.status() is None:
             # Parsl lost the task (its pool went away), but its runner may live on: tell it to end now
             # rather than when its liveness file goes stale, since the service will run the task again.
-            try:
-                write_cancel(self.workdir, CancelReason.LOST)
-            except OSError:
-                pass
+            self._write_cancel(CancelReason.LOST)
         timeline: dict[str, Any] = {
             "task_id": self.task_id,
             "kind": self.kind,
@@ -550,4 +562,6 @@ class TaskRun:
                         if number.isdigit() and int(number) < self.task.attempt:
                             _remove(entry)
         if outcome is Outcome.SUCCEEDED and reported and not self.context.keep_work:
-            _remove(self.workdir)
+            with self.workdir_lock:
+                _remove(self.workdir)
+                self.workdir_removed = True

@@ -91,7 +91,8 @@ def test_campaign_runs_end_to_end(make_live_service, tmp_path):
         deadline = time.monotonic() + 30
         while list(work.iterdir()) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert list(work.iterdir()) == []
+        leftover = {folder.name: sorted(entry.name for entry in folder.iterdir()) for folder in work.iterdir()}
+        assert leftover == {}, worker.log_tail()
         workers = service.client(service.user_token).get("/workers").json()
         assert [(w["name"], w["site"], w["capacity"]) for w in workers] == [("w-e2e", "local", 2)]
     finally:

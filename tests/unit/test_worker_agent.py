@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from schemas.api import ClaimAnswer, HeartbeatAnswer
 from tests.support.task_run import RecordingClient, make_run
 from worker.agent import FIRST_LAUNCH_PAUSE_S, LAUNCH_FAILURES_BEFORE_PAUSE, Agent
+from worker.runner import CancelReason
 from worker.settings import WorkerSettings
 from worker.tasks import TaskRun
 
@@ -162,3 +163,29 @@ def test_heartbeats_go_on_while_a_claim_waits_for_its_answer(tmp_path, monkeypat
         agent.wake.set()
         loop.join(30)
     assert not loop.is_alive()
+
+
+def test_a_lost_answer_for_a_task_being_reported_leaves_it_alone(tmp_path, caplog):
+    """Found by CI: the heartbeat racing a success report is answered "lost"; the loop logged that it was
+    ending the task and wrote a cancel file into the folder the report thread was removing."""
+    import json
+    from concurrent.futures import Future
+
+    prototype_run = make_run(tmp_path / "proto", RecordingClient())
+    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker"), prototype_run.context.site, "token")
+    ended, running = make_run(tmp_path / "ended", RecordingClient()), make_run(tmp_path / "running", RecordingClient())
+    for run, task_id in ((ended, "realize-1"), (running, "realize-2")):
+        run.task = run.task.model_copy(update={"task_id": task_id})
+        run.prepare()
+        run.finishing = Future()  # handed to the report threads
+        agent.runs[task_id] = run
+    (ended.workdir / "status.json").write_text(json.dumps({"ending": "exited", "exit_code": 0}))
+    agent.heartbeat_answers.put(
+        HeartbeatAnswer(lease_expires_at=datetime.now(UTC), extended=[], cancel=[], lost=["realize-1", "realize-2"])
+    )
+    with caplog.at_level(logging.WARNING, logger="mapcampaign.worker"):
+        agent._apply_heartbeat_answers()
+    assert ended.stop_reason is None and not (ended.workdir / "cancel").exists()
+    assert "realize-1" not in caplog.text
+    # A task stopped before its runner wrote a status (detached) may still have processes: they are ended.
+    assert running.stop_reason is CancelReason.LOST and (running.workdir / "cancel").is_file()

@@ -338,3 +338,36 @@ def test_a_task_parsl_lost_while_its_runner_lives_is_told_to_end(tmp_path):
     [failed] = [call for call in client.calls if call[0] == "failed"]
     assert failed[2] == "lost_worker"
     assert (run.workdir / "cancel").read_text().strip() == CancelReason.LOST.value
+
+
+def test_a_stop_asked_while_the_work_folder_is_removed_does_not_leave_it_behind(tmp_path, monkeypatch):
+    """Found by CI: a heartbeat that reached the service just after it accepted a success answered
+    "lost", the loop wrote a cancel file into the work folder while a report thread was removing it,
+    and the folder stayed (``rmtree`` ignores the non-empty ``rmdir``)."""
+    import threading
+
+    import worker.tasks
+
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    write_products(run)
+
+    def rmtree_interrupted_by_a_stop(path, ignore_errors=False):
+        for entry in path.iterdir():  # rmtree's first half: the files go
+            entry.unlink()
+        stopper = threading.Thread(target=run.request_stop, args=(CancelReason.LOST,))
+        stopper.start()
+        stopper.join(0.5)  # the loop thread asks for the stop now (it has to wait for the removal to end)
+        try:
+            os.rmdir(path)  # rmtree's last step, which fails on a file written meanwhile
+        except OSError:
+            if not ignore_errors:
+                raise
+
+    monkeypatch.setattr(worker.tasks.shutil, "rmtree", rmtree_interrupted_by_a_stop)
+    timeline = finish_with(run, "exited", 0)
+    assert timeline["outcome"] == "succeeded" and ("succeeded", "realize-5", 0) in client.calls
+    assert not run.workdir.exists()
+    run.request_stop(CancelReason.LOST)  # asked again after the removal: nothing is written
+    assert not run.workdir.exists()
