@@ -175,13 +175,58 @@ def _mix_pair(z, p1, p2, q1, q2, s, d, w):
 
 
 @njit(nogil=True, cache=True, fastmath=True, error_model="numpy", boundscheck=False)
+def _mix_row_pair(x, p, q, s, d, w_real, w_imag, column_real, column_imag, scratch):
+    """:func:`_mix_pair` for every k2 of rows p (forward) and q (backward) of the float view x [n1, 2 n2].
+
+    The rows are split into real and imaginary parts in ``scratch [4, n2]``
+    first, so that the arithmetic runs over contiguous arrays and
+    vectorizes (2.2x faster than pair by pair, which interleaved and
+    reversed loads keep scalar); the copies stay in L1. s, d [n2] are the
+    row's factors; ``w^k = (w_real + i w_imag) (column_real + i column_imag)[k2]``.
+    """
+    n2 = scratch.shape[1]
+    a_re, a_im, b_re, b_im = scratch[0], scratch[1], scratch[2], scratch[3]
+    for k2 in range(n2):
+        a_re[k2] = x[p, 2 * k2]
+        a_im[k2] = x[p, 2 * k2 + 1]
+    for k2 in range(n2):
+        b_re[k2] = x[q, 2 * (n2 - 1 - k2)]
+        b_im[k2] = -x[q, 2 * (n2 - 1 - k2) + 1]  # conj(Z_{m-k})
+    for k2 in range(n2):
+        e_re = 0.5 * (a_re[k2] + b_re[k2])
+        e_im = 0.5 * (a_im[k2] + b_im[k2])
+        o_re = 0.5 * (a_im[k2] - b_im[k2])
+        o_im = -0.5 * (a_re[k2] - b_re[k2])
+        c = w_real * column_real[k2] - w_imag * column_imag[k2]
+        sn = w_real * column_imag[k2] + w_imag * column_real[k2]
+        wo_re = c * o_re - sn * o_im  # w^k O
+        wo_im = c * o_im + sn * o_re
+        we_re = c * e_re + sn * e_im  # conj(w^k) E
+        we_im = c * e_im - sn * e_re
+        e2_re = s[k2] * e_re + d[k2] * wo_re
+        e2_im = s[k2] * e_im + d[k2] * wo_im
+        o2_re = d[k2] * we_re + s[k2] * o_re
+        o2_im = d[k2] * we_im + s[k2] * o_im
+        a_re[k2] = e2_re - o2_im  # Z'_k = E' + i O'
+        a_im[k2] = e2_im + o2_re
+        b_re[k2] = e2_re + o2_im  # Z'_{m-k} = conj(E') + i conj(O')
+        b_im[k2] = o2_re - e2_im
+    for k2 in range(n2):
+        x[p, 2 * k2] = a_re[k2]
+        x[p, 2 * k2 + 1] = a_im[k2]
+    for k2 in range(n2):
+        x[q, 2 * (n2 - 1 - k2)] = b_re[k2]
+        x[q, 2 * (n2 - 1 - k2) + 1] = b_im[k2]
+
+
+@njit(nogil=True, cache=True, fastmath=True, error_model="numpy", boundscheck=False)
 def mix_transposed_spectrum(z, s, d, w_row, w_column):
     """:func:`filter_packed_spectrum` on the four-step's output order, in place.
 
     z [n1, n2] complex128 holds ``Z[k1 + n1 k2]`` at ``[k1, k2]`` (m = n1 n2).
     The partner m - k of k is ``[0, n2 - k2]`` in row 0 and
     ``[n1 - k1, n2 - 1 - k2]`` elsewhere, so row k1 mixes with row n1 - k1
-    read backwards, both in memory order. s, d [n1 // 2 + 1, n2]: s_k and
+    read backwards (:func:`_mix_row_pair`). s, d [n1 // 2 + 1, n2]: s_k and
     d_k at k's place (rows k1 <= n1/2); ``w^k = w_row[k1] w_column[k2]``
     with w_row [n1], w_column [n2] (``w = exp(-2 pi i / n)``, n = 2m).
     """
@@ -194,15 +239,33 @@ def mix_transposed_spectrum(z, s, d, w_row, w_column):
         _mix_pair(z, 0, k2, 0, n2 - k2, s[0, k2], d[0, k2], w_column[k2])
     if n2 % 2 == 0:  # k = m/2 pairs with itself: d = 0
         z[0, n2 // 2] *= s[0, n2 // 2]
+    x = z.view(np.float64)  # [n1, 2 n2]: real and imaginary parts interleaved
+    column_real = np.ascontiguousarray(w_column.real)
+    column_imag = np.ascontiguousarray(w_column.imag)
+    scratch = np.empty((4, n2))
     for k1 in range(1, (n1 + 1) // 2):
-        for k2 in range(n2):
-            _mix_pair(z, k1, k2, n1 - k1, n2 - 1 - k2, s[k1, k2], d[k1, k2], w_row[k1] * w_column[k2])
+        w = w_row[k1]
+        _mix_row_pair(x, k1, n1 - k1, s[k1], d[k1], w.real, w.imag, column_real, column_imag, scratch)
     if n1 % 2 == 0:  # row n1/2 is its own partner, read backwards
         k1 = n1 // 2
         for k2 in range(n2 // 2):
             _mix_pair(z, k1, k2, k1, n2 - 1 - k2, s[k1, k2], d[k1, k2], w_row[k1] * w_column[k2])
         if n2 % 2 == 1:  # k = m/2
             z[k1, n2 // 2] *= s[k1, n2 // 2]
+
+
+@njit(nogil=True, cache=True, boundscheck=False)
+def pull_into_cache(values):
+    """Read one float64 of every 64-byte line of ``values [n]`` (their sum, so that the loop is kept).
+
+    A sequential read, which the hardware prefetcher streams from memory at
+    full bandwidth, before the column FFTs whose strided reads of a cold
+    interval wait on DRAM row by row (see :class:`FourStepSplit`).
+    """
+    total = 0.0
+    for i in range(0, values.shape[0], 8):
+        total += values[i]
+    return total
 
 
 @functools.lru_cache(maxsize=8)
@@ -233,6 +296,7 @@ class FourStepSplit:
 
     def apply(self, segment: np.ndarray) -> None:
         """Filter a contiguous segment [n] float64 (K) in place (K^-1)."""
+        pull_into_cache(segment)
         z = segment.view(np.complex128).reshape(self.shape)
         ducc0.fft.c2c(z, axes=(0,), forward=True, out=z)
         twiddle_in_place(z, self.twiddle, False)

@@ -4,7 +4,8 @@ The numpy reference writes the TOD ``P x`` for all of a rank's samples
 (8 bytes per sample, a scratch array as large as the TOD), transforms it
 in place, and reads it again in P^T. Here back-to-back stationary
 intervals are taken in batches of up to :func:`batch_samples_for` the
-local map -- 4M samples, or 32 per local pixel for large maps -- (never
+local map -- 256k samples for a map that stays in cache, else 4M, or 32 per
+local pixel for large maps -- (never
 fewer than one interval), each through a per-thread buffer:
 
     gather P x for the whole batch -> FFT, multiply, inverse FFT each interval -> scatter P^T for the batch
@@ -48,10 +49,19 @@ from mapmaker.kernels.projection_fast import add_partial_maps, scatter_samples
 # of the solver's own map vectors (24 bytes per pixel each, ~6 of them).
 BATCH_SAMPLES = 1 << 22
 SAMPLES_PER_LOCAL_PIXEL = 32
+# A small local map (both maps, 48 bytes per pixel, at most 6 MiB) stays in L3 whatever the batch, so
+# there the batch is short instead (one interval, or several up to 2 MiB of buffer): gather, FFTs and
+# scatter then find the TOD in L2/L3 rather than in memory. On the satellite example (49,152 local
+# pixels, 72,000-sample intervals; AMD Zen 5, 1 MiB L2, 32 MiB L3) the operator took 0.043-0.049 s in
+# batches of 1-4 intervals against 0.051-0.052 s in one batch (medians of 7 alternating calls, two runs).
+SMALL_MAP_PIXELS = 1 << 17
+SMALL_MAP_BATCH_SAMPLES = 1 << 18
 
 
 def batch_samples_for(n_local: int) -> int:
     """Samples per operator batch for a local map of ``n_local`` pixels (see SAMPLES_PER_LOCAL_PIXEL)."""
+    if n_local <= SMALL_MAP_PIXELS:
+        return SMALL_MAP_BATCH_SAMPLES
     return max(BATCH_SAMPLES, SAMPLES_PER_LOCAL_PIXEL * n_local)
 
 

@@ -283,7 +283,10 @@ def test_fused_operator_matches_p_n_pt(batch_samples, thread_count, rng):
 
 
 def test_operator_batches_grow_with_the_local_map_not_with_the_samples():
-    assert operator_fast.batch_samples_for(700) == operator_fast.BATCH_SAMPLES  # 4M samples, 32 MiB
+    # A map that stays in cache: short batches (2 MiB of buffer), whose TOD stays in cache too
+    assert operator_fast.batch_samples_for(700) == operator_fast.SMALL_MAP_BATCH_SAMPLES == 262_144
+    assert operator_fast.batch_samples_for(49_152) == 262_144  # the satellite example, nside 64
+    assert operator_fast.batch_samples_for(131_073) == 32 * 131_073  # past it: 32 samples per pixel, >= 4M
     # nside 256, 550,000 local pixels: 32 samples per pixel (one batch of the bench's 12M samples per rank)
     assert operator_fast.batch_samples_for(550_000) == 17_600_000
 
