@@ -23,6 +23,7 @@ from tests.support.databases import (
     fresh_sqlite_copy,
     migrated_sqlite_template,
 )
+from tests.support.figures import FIGURES, REPORT, report_text
 from tests.support.live_service import LiveService, live_services
 
 DATABASE_KINDS = ["sqlite", "postgresql"]
@@ -85,3 +86,14 @@ def make_live_service(
 def live_service(make_live_service: Callable[..., LiveService]) -> LiveService:
     """A running ``mapcampaign serve`` with ``user_token`` and ``worker_token`` of user ``local``."""
     return make_live_service()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not FIGURES:
+        return
+    text = report_text()
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    REPORT.write_text(text + "\n")
+    terminalreporter.section("reliability figures")
+    terminalreporter.write_line(text)
+    terminalreporter.write_line(f"(also written to {REPORT.relative_to(REPORT.parents[2])})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -111,6 +112,13 @@ class ProgressView:
         if self.progress is not None:
             self.progress.__exit__(*exc)
 
+    def say(self, text: str) -> None:
+        """A one-off remark on stderr (how the campaign is followed), dim under the bars."""
+        if self.progress is not None:
+            self.progress.console.print(f"[dim]{text}[/]")
+        elif not self.quiet:
+            typer.echo(text, err=True)
+
     def show(self, detail: dict[str, Any], *, polling: bool = False, waiting_for: str = "") -> None:
         progress = detail["progress"]
         counts = dict(progress["counts"])
@@ -185,9 +193,12 @@ def plan_wait(client: ApiClient, detail: dict[str, Any]) -> str:
 class PlanWait:
     """:func:`plan_wait`, asked of the service only when the campaign changed or the answer is PLAN_REFRESH_S old."""
 
-    def __init__(self, client: ApiClient, *, refresh_s: float = PLAN_REFRESH_S):
+    def __init__(
+        self, client: ApiClient, *, refresh_s: float = PLAN_REFRESH_S, clock: Callable[[], float] = time.monotonic
+    ):
         self.client = client
         self.refresh_s = refresh_s
+        self.clock = clock  # seconds; tests move their own
         self.asked = 0  # GET /plans made
         self._key: tuple | None = None
         self._answer = ""
@@ -195,10 +206,10 @@ class PlanWait:
 
     def __call__(self, detail: dict[str, Any]) -> str:
         key = (detail["state"], tuple(sorted(detail["progress"]["counts"].items())))
-        if key != self._key or time.monotonic() - self._asked_at >= self.refresh_s:
+        if key != self._key or self.clock() - self._asked_at >= self.refresh_s:
             self.asked += waiting(detail)
             self._answer = plan_wait(self.client, detail)
-            self._key, self._asked_at = key, time.monotonic()
+            self._key, self._asked_at = key, self.clock()
         return self._answer
 
 
@@ -222,6 +233,11 @@ def watch_campaign(
                 poker.pokes.get(timeout=5.0)
             except queue.Empty:
                 pass
+            view.say(
+                "following the service's event stream"
+                if poker.connected.is_set()
+                else f"event stream unavailable: polling every {poll_s:g} s"
+            )
             while True:
                 detail = client.get(f"/campaigns/{campaign_id}")
                 view.show(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,18 @@ def fresh_user(cli_service: LiveService, request: pytest.FixtureRequest) -> dict
     return cli_env(cli_service, cli_service.create_token(name))
 
 
-def drive_campaign(service: LiveService, campaign_id: int, *, fail_indexes: set[int] = frozenset(), name: str = "t") -> None:
+def drive_campaign(
+    service: LiveService,
+    campaign_id: int,
+    *,
+    fail_indexes: set[int] = frozenset(),
+    name: str = "t",
+    after_step: Callable[[], None] | None = None,
+) -> None:
     """Play the worker (tests/support/fake_worker.py, over the real worker API) until ``campaign_id`` ends:
     plans are reported built, its realisations in ``fail_indexes`` fail (app_error) and the others succeed.
-    Tasks of other campaigns in the shared service are failed on the way, so they never block the queue."""
+    Tasks of other campaigns in the shared service are failed on the way, so they never block the queue.
+    ``after_step`` runs after each of the campaign's realisations ended (a watcher waits until it showed it)."""
     import time
 
     from tests.support.fake_worker import FakeWorker
@@ -85,8 +93,8 @@ def drive_campaign(service: LiveService, campaign_id: int, *, fail_indexes: set[
                 worker.succeed(task, with_map=False)
             else:
                 worker.fail(task, "app_error", exit_code=1, log_tail=f"realisation {task['realization']}\nTraceback: boom\n")
-            if task.get("campaign_id") == campaign_id:
-                time.sleep(0.3)  # let a watcher see this campaign's steps one by one
+            if task.get("campaign_id") == campaign_id and after_step is not None:
+                after_step()
         raise AssertionError(f"campaign {campaign_id} did not end within 120 s")
     finally:
         worker.close()

@@ -65,8 +65,7 @@ def test_up_serves_runs_a_realisation_and_stops_everything_on_sigterm(tmp_path):
             return status["progress"]["counts"]["running"] == 1
 
         wait_until(running, 240, "a running realisation", up)
-        time.sleep(2)  # the MPI ranks are up
-        assert any("mapmaker" in line for line in processes_using(data_dir)), processes_using(data_dir)
+        wait_until(lambda: any("mapmaker" in line for line in processes_using(data_dir)), 60, "the MPI ranks", up)
         up.send_signal(signal.SIGTERM)
         output, _ = up.communicate(timeout=180)
         assert up.returncode == 0, output

@@ -4,9 +4,11 @@ Every test starts ``mapcampaign serve`` and one or two ``mapcampaign worker`` pr
 local site (Parsl LocalProvider + MPIExecutor), submits tiny campaigns through the REST API,
 and checks what the API says and which processes are left.
 
-The end-to-end and killed-worker tests run on both databases (the second one leans on lease
-expiry and the reaper); every other scenario runs on one of them, so that the whole file stays
-within a few minutes on two cores.
+The end-to-end test runs on both databases; every other scenario runs once, on one of them, so
+that both databases see worker traffic and the whole file stays within a few minutes on two cores.
+The worker's own faults (a SIGKILLed worker, a realisation past its wall time, a damaged plan) are
+here and nowhere else: each also checks the fault invariants of tests/reliability
+(:func:`assert_campaign_sound`) and records its figure in the reliability report.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.campaign_checks import assert_campaign_sound
+from tests.support.figures import record
 from tests.support.processes import task_processes, wait_for_no_task_processes
 from tests.support.worker_helpers import (
     Api,
@@ -143,6 +147,7 @@ def test_preprocessing_runs_once_and_plans_are_shared_by_scan_and_ranks(make_liv
     api.close()
 
 
+@on_database("postgresql")
 def test_killed_worker_its_tasks_end_and_another_worker_finishes(make_live_service, tmp_path):
     service = make_live_service(env={"MAPCAMPAIGN_LEASE_S": "5", "MAPCAMPAIGN_REAPER_INTERVAL_S": "0.5"})
     api = Api(service)
@@ -178,6 +183,8 @@ def test_killed_worker_its_tasks_end_and_another_worker_finishes(make_live_servi
         lost += len(others)
     assert lost >= 1
     assert task_processes(first.marker_prefix) == []
+    assert_campaign_sound(api, service, campaign["id"], [first.marker_prefix])
+    record("faults", f"SIGKILL of the worker: {lost} attempt(s) lost_worker, campaign succeeded on a second worker")
     api.close()
 
 
@@ -228,6 +235,9 @@ def test_walltime_kills_the_whole_task_and_retries_per_policy(make_live_service,
     assert all("walltime" in a["log_tail"] for a in attempts)
     attempt_dirs = worker.site_data / "campaigns" / str(campaign["id"]) / "realizations" / "0"
     assert not any(attempt_dirs.glob("attempt-*")) and not any(attempt_dirs.glob(".attempt-*"))  # nothing half-written
+    assert "1 of 1 realisations failed" in done["failure_cause"]
+    assert_campaign_sound(api, service, campaign["id"], [worker.marker_prefix])
+    record("faults", f"wall time exceeded: campaign failed, cause {done['failure_cause']!r}, attempts walltime x2")
     api.close()
 
 
@@ -350,4 +360,6 @@ def test_refused_plan_is_invalidated_rebuilt_and_the_attempt_retried(make_live_s
     assert len(invalidated) == 1 and "w-plan-2" in invalidated[0]["data"]["error"]
     builds = [e for e in api.events() if e["kind"] == "plan" and e["state"] == "building"]
     assert len(builds) == 2
+    assert_campaign_sound(api, service, second["id"], [worker.marker_prefix])
+    record("faults", "damaged plan file: the attempt refused it (exit 3), plan rebuilt once, campaign succeeded")
     api.close()

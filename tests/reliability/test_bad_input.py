@@ -20,9 +20,9 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
 from tests.reliability.conftest import row_counts
-from tests.reliability.figures import record
 from tests.support.databases import empty_pg_tables
 from tests.support.fake_worker import FakeWorker
+from tests.support.figures import record
 from tests.support.live_service import LiveService, start_live_service
 from tests.support.service_helpers import spec_data
 

@@ -15,7 +15,7 @@ import os
 import pytest
 
 from benchmarks.bench_load import check_database, run_load
-from tests.reliability.figures import record
+from tests.support.figures import record
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(900)]
 

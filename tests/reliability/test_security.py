@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from tests.reliability.conftest import row_counts
-from tests.reliability.figures import record
 from tests.support.fake_worker import FakeWorker
+from tests.support.figures import record
 from tests.support.live_service import REPO, free_port, mapcampaign_command, service_env
 from tests.support.service_helpers import spec_data
 
