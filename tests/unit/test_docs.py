@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import types
 from pathlib import Path
 
@@ -130,3 +131,14 @@ def test_the_readme_links_point_at_files_that_exist():
     assert local
     missing = [target for target in local if not (REPO / target).exists()]
     assert not missing
+
+
+def test_every_python_block_of_the_docs_compiles():
+    pages = [README, *sorted((REPO / "docs").rglob("*.md"))]
+    blocks = [
+        (page, match["body"]) for page in pages for match in FENCE.finditer(page.read_text())
+        if match["info"].strip().split()[:1] == ["python"]
+    ]
+    assert len(blocks) >= 4
+    for page, body in blocks:
+        compile(textwrap.dedent(body), f"{page.relative_to(REPO)}", "exec")
