@@ -97,3 +97,24 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.section("reliability figures")
     terminalreporter.write_line(text)
     terminalreporter.write_line(f"(also written to {REPORT.relative_to(REPORT.parents[2])})")
+
+
+# The quick tier (scripts/test --quick) leaves out what starts processes or servers. Tests that do so
+# through these fixtures, modules or names are marked here, so their files need not know about tiers.
+LIVE_FIXTURES = {"live_service", "make_live_service"}
+MPI_FIXTURES = {"mapped"}  # tests/api/test_products_api.py: realisations run under mpiexec -n 2
+LIVE_MODULES = {"test_live_service.py"}  # starts `mapcampaign serve` itself
+MPI_TEST_NAMES = {"test_bench_hybrid_runs_every_split_under_mpiexec"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & LIVE_FIXTURES or item.path.name in LIVE_MODULES:
+            item.add_marker(pytest.mark.live)
+        if fixtures & MPI_FIXTURES or getattr(item, "originalname", "") in MPI_TEST_NAMES:
+            item.add_marker(pytest.mark.mpi)
+        # database_kind marks its PostgreSQL case only when the fixture runs, too late for -m selection
+        callspec = getattr(item, "callspec", None)
+        if "pg_url" in fixtures or (callspec is not None and callspec.params.get("database_kind") == "postgresql"):
+            item.add_marker(pytest.mark.postgres)
