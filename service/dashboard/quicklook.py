@@ -4,7 +4,7 @@ The map is the uploaded FITS product whose role is ``iqu`` (HEALPix, fields
 I, Q, U in K, ``UNSEEN`` where unobserved). The three images of one map are
 rendered together (the FITS file is read once) into::
 
-    <data_dir>/campaigns/<campaign id>/quicklook/<index>-<sha256[:16]>-<I|Q|U>.png
+    <campaign's quick-look folder>/<index>-<sha256[:16]>-<I|Q|U>.png   (service.storage)
 
 The product's checksum is in the name, so an image never outlives its map;
 deleting the campaign removes the folder with the rest of its products.
@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import threading
-import uuid
 from pathlib import Path
+
+from schemas.files import atomic_write_bytes
+from service.storage import CampaignStorage
 
 log = logging.getLogger("mapcampaign.dashboard")
 
@@ -36,7 +37,7 @@ class MapUnreadable(Exception):
 
 
 def cache_paths(products_dir: Path, campaign_id: int, index: int, sha256: str) -> dict[str, Path]:
-    folder = products_dir / str(campaign_id) / "quicklook"
+    folder = CampaignStorage(products_dir).quicklook_dir(campaign_id)
     return {field: folder / f"{index}-{sha256[:16]}-{field}.png" for field in FIELDS}
 
 
@@ -52,11 +53,8 @@ def quicklook_png(
     with _render_lock:
         if not paths[field].is_file():  # another request may have rendered it while this one waited
             images = render_iqu(product_path, title=f"realisation {index}")
-            paths[field].parent.mkdir(parents=True, exist_ok=True)
             for name, png in images.items():
-                partial = paths[name].with_name(f".{paths[name].name}.{uuid.uuid4().hex}")
-                partial.write_bytes(png)
-                os.replace(partial, paths[name])
+                atomic_write_bytes(paths[name], png)
     return paths[field]
 
 
