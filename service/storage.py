@@ -210,11 +210,12 @@ class ArtifactStore:
         note = staging / (name + _NOTE)
         # The body is hashed as it is written (not read back), from an async stream that
         # schemas.files.atomic_write's synchronous writer cannot take: hence the file handled here.
+        # Each chunk is written as it arrives, between awaits of the request body (local file, small chunks).
         digest = hashlib.sha256()
         size = 0
         try:
             staging.mkdir(parents=True, exist_ok=True)
-            with open(partial, "wb") as handle:
+            with open(partial, "wb") as handle:  # noqa: ASYNC230
                 async for chunk in chunks:
                     size += len(chunk)
                     if size > max_bytes:
