@@ -81,8 +81,9 @@ class CampaignStorage:
     def aggregates_dir(self, campaign_id: int) -> Path:
         return self.campaign_dir(campaign_id) / "products"
 
-    def quicklook_dir(self, campaign_id: int) -> Path:
-        return self.campaign_dir(campaign_id) / "quicklook"
+    def quicklook_image(self, campaign_id: int, index: int, sha256: str, field: str) -> Path:
+        """The quick-look PNG of one field of a realisation's map; the map's checksum is in the name."""
+        return self.campaign_dir(campaign_id) / "quicklook" / f"{index}-{sha256[:16]}-{field}.png"
 
     def delete_campaign(self, campaign_id: int) -> None:
         """Remove every file of the campaign: products, uploads, aggregates, images."""

@@ -4,9 +4,10 @@ The map is the uploaded FITS product whose role is ``iqu`` (HEALPix, fields
 I, Q, U in K, ``UNSEEN`` where unobserved). The three images of one map are
 rendered together (the FITS file is read once) into::
 
-    <campaign's quick-look folder>/<index>-<sha256[:16]>-<I|Q|U>.png   (service.storage)
+    <data_dir>/campaigns/<campaign id>/quicklook/<index>-<sha256[:16]>-<I|Q|U>.png
 
-The product's checksum is in the name, so an image never outlives its map;
+(named by :meth:`service.storage.CampaignStorage.quicklook_image`). The product's
+checksum is in the name, so an image never outlives its map;
 deleting the campaign removes the folder with the rest of its products.
 
 Rendering uses healpy's Mollweide projector and matplotlib's Agg canvas
@@ -37,8 +38,8 @@ class MapUnreadable(Exception):
 
 
 def cache_paths(products_dir: Path, campaign_id: int, index: int, sha256: str) -> dict[str, Path]:
-    folder = CampaignStorage(products_dir).quicklook_dir(campaign_id)
-    return {field: folder / f"{index}-{sha256[:16]}-{field}.png" for field in FIELDS}
+    storage = CampaignStorage(products_dir)
+    return {field: storage.quicklook_image(campaign_id, index, sha256, field) for field in FIELDS}
 
 
 def quicklook_png(

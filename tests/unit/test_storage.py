@@ -19,7 +19,7 @@ def test_the_layout_under_the_campaigns_folder_is_the_one_installations_have_on_
     assert storage.product_path(3, 7, "map_iqu.fits") == root / "3/realizations/7/map_iqu.fits"
     assert storage.staging_root(3) == root / "3/realizations/.staging"
     assert storage.staging_dir(3, 12) == root / "3/realizations/.staging/attempt-12"
-    assert storage.quicklook_dir(3) == root / "3/quicklook"
+    assert storage.quicklook_image(3, 7, "0123456789abcdef" * 4, "Q") == root / "3/quicklook/7-0123456789abcdef-Q.png"
 
     files = CampaignProducts(root, 3)
     assert files.root == root / "3/products"
