@@ -21,7 +21,7 @@ from schemas.api import (
 from schemas.spec import CampaignKind, CampaignSpec
 from service.campaigns import service
 from service.deps import CurrentUser, ReadSessionDep, RealizationIndex, RowId, SessionDep, SettingsDep
-from service.workers.artifacts import ArtifactStore
+from service.storage import ArtifactStore
 
 router = APIRouter(
     prefix="/campaigns",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from service.campaigns.models import Attempt, Campaign, Realization
 from service.db import utcnow
 from service.events.service import record_event
 from service.pagination import decode_cursor, encode_cursor
+from service.storage import CampaignStorage
 from service.workers.models import Worker
 
 log = logging.getLogger("mapcampaign.service")
@@ -498,4 +498,4 @@ def delete_campaign(*, session: Session, owner_id: int, campaign_id: int, produc
     session.execute(delete(Campaign).where(Campaign.id == campaign.id))
     record_event(session, "campaign", state="deleted", owner_id=owner_id, campaign_id=campaign.id)
     session.commit()
-    shutil.rmtree(products_dir / str(campaign.id), ignore_errors=True)
+    CampaignStorage(products_dir).delete_campaign(campaign.id)

@@ -24,13 +24,14 @@ stdout: what was downloaded, with each file's path, size and sha256, and the sum
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
-import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 
+from schemas.files import atomic_write
 from service.cli._utilities import fail
 
 
@@ -60,28 +61,23 @@ def _answer_error(answer: Any, what: str) -> None:
 
 
 def _save(client: Any, path: str, params: dict[str, str], target: Path) -> dict[str, Any]:
-    """Stream one download to ``target`` through a temporary sibling; return its record."""
-    import hashlib
-    import uuid
-
-    partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
+    """Stream one download to ``target``, whole or not at all; return its record."""
+    # The checksum is taken from the bytes as they are written, so the file is not read back.
     digest = hashlib.sha256()
     size = 0
-    try:
-        with client.stream("GET", path, params=params) as answer:
-            if answer.status_code != 200:
-                answer.read()
-                _answer_error(answer, f"GET {path}")
-            with open(partial, "wb") as handle:
-                for block in answer.iter_bytes():
-                    digest.update(block)
-                    size += len(block)
-                    handle.write(block)
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
+    with client.stream("GET", path, params=params) as answer:
+        if answer.status_code != 200:
+            answer.read()
+            _answer_error(answer, f"GET {path}")
+
+        def write(handle: IO[bytes]) -> None:
+            nonlocal size
+            for block in answer.iter_bytes():
+                digest.update(block)
+                size += len(block)
+                handle.write(block)
+
+        atomic_write(target, write)
     return {"name": target.name, "path": str(target), "size_bytes": size, "sha256": digest.hexdigest()}
 
 

@@ -6,7 +6,8 @@ rendered together (the FITS file is read once) into::
 
     <data_dir>/campaigns/<campaign id>/quicklook/<index>-<sha256[:16]>-<I|Q|U>.png
 
-The product's checksum is in the name, so an image never outlives its map;
+(named by :meth:`service.storage.CampaignStorage.quicklook_image`). The product's
+checksum is in the name, so an image never outlives its map;
 deleting the campaign removes the folder with the rest of its products.
 
 Rendering uses healpy's Mollweide projector and matplotlib's Agg canvas
@@ -18,10 +19,11 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import threading
-import uuid
 from pathlib import Path
+
+from schemas.files import atomic_write_bytes
+from service.storage import CampaignStorage
 
 log = logging.getLogger("mapcampaign.dashboard")
 
@@ -36,8 +38,8 @@ class MapUnreadable(Exception):
 
 
 def cache_paths(products_dir: Path, campaign_id: int, index: int, sha256: str) -> dict[str, Path]:
-    folder = products_dir / str(campaign_id) / "quicklook"
-    return {field: folder / f"{index}-{sha256[:16]}-{field}.png" for field in FIELDS}
+    storage = CampaignStorage(products_dir)
+    return {field: storage.quicklook_image(campaign_id, index, sha256, field) for field in FIELDS}
 
 
 def quicklook_png(
@@ -52,11 +54,8 @@ def quicklook_png(
     with _render_lock:
         if not paths[field].is_file():  # another request may have rendered it while this one waited
             images = render_iqu(product_path, title=f"realisation {index}")
-            paths[field].parent.mkdir(parents=True, exist_ok=True)
             for name, png in images.items():
-                partial = paths[name].with_name(f".{paths[name].name}.{uuid.uuid4().hex}")
-                partial.write_bytes(png)
-                os.replace(partial, paths[name])
+                atomic_write_bytes(paths[name], png)
     return paths[field]
 
 

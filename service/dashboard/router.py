@@ -54,7 +54,7 @@ from service.deps import (
 )
 from service.errors import DomainError, NotFound
 from service.events.router import open_event_stream
-from service.workers.artifacts import ArtifactStore
+from service.storage import ArtifactStore, CampaignStorage
 
 HERE = Path(__file__).parent
 TEMPLATES_DIR = HERE / "templates"
@@ -376,7 +376,7 @@ async def map_image(
     product = await anyio.to_thread.run_sync(find)
     if product is None:
         raise NotFound(f"realisation {index} of campaign {campaign_id} has no I/Q/U map")
-    source = ArtifactStore(settings.products_dir).final_dir(campaign_id, index) / product.path
+    source = CampaignStorage(settings.products_dir).product_path(campaign_id, index, product.path)
     if not source.is_file():
         raise NotFound(f"the map file of realisation {index} is missing from the data folder")
 
@@ -405,8 +405,7 @@ def product_file(
 ) -> Response:
     campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     product = queries.product_of(session=session, campaign_id=campaign_id, index=index, name=name)
-    store = ArtifactStore(settings.products_dir)
-    path = store.final_dir(campaign_id, index) / name
+    path = CampaignStorage(settings.products_dir).product_path(campaign_id, index, name)
     if product is None or not path.is_file():
         raise NotFound(f"realisation {index} of campaign {campaign_id} has no product {name!r}")
     media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"

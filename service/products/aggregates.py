@@ -1,13 +1,13 @@
 """Running Monte Carlo aggregates of one campaign: spectra and map sums, with the ledger of what they include.
 
-Where the state lives. Everything is in files under the campaign's folder,
-beside the realisations' products::
+Where the state lives. Everything is in files in the campaign's aggregates
+folder, beside the realisations' products (paths: :class:`service.storage.CampaignProducts`)::
 
-    campaigns/<id>/products/state.json              ledger + spectra sums + pointers (the commit point)
-    campaigns/<id>/products/mapsums-<generation>.npz per-pixel count, mean, M2 of I, Q, U
-    campaigns/<id>/products/mask.fits               the analysis mask, stored once per campaign
-    campaigns/<id>/products/.lock                   per-campaign lock (flock)
-    campaigns/<id>/products/cache/                  downloads and images derived from one generation
+    state.json                  ledger + spectra sums + pointers (the commit point)
+    mapsums-<generation>.npz    per-pixel count, mean, M2 of I, Q, U
+    mask.fits                   the analysis mask, stored once per campaign
+    .lock                       per-campaign lock (flock)
+    cache/                      downloads and images derived from one generation
 
 Why files and not the database: the map sums are arrays of 3 x npix x 2
 doubles (hundreds of MB at nside 2048) that belong on disk anyway; keeping
@@ -46,13 +46,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import math
 import os
 import shutil
-import uuid
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -62,7 +60,9 @@ from typing import Any
 
 import numpy as np
 
+from schemas.files import atomic_write, atomic_write_bytes, sha256_file
 from schemas.result import SPECTRA
+from service.storage import CampaignProducts
 
 log = logging.getLogger("mapcampaign.products")
 
@@ -72,41 +72,6 @@ UNSEEN = -1.6375e30  # healpy.UNSEEN, without importing healpy for every state r
 
 
 # --------------------------------------------------------------------------- files
-
-
-@dataclass(frozen=True)
-class CampaignProducts:
-    """The files of one campaign's aggregates."""
-
-    products_dir: Path  # Settings.products_dir: <data dir>/campaigns
-    campaign_id: int
-
-    @property
-    def root(self) -> Path:
-        return self.products_dir / str(self.campaign_id) / "products"
-
-    @property
-    def state_path(self) -> Path:
-        return self.root / "state.json"
-
-    @property
-    def lock_path(self) -> Path:
-        return self.root / ".lock"
-
-    @property
-    def mask_path(self) -> Path:
-        return self.root / "mask.fits"
-
-    @property
-    def cache_dir(self) -> Path:
-        return self.root / "cache"
-
-    def map_sums_path(self, generation: int) -> Path:
-        return self.root / f"mapsums-{generation:09d}.npz"
-
-    def realization_dir(self, index: int) -> Path:
-        """Where the accepted products of a realisation are (``service.workers.artifacts``)."""
-        return self.products_dir / str(self.campaign_id) / "realizations" / str(index)
 
 
 @contextlib.contextmanager
@@ -119,37 +84,6 @@ def campaign_lock(files: CampaignProducts) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)  # closing releases the lock
-
-
-def _fsync_dir(folder: Path) -> None:
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Write ``path`` through a temporary sibling: ``write(handle)`` fills it, then fsync and rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
-    try:
-        with open(partial, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- ledger: sorted [start, stop) ranges
@@ -277,7 +211,7 @@ def load_state(files: CampaignProducts) -> AggregateState | None:
         return None
     except (ValueError, KeyError, TypeError) as error:
         # Atomic renames make this unexpected; the inputs are all kept, so start again from them.
-        broken = files.state_path.with_name(f"state.json.unreadable-{uuid.uuid4().hex[:8]}")
+        broken = files.unreadable_state_path()
         log.error(
             "campaign %d: aggregate state unreadable (%s); moved to %s and rebuilt", files.campaign_id, error, broken
         )
@@ -288,7 +222,7 @@ def load_state(files: CampaignProducts) -> AggregateState | None:
 
 def save_state(files: CampaignProducts, state: AggregateState) -> None:
     payload = json.dumps(state.to_json(), separators=(",", ":"), allow_nan=False).encode()
-    atomic_write(files.state_path, lambda handle: handle.write(payload))
+    atomic_write_bytes(files.state_path, payload)
 
 
 def load_map_sums(files: CampaignProducts, state: AggregateState) -> dict[str, np.ndarray] | None:
@@ -386,11 +320,9 @@ def _add_map(
 
 
 def _store_mask(files: CampaignProducts, state: AggregateState, index: int, path: Path) -> None:
-    digest = sha256_of(path)
+    digest = sha256_file(path)
     if state.mask is None:
-        with open(path, "rb") as source:
-            payload = source.read()
-        atomic_write(files.mask_path, lambda handle: handle.write(payload))
+        atomic_write_bytes(files.mask_path, path.read_bytes())
         state.mask = {"file": files.mask_path.name, "sha256": digest, "realization": index}
     elif state.mask["sha256"] != digest:
         state.warn(
@@ -467,28 +399,18 @@ def include_realization(
 
 def _remove_stale(files: CampaignProducts, state: AggregateState) -> None:
     keep = state.maps["file"] if state.maps else None
-    for path in files.root.glob("mapsums-*.npz"):
+    for path in files.map_sums_files():
         if path.name != keep:
             path.unlink(missing_ok=True)
     if files.cache_dir.is_dir():
         # Files of the previous generation stay: a request may be serving one right now.
         for path in files.cache_dir.iterdir():
-            generation = cache_generation(path.name)
+            generation = files.cache_generation(path.name)
             if generation is None or generation < state.generation - 1:
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
-
-
-def cache_path(files: CampaignProducts, state: AggregateState, name: str) -> Path:
-    """Where a file derived from this generation of the aggregates is kept (``cache/g<generation>-<name>``)."""
-    return files.cache_dir / f"g{state.generation}-{name}"
-
-
-def cache_generation(file_name: str) -> int | None:
-    head = file_name.split("-", 1)[0]
-    return int(head[1:]) if head.startswith("g") and head[1:].isdigit() else None
 
 
 # --------------------------------------------------------------------------- reading the aggregates

@@ -30,6 +30,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
+from schemas.files import atomic_write_bytes
 from service.campaigns import service as campaigns
 from service.dashboard.panels import ChartRef, FigureRef, ProductsPanel
 from service.dashboard.session import DashboardUser
@@ -38,13 +39,12 @@ from service.errors import NotFound
 from service.products import formats
 from service.products.aggregates import (
     AggregateState,
-    CampaignProducts,
-    cache_path,
     load_state,
     mean_and_variance_maps,
     spectra_aggregates,
 )
 from service.products.service import ProductsNotReady, snapshot
+from service.storage import CampaignProducts
 
 FIELDS = ("I", "Q", "U")
 UK2 = 1e12  # K^2 -> uK^2
@@ -186,7 +186,7 @@ def mean_map_png(files: CampaignProducts, field: str) -> Path:
     """The PNG of one field of the current mean map, rendering the three fields if missing."""
 
     def build(state: AggregateState) -> Path:
-        target = cache_path(files, state, f"mean-{field}.png")
+        target = files.cache_path(state.generation, f"mean-{field}.png")
         if target.is_file():
             return target
         with _render_lock:
@@ -194,7 +194,7 @@ def mean_map_png(files: CampaignProducts, field: str) -> Path:
                 return target
             from service.dashboard.quicklook import render_iqu
 
-            fits_path = cache_path(files, state, "mean-map-quicklook.fits")
+            fits_path = files.cache_path(state.generation, "mean-map-quicklook.fits")
             if not fits_path.is_file():
                 maps = mean_and_variance_maps(files, state)
                 if maps is None:
@@ -202,9 +202,7 @@ def mean_map_png(files: CampaignProducts, field: str) -> Path:
                 formats.write_map_fits(fits_path, maps[0], ["MEAN_I", "MEAN_Q", "MEAN_U"], "K", [])
             images = render_iqu(fits_path, title=f"mean of {state.n_maps}")
             for name, png in images.items():
-                formats.atomic_write(
-                    cache_path(files, state, f"mean-{name}.png"), lambda handle, png=png: handle.write(png)
-                )
+                atomic_write_bytes(files.cache_path(state.generation, f"mean-{name}.png"), png)
         return target
 
     return snapshot(files, build)

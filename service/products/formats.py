@@ -1,6 +1,6 @@
 """Encoders of the downloads: HEALPix maps as FITS or npz, binned spectra as FITS tables, npz or JSON.
 
-Every encoder writes one file through :func:`service.products.aggregates.atomic_write`.
+Every encoder writes one file whole or not at all (:func:`schemas.files.atomic_write`).
 FITS maps are written with ``healpy.write_map`` (RING, UNSEEN where there is
 no value) so ``healpy.read_map`` reads them; npz files hold plain arrays with
 the names listed in each function.
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from schemas.files import atomic_write, atomic_write_bytes
 from schemas.result import SPECTRA
-from service.products.aggregates import atomic_write
 
 MEDIA_TYPES = {"fits": "application/fits", "npz": "application/octet-stream", "json": "application/json"}
 
@@ -38,7 +38,7 @@ def write_map_fits(path: Path, maps: np.ndarray, names: list[str], unit: str, he
             extra_header=header,
         )
         payload = scratch.read_bytes()
-    atomic_write(path, lambda handle: handle.write(payload))
+    atomic_write_bytes(path, payload)
 
 
 def write_map_npz(path: Path, **arrays: Any) -> None:

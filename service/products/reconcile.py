@@ -21,7 +21,8 @@ from service.campaigns.hooks import AcceptedResult
 from service.campaigns.models import Campaign, Realization
 from service.config import Settings
 from service.db import Database
-from service.products.aggregates import CampaignProducts, include_realization, load_state
+from service.products.aggregates import include_realization, load_state
+from service.storage import CampaignProducts
 
 log = logging.getLogger("mapcampaign.products")
 

@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from schemas.api import API_PREFIX
+from schemas.files import atomic_write_bytes
 from schemas.products import (
     CorrectionStats,
     EllBins,
@@ -38,13 +39,12 @@ from service.errors import Invalid, NotFound
 from service.products import formats
 from service.products.aggregates import (
     AggregateState,
-    CampaignProducts,
     SpectraAggregates,
-    cache_path,
     load_state,
     mean_and_variance_maps,
     spectra_aggregates,
 )
+from service.storage import CampaignProducts
 
 T = TypeVar("T")
 
@@ -245,11 +245,11 @@ def spectra_download(*, session: Session, owner_id: int, campaign_id: int, produ
         aggregates = spectra_aggregates(state)
         if aggregates is None:
             raise ProductsNotReady(f"campaign {campaign.id} has no Monte Carlo spectra yet")
-        path = cache_path(files, state, f"spectra.{fmt}")
+        path = files.cache_path(state.generation, f"spectra.{fmt}")
         if fmt == "json":  # written every time: it also says the campaign's state and succeeded count
             summary = build_summary(campaign=campaign, files=files, succeeded=succeeded)
             payload = json.dumps(summary.model_dump(mode="json"), indent=1).encode()
-            formats.atomic_write(path, lambda handle: handle.write(payload))
+            atomic_write_bytes(path, payload)
         elif not path.is_file():
             columns, scalars = spectra_table(aggregates)
             writer = formats.write_spectra_fits if fmt == "fits" else formats.write_spectra_npz
@@ -271,7 +271,7 @@ def map_download(
 
     def build(state: AggregateState) -> Download:
         name = f"campaign-{campaign.id}-{which}.{fmt}"
-        path = cache_path(files, state, f"{which}.{fmt}")
+        path = files.cache_path(state.generation, f"{which}.{fmt}")
         if which == "mask":
             if state.mask is None:
                 raise ProductsNotReady(f"campaign {campaign.id} has no stored mask yet")
@@ -351,7 +351,7 @@ def realization_download(
         if fmt == "json":
             return spectra
         files = CampaignProducts(products_dir, campaign_id)
-        path = files.root / "realization-cache" / f"r{index}-spectra.{fmt}"
+        path = files.realization_cache_path(index, f"spectra.{fmt}")
         if not path.is_file():
             columns = {"ell_min": np.asarray(spectra.bins.ell_min), "ell_max": np.asarray(spectra.bins.ell_max)}
             columns.update({name: np.asarray(spectra.spectra[name]) for name in SPECTRA})
@@ -370,13 +370,13 @@ def realization_download(
     source = None
     for product in result.get("products") or []:
         if product.get("name") == role:
-            source = files.realization_dir(index) / product["path"]
+            source = files.storage.product_path(campaign.id, index, product["path"])
     if source is None or not source.is_file():
         raise RealizationProductsNotFound(f"realisation {index} of campaign {campaign.id} has no {which} file")
     name = f"campaign-{campaign.id}-r{index}-{which}.{fmt}"
     if fmt == "fits":
         return Download(source, formats.MEDIA_TYPES[fmt], name)
-    path = files.root / "realization-cache" / f"r{index}-{which}.npz"
+    path = files.realization_cache_path(index, f"{which}.npz")
     if not path.is_file():
         import healpy as hp
 

@@ -23,7 +23,7 @@ from service.events.service import record_event
 from service.queue.models import PreprocessingPlan
 from service.queue.plans import fail_campaigns_needing, report_build_failed
 from service.queue.tasks import end_attempt
-from service.workers.artifacts import ArtifactStore
+from service.storage import ArtifactStore
 from service.workers.models import Worker
 
 log = logging.getLogger("mapcampaign.reaper")

@@ -34,7 +34,7 @@ from service.queue.errors import (
 from service.queue.leases import lease_expiry
 from service.queue.models import PreprocessingPlan
 from service.queue.plans import locked_build, report_build_failed, report_built
-from service.workers.artifacts import ArtifactStore
+from service.storage import ArtifactStore
 from service.workers.models import Worker
 
 # Drained attempts a realisation is given back before drains count against max_attempts.
@@ -470,6 +470,6 @@ def report_succeeded(
         campaign_id=campaign_id,
         realization=index,
         result=held.realization.result or {},
-        product_dir=store.final_dir(campaign_id, index),
+        product_dir=store.layout.realization_dir(campaign_id, index),
         settings=settings,
     )

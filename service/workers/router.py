@@ -30,8 +30,8 @@ from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep
 from service.errors import DomainError, InsufficientStorage
 from service.queue import tasks
 from service.queue.claim import claim_tasks
+from service.storage import ArtifactStore
 from service.workers import service
-from service.workers.artifacts import ArtifactStore
 
 _errors = {401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
 workers_router = APIRouter(prefix="/workers", tags=["workers"], responses=_errors)

@@ -441,7 +441,7 @@ def _a_claimed_task(api) -> tuple[dict, dict]:
 def _cancel_as_the_endpoint_does(api, campaign_id: int) -> None:
     """What POST /campaigns/{id}/cancel does, from another session while an upload is in progress."""
     from service.campaigns import service as campaigns
-    from service.workers.artifacts import ArtifactStore
+    from service.storage import ArtifactStore
 
     with api.database.session() as session:
         owner = session.get(campaigns.Campaign, campaign_id).owner_id
@@ -479,7 +479,7 @@ def test_an_upload_that_outlives_its_attempt_discards_what_it_staged(api, monkey
     """The attempt ends (and its staging is cleared) after the upload's first check but before its
     folder is made: the upload then stores the file in a folder nobody will clear, so its second
     check must find the attempt gone, answer 409 and remove the file."""
-    from service.workers.artifacts import ArtifactStore
+    from service.storage import ArtifactStore
 
     campaign, task = _a_claimed_task(api)
     real_receive = ArtifactStore.receive

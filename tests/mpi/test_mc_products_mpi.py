@@ -31,9 +31,10 @@ import shutil
 import healpy as hp
 import numpy as np
 import pytest
-
 from mpi_support import DRIVERS, run_ranks
-from service.products.aggregates import CampaignProducts, include_realization, load_state, spectra_aggregates
+
+from service.products.aggregates import include_realization, load_state, spectra_aggregates
+from service.storage import CampaignProducts
 
 pytestmark = pytest.mark.mpi
 

@@ -16,7 +16,6 @@ import pytest
 from schemas.result import SPECTRA
 from service.products import aggregates
 from service.products.aggregates import (
-    CampaignProducts,
     include_realization,
     ledger_add,
     ledger_contains,
@@ -25,6 +24,7 @@ from service.products.aggregates import (
     mean_and_variance_maps,
     spectra_aggregates,
 )
+from service.storage import CampaignProducts
 
 NSIDE = 4
 BINS = 3
