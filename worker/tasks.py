@@ -47,6 +47,8 @@ class TaskContext:
 
 
 class TaskRun:
+    """One claimed task as the loop holds it: its placement and work folder, what the loop asked of it."""
+
     def __init__(self, task: PreprocessTask | RealizeTask, context: TaskContext):
         self.task = task
         self.context = context
