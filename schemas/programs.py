@@ -77,6 +77,21 @@ class CancelReason(str, enum.Enum):
     LOST = "lost"  # the service gave the task to someone else
 
 
+class RunnerStarted(BaseModel):
+    """``runner.json``: the runner launched the command. Times are Unix seconds on the runner's node."""
+
+    model_config = ConfigDict(extra="allow")  # a newer runner may add fields; an older worker keeps reading
+
+    host: str
+    runner_pid: int
+    marker: str
+    scheduler_job_id: str | None = None  # the batch job (block) the task runs in, when there is one
+    pid: int  # the command's process, leader of its own session and process group
+    pgid: int
+    launched_at: float
+    walltime_s: float
+
+
 class RunnerStatus(BaseModel):
     """``status.json``: how a task ended. Times are Unix seconds on the runner's node."""
 
@@ -94,6 +109,10 @@ class RunnerStatus(BaseModel):
     walltime_s: float
     cancel_reason: CancelReason | None = None
     launched: bool = True
+    signal: str | None = None  # SIGNALLED: the signal the runner got, e.g. "SIGTERM"
+    error: str | None = None  # LAUNCH_ERROR: why the command could not be started
+    killed_after_grace: int | None = None  # processes that needed SIGKILL when the runner ended the task
+    stragglers: int | None = None  # EXITED: processes the command left behind, swept by the runner
 
 
 # --------------------------------------------------------------------------- the map-maker's command line

@@ -12,12 +12,16 @@ Modules:
 * :mod:`worker.settings` -- the worker's settings (``MAPCAMPAIGN_*`` variables);
 * :mod:`worker.site` -- site files, validated; :mod:`worker.layout` -- the site data folder;
 * :mod:`worker.parsl_config` -- site -> Parsl ``Config`` (one pure function);
-* :mod:`worker.commands` -- pure builders of the task commands and resource specifications;
+* :mod:`worker.commands` -- pure builders of the runner's command line and resource specifications
+  (the map-maker's own command line, exit codes and file names are :mod:`schemas.programs`);
 * :mod:`worker.runner` -- the program every task runs under: deadline, cancel file,
   dead-man switch, kills the whole task, writes ``status.json``;
 * :mod:`worker.outcome` -- how a task ended, one enum, mapped onto the service's failure classes;
+* :mod:`worker.scheduler` -- why the batch scheduler ended a block;
 * :mod:`worker.client` -- the service's worker protocol over HTTP;
-* :mod:`worker.tasks` -- one claimed task from preparation to its report;
+* :mod:`worker.stages` -- the stages of one task: :mod:`~worker.stages.prepare`,
+  :mod:`~worker.stages.run`, :mod:`~worker.stages.report`;
+* :mod:`worker.tasks` -- one claimed task through those stages, as the loop holds it;
 * :mod:`worker.agent` -- the loop: register, claim, heartbeat, drain on SIGTERM.
 
 The worker holds no state the service does not also hold: a restarted worker

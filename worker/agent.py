@@ -52,11 +52,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import parsl
+
 from schemas.api import HeartbeatAnswer, WorkerRegistration
+from schemas.programs import CancelReason
+from worker.apps import mpi_task
 from worker.client import NotAuthorized, ServiceClient, ServiceError, TaskGone
 from worker.layout import SiteLayout
 from worker.outcome import Outcome, Verdict
-from worker.runner import CancelReason
+from worker.parsl_config import EXECUTOR_LABEL, build_parsl_config, local_nodefile_text
 from worker.settings import WorkerSettings
 from worker.site import LocalProviderSpec, SiteConfig
 from worker.tasks import TaskContext, TaskRun
@@ -169,11 +173,6 @@ class Agent:
             return True
 
     def _start_parsl(self) -> None:
-        import parsl
-
-        from worker.apps import mpi_task
-        from worker.parsl_config import EXECUTOR_LABEL, build_parsl_config, local_nodefile_text
-
         # Parsl starts interchange.py and process_worker_pool.py by name: the environment's bin first.
         bin_dir = str(Path(self.python).parent)
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
@@ -198,8 +197,6 @@ class Agent:
     def _stop_parsl(self) -> None:
         if self.dfk is None:
             return
-        import parsl
-
         try:
             self.dfk.cleanup()
         except Exception as error:  # noqa: BLE001 -- shutting down: say it, do not mask the exit status
@@ -241,24 +238,29 @@ class Agent:
             self._collect_finished()
             self._apply_heartbeat_answers()
             self._watch_runs(now)
-            if self.draining and not announced_drain:
+            drain_deadline = self.drain_deadline  # once per pass: a signal may set it at any moment
+            if drain_deadline is not None and not announced_drain:
                 announced_drain = True
                 waiting = [run for run in self.runs.values() if run.finishing is None and not run.launched()]
                 log.info(
                     "stopping: no more claims; %d running tasks may finish for %.0f s; %d not started handed back",
-                    len(self.runs) - len(waiting), max(0.0, self.drain_deadline - now), len(waiting),
+                    len(self.runs) - len(waiting), max(0.0, drain_deadline - now), len(waiting),
                 )  # fmt: skip
                 for run in waiting:  # still queued in Parsl: hand them back now, before a block starts them
                     run.request_stop(CancelReason.DRAIN)
-            if self.draining and now >= self.drain_deadline and not self.stopped_tasks and self.runs:
+            if drain_deadline is not None and now >= drain_deadline and not self.stopped_tasks and self.runs:
                 self.stopped_tasks = True
                 log.warning("drain deadline: ending %d running tasks and handing them back", len(self.runs))
                 for run in list(self.runs.values()):
                     run.request_stop(CancelReason.DRAIN)
                 continue
-            if self.draining and not self.runs:
+            if drain_deadline is not None and not self.runs:
                 return
-            if self.executor is not None and getattr(self.executor, "bad_state_is_set", False) and not self.draining:
+            if (
+                self.executor is not None
+                and getattr(self.executor, "bad_state_is_set", False)
+                and drain_deadline is None
+            ):
                 log.error("the Parsl executor failed: %s; stopping", getattr(self.executor, "executor_exception", ""))
                 self.exit_code = EXIT_FAILED
                 self.drain_deadline = now
@@ -308,8 +310,8 @@ class Agent:
         if verdict is None:
             try:
                 run.prepare()
-                run.submit(self.app)
-                run.future.add_done_callback(lambda _future: self.wake.set())
+                future = run.submit(self.app)
+                future.add_done_callback(lambda _future: self.wake.set())
                 log.info("%s submitted", run.describe())
                 self.launch_failures_in_a_row = 0
                 return
@@ -379,13 +381,15 @@ class Agent:
 
     def _beat(self, stop: threading.Event) -> None:
         """The heartbeat thread: every interval, while tasks are held, post their ids; the loop gets the answer."""
+        worker_id = self.worker_id
+        assert worker_id is not None, "registered before the loop starts"
         while not stop.wait(self._heartbeat_interval()):
             with self.lock:
                 held = list(self.runs)
             if not held:
                 continue
             try:
-                answer = self.client.heartbeat(self.worker_id, held)
+                answer = self.client.heartbeat(worker_id, held)
             except ServiceError as error:
                 log.warning("heartbeat failed: %s", error)
                 continue
@@ -411,7 +415,7 @@ class Agent:
                     run.request_stop(CancelReason.CANCELLED)
             for task_id in answer.lost:
                 run = self.runs.get(task_id)
-                if run is not None and run.finishing is not None and (run.workdir_removed or run.runner_ended()):
+                if run is not None and run.finishing is not None and (run.folder.removed or run.runner_ended()):
                     # Ended and being reported: a heartbeat that reached the service after it accepted the
                     # report reads "not yours"; nothing is left to stop, and the report's answer tells the rest.
                     continue

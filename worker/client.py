@@ -129,7 +129,9 @@ class ServiceClient:
         # A claim the service commits but whose answer the worker stops waiting for strands its tasks until
         # their leases expire: wait well past the service's admission queue (30 s) before giving up.
         answer = self._post(
-            f"/workers/{worker_id}/claim", ClaimRequest(max_tasks=max_tasks), retry_s=0,
+            f"/workers/{worker_id}/claim",
+            ClaimRequest(max_tasks=max_tasks),
+            retry_s=0,
             timeout=max(self.timeout_s, CLAIM_TIMEOUT_S),
         )
         return ClaimAnswer.model_validate(answer.json())

@@ -1,8 +1,9 @@
-"""Pure builders of what a task runs: the map-maker command, the runner around it, Parsl's resource specification.
+"""Pure builders of what a task runs: the runner around the map-maker's command, Parsl's resource specification.
 
 The ``bash_app`` of a task returns :func:`bash_command`: it exports
 ``OMP_NUM_THREADS`` and ``exec``\\s the runner (:mod:`worker.runner`), which
-starts ``$PARSL_MPI_PREFIX python -m mpi4py -m mapmaker ...``. The MPI
+starts ``$PARSL_MPI_PREFIX python -m mpi4py -m mapmaker ...`` (that command line is
+built by :func:`schemas.programs.mapmaker_realize_args` and ``mapmaker_preprocess_args``). The MPI
 prefix is the one Parsl composed for the nodes it gave the task (``mpiexec
 -n R -ppn R -hosts ...`` or ``srun --ntasks R ...``) and is left unquoted so
 that bash splits it into words. Everything else is quoted.
@@ -28,42 +29,8 @@ class RunnerLimits:
     liveness_timeout_s: float | None
 
 
-def mapmaker_realize_args(
-    python: str,
-    *,
-    spec_file: Path,
-    realization: int,
-    out: Path,
-    threads: int,
-    plan_file: Path | None,
-    sky_root: Path | None,
-) -> list[str]:
-    """``python -m mpi4py -m mapmaker realize ...`` (mpi4py in front: an exception on one rank aborts all)."""
-    args = [
-        python, "-m", "mpi4py", "-m", "mapmaker", "realize",
-        "--spec", str(spec_file),
-        "--realization", str(realization),
-        "--out", str(out),
-        "--threads", str(threads),
-    ]  # fmt: skip
-    if plan_file is not None:
-        args += ["--plan", str(plan_file)]
-    if sky_root is not None:
-        args += ["--sky-root", str(sky_root)]
-    return args
-
-
-def mapmaker_preprocess_args(python: str, *, spec_file: Path, out: Path, report: Path) -> list[str]:
-    """``python -m mpi4py -m mapmaker preprocess --spec F --out PLAN --report REPORT.json``."""
-    return [
-        python, "-m", "mpi4py", "-m", "mapmaker", "preprocess",
-        "--spec", str(spec_file),
-        "--out", str(out),
-        "--report", str(report),
-    ]  # fmt: skip
-
-
 def runner_args(python: str, *, workdir: Path, marker: str, limits: RunnerLimits) -> list[str]:
+    """``python -m worker.runner --workdir W --marker M --walltime-s S --grace-s G [--liveness-timeout-s L]``."""
     args = [
         python, "-m", "worker.runner",
         "--workdir", str(workdir),

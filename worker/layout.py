@@ -19,6 +19,7 @@ complete and never touches another attempt's products.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,3 +64,11 @@ class SiteLayout:
     def create(self) -> None:
         for folder in (self.plans, self.campaigns, self.work):
             folder.mkdir(parents=True, exist_ok=True)
+
+
+def remove_entry(path: Path) -> None:
+    """Remove a file, a symbolic link or a whole folder (not what a link points to); a missing one is no error."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

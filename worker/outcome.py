@@ -42,13 +42,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from worker.runner import CancelReason, Ending
+from schemas.api import FailureClass
+from schemas.programs import CancelReason, Ending, MapmakerExit, RunnerStatus
 
-PLAN_REFUSED_EXIT = 3
-BAD_INPUT_EXIT = 2
-LOG_TAIL_LINES = 100
-MAX_LOG_TAIL_CHARS = 65_536
-MAX_MESSAGE_CHARS = 4_000
+MAX_MESSAGE_CHARS = 4_000  # schemas.api.TaskFailed.message
 
 _OOM = re.compile(
     r"MemoryError|Out of memory|out-of-memory|oom[-_ ]kill|OUT_OF_MEMORY|KILLED BY SIGNAL: 9|\(signal 9\)",
@@ -76,19 +73,32 @@ class Outcome(str, enum.Enum):
     DROPPED = "dropped"
 
     @property
-    def failure_class(self) -> str | None:
-        """The service's failure class (``schemas.api.FailureClass``); None for succeeded and dropped."""
-        if self in (Outcome.SUCCEEDED, Outcome.DROPPED):
-            return None
-        if self is Outcome.PLAN_REFUSED:
-            return "app_error"
-        return self.value
+    def failure_class(self) -> FailureClass | None:
+        """The service's failure class; None for succeeded and dropped."""
+        return _FAILURE_CLASSES.get(self)
+
+
+_FAILURE_CLASSES: dict[Outcome, FailureClass] = {
+    Outcome.APP_ERROR: "app_error",
+    Outcome.PLAN_REFUSED: "app_error",
+    Outcome.WALLTIME: "walltime",
+    Outcome.OOM: "oom",
+    Outcome.LAUNCH_ERROR: "launch_error",
+    Outcome.SITE_ERROR: "site_error",
+    Outcome.LOST_WORKER: "lost_worker",
+    Outcome.DRAINED: "drained",
+    Outcome.CANCELLED: "cancelled",
+}
+
+
+TaskKind = Literal["preprocess", "realize"]
 
 
 @dataclass(frozen=True)
 class Evidence:
-    kind: Literal["preprocess", "realize"]
-    status: dict | None = None  # status.json, when the runner wrote one
+    kind: TaskKind
+    status: RunnerStatus | None = None  # status.json, when the runner wrote one that reads
+    status_problem: str | None = None  # why a status.json that is there does not read (damaged, unknown ending)
     app_exception: str | None = None  # class name of the Parsl future's exception
     app_exception_text: str = ""
     stderr_tail: str = ""
@@ -110,13 +120,12 @@ def _last_line(text: str) -> str:
     return ""
 
 
-def _stop_outcome(reason: CancelReason | str | None) -> Outcome:
-    reason = CancelReason(reason) if reason in {r.value for r in CancelReason} else CancelReason.CANCELLED
+def _stop_outcome(reason: CancelReason | None) -> Outcome:
     return {
         CancelReason.CANCELLED: Outcome.CANCELLED,
         CancelReason.DRAIN: Outcome.DRAINED,
         CancelReason.LOST: Outcome.DROPPED,
-    }[reason]
+    }[reason or CancelReason.CANCELLED]
 
 
 def _signal_of(exit_code: int | None) -> int | None:
@@ -133,6 +142,8 @@ def classify(evidence: Evidence) -> Verdict:
     """Decide how a task ended from what the runner, Parsl and the worker recorded."""
     status = evidence.status
     tail = evidence.stderr_tail
+    if evidence.status_problem is not None:
+        return Verdict(Outcome.LAUNCH_ERROR, None, evidence.status_problem[:MAX_MESSAGE_CHARS])
     if status is None:
         if evidence.requested_stop is not None:
             outcome = _stop_outcome(evidence.requested_stop)
@@ -151,41 +162,34 @@ def classify(evidence: Evidence) -> Verdict:
             Outcome.LAUNCH_ERROR, None, f"the task runner did not run to the end ({what}): {detail}"[:MAX_MESSAGE_CHARS]
         )
 
-    ending = status.get("ending")
-    exit_code = status.get("exit_code")
-    exit_code = int(exit_code) if isinstance(exit_code, int) else None
-    if ending == Ending.WALLTIME.value:
-        return Verdict(Outcome.WALLTIME, exit_code, f"killed at the wall-time limit of {status.get('walltime_s')} s")
-    if ending == Ending.CANCELLED.value:
-        outcome = _stop_outcome(status.get("cancel_reason"))
-        return Verdict(outcome, exit_code, f"stopped by the worker ({status.get('cancel_reason', 'cancelled')})")
-    if ending == Ending.ORPHANED.value:
+    exit_code = status.exit_code
+    signal_name = status.signal or "a signal"
+    if status.ending is Ending.WALLTIME:
+        return Verdict(Outcome.WALLTIME, exit_code, f"killed at the wall-time limit of {status.walltime_s} s")
+    if status.ending is Ending.CANCELLED:
+        reason = status.cancel_reason or CancelReason.CANCELLED
+        return Verdict(_stop_outcome(reason), exit_code, f"stopped by the worker ({reason.value})")
+    if status.ending is Ending.ORPHANED:
         return Verdict(
             Outcome.LOST_WORKER, exit_code, "the worker stopped touching the liveness file; the task ended itself"
         )
-    if ending == Ending.SIGNALLED.value:
+    if status.ending is Ending.SIGNALLED:
         if evidence.block_ending == "walltime":
-            job = status.get("scheduler_job_id")
+            job = status.scheduler_job_id
             return Verdict(
                 Outcome.WALLTIME,
                 exit_code,
                 f"the batch job{f' {job}' if job else ''} running the task reached its wall-time limit "
-                f"(the task runner got {status.get('signal', 'a signal')})",
+                f"(the task runner got {signal_name})",
             )
-        return Verdict(
-            Outcome.LOST_WORKER,
-            exit_code,
-            f"the task runner got {status.get('signal', 'a signal')} (block or node ended)",
-        )
-    if ending == Ending.LAUNCH_ERROR.value:
-        return Verdict(Outcome.LAUNCH_ERROR, exit_code, f"could not start the command: {status.get('error', '')}")
-    if ending != Ending.EXITED.value:
-        return Verdict(Outcome.LAUNCH_ERROR, exit_code, f"unknown ending {ending!r} in status.json")
+        return Verdict(Outcome.LOST_WORKER, exit_code, f"the task runner got {signal_name} (block or node ended)")
+    if status.ending is Ending.LAUNCH_ERROR:
+        return Verdict(Outcome.LAUNCH_ERROR, exit_code, f"could not start the command: {status.error or ''}")
 
-    if exit_code == 0:
+    if exit_code == MapmakerExit.OK:
         return Verdict(Outcome.SUCCEEDED, 0, "")
     last = _last_line(tail)
-    if evidence.kind == "realize" and exit_code == PLAN_REFUSED_EXIT:
+    if evidence.kind == "realize" and exit_code == MapmakerExit.PLAN_REFUSED:
         return Verdict(Outcome.PLAN_REFUSED, exit_code, f"plan refused: {last}"[:MAX_MESSAGE_CHARS])
     if _signal_of(exit_code) == 9 or _OOM.search(tail):
         return Verdict(Outcome.OOM, exit_code, f"out of memory (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS])
@@ -193,11 +197,5 @@ def classify(evidence: Evidence) -> Verdict:
         return Verdict(
             Outcome.LAUNCH_ERROR, exit_code, f"launch failed (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS]
         )
-    what = "bad input" if exit_code == BAD_INPUT_EXIT else "failed"
+    what = "bad input" if exit_code == MapmakerExit.BAD_INPUT else "failed"
     return Verdict(Outcome.APP_ERROR, exit_code, f"{what} (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS])
-
-
-def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of ``text``, at most MAX_LOG_TAIL_CHARS characters."""
-    tail = "\n".join(text.splitlines()[-lines:])
-    return tail[-MAX_LOG_TAIL_CHARS:]

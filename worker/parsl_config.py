@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 from parsl.config import Config
 from parsl.executors import MPIExecutor
@@ -76,7 +77,11 @@ class SlurmBlockProvider(SlurmProvider):
 
 def build_provider(site: SiteConfig, *, worker_init: str) -> ExecutionProvider:
     spec = site.provider
-    counts = {"init_blocks": spec.init_blocks, "min_blocks": spec.min_blocks, "max_blocks": spec.max_blocks}
+    counts: dict[str, Any] = {
+        "init_blocks": spec.init_blocks,
+        "min_blocks": spec.min_blocks,
+        "max_blocks": spec.max_blocks,
+    }
     if isinstance(spec, LocalProviderSpec):
         return LocalProvider(launcher=SimpleLauncher(), nodes_per_block=1, worker_init=worker_init, **counts)
     if isinstance(spec, SlurmProviderSpec):
@@ -121,6 +126,8 @@ def build_parsl_config(site: SiteConfig, *, run_dir: Path, python: str, nodefile
     Pure: builds objects, starts and writes nothing.
     """
     provider = build_provider(site, worker_init=block_init(site, python=python, nodefile=nodefile))
+    port_range = site.executor.worker_port_range
+    optional: dict[str, Any] = {"worker_port_range": port_range} if port_range else {}  # else Parsl's default
     executor = MPIExecutor(
         label=EXECUTOR_LABEL,
         provider=provider,
@@ -130,7 +137,7 @@ def build_parsl_config(site: SiteConfig, *, run_dir: Path, python: str, nodefile
         heartbeat_threshold=site.executor.heartbeat_threshold_s,
         address=site.executor.address,
         encrypted=site.executor.encrypted,
-        **({"worker_port_range": site.executor.worker_port_range} if site.executor.worker_port_range else {}),
+        **optional,
     )
     # MPIExecutor types this argument as a string, which Popen would take as one program name;
     # HighThroughputExecutor, which runs it, wants a list.

@@ -13,8 +13,11 @@ file             written by             meaning
 ``liveness``     the worker             touched every few seconds while the worker lives
 ``cancel``       the worker             stop the task; content: ``cancelled``, ``drain`` or ``lost``
 ``runner.json``  the runner, at start   host, pids, scheduler job id, launch time, marker
-``status.json``  the runner, at end     how the task ended (:class:`Ending`) and its exit code
+``status.json``  the runner, at end     how the task ended and its exit code
 ===============  =====================  ===================================================
+
+The names, the cancel reasons and the two JSON documents (``RunnerStarted``,
+``RunnerStatus``) are the contract in :mod:`schemas.programs`.
 
 What it does:
 
@@ -41,15 +44,20 @@ What it does:
 5. It writes ``status.json`` atomically and exits with the command's exit
    status (128 + signal when it was killed).
 
-Imports only the standard library and psutil, so it starts in a few tens of
-milliseconds.
+Imports the standard library, psutil and :mod:`schemas.programs` /
+:mod:`schemas.files`, which bring pydantic (``status.json`` is written from a
+``RunnerStatus``) and, through ``schemas/__init__``, the campaign spec models.
+Measured on the 2-core test machine under load (CPU time of ``python -m
+worker.runner --help``, medians of 12 in two runs): 60-90 ms with the standard
+library and psutil alone, 190-260 ms with pydantic and the two schemas
+modules, 225-310 ms as it is (``schemas/__init__`` importing ``schemas.spec``
+and ``schemas.io``). Paid once per task before the launch; the wall-time
+deadline counts from after it.
 """
 
 from __future__ import annotations
 
 import argparse
-import enum
-import json
 import os
 import signal
 import socket
@@ -58,16 +66,22 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-MARKER_VAR = "MAPCAMPAIGN_TASK_MARKER"
-LIVENESS_FILE = "liveness"
-CANCEL_FILE = "cancel"
-RUNNER_FILE = "runner.json"
-STATUS_FILE = "status.json"
-STDOUT_FILE = "stdout.txt"
-STDERR_FILE = "stderr.txt"
+from schemas.files import atomic_write_json, atomic_write_text
+from schemas.programs import (
+    CANCEL_FILE,
+    LIVENESS_FILE,
+    MARKER_VARIABLE,
+    RUNNER_FILE,
+    STATUS_FILE,
+    CancelReason,
+    Ending,
+    RunnerStarted,
+    RunnerStatus,
+)
 
 POLL_S = 0.1  # how often the command's exit and the deadline are checked
 FILE_POLL_S = 1.0  # how often the cancel and liveness files are looked at (metadata load on shared file systems)
@@ -75,67 +89,35 @@ FILE_POLL_S = 1.0  # how often the cancel and liveness files are looked at (meta
 SCHEDULER_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "COBALT_JOBID", "FLUX_JOB_ID")
 
 
-class Ending(str, enum.Enum):
-    """How a task ended, as the runner saw it (``status.json`` field ``ending``)."""
-
-    EXITED = "exited"  # the command exited by itself; see exit_code
-    WALLTIME = "walltime"  # the runner killed it at the wall-time deadline
-    CANCELLED = "cancelled"  # the worker asked (cancel file); see cancel_reason
-    ORPHANED = "orphaned"  # the liveness file stopped changing: the worker is gone
-    SIGNALLED = "signalled"  # the runner itself got SIGTERM/SIGINT/SIGHUP (scheduler, node shutdown)
-    LAUNCH_ERROR = "launch_error"  # the command could not be started
+# --------------------------------------------------------------------------- the cancel file
 
 
-class CancelReason(str, enum.Enum):
-    """What the worker writes into the cancel file."""
-
-    CANCELLED = "cancelled"  # the service said so (campaign cancelled, failed or deleted)
-    DRAIN = "drain"  # the worker is shutting down and its drain deadline passed
-    LOST = "lost"  # the service gave the task to someone else
-
-
-# --------------------------------------------------------------------------- files
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON to a temporary sibling and rename it into place: readers see all of it or nothing."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w") as handle:
-        json.dump(data, handle, indent=1)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def read_cancel(workdir: Path) -> str | None:
+def read_cancel(workdir: Path) -> CancelReason | None:
     """The cancel reason, or None when the task is not cancelled (or the file cannot be read just now).
 
     A read error (ESTALE or EIO on a network file system) is not a cancel: the runner looks again at
-    its next poll, and a worker that is really gone is caught by the liveness file instead.
+    its next poll, and a worker that is really gone is caught by the liveness file instead. Content
+    that is no :class:`CancelReason` counts as ``cancelled``.
     """
     try:
         text = (workdir / CANCEL_FILE).read_text().strip()
     except OSError:
         return None
-    return text if text in {reason.value for reason in CancelReason} else CancelReason.CANCELLED.value
+    try:
+        return CancelReason(text)
+    except ValueError:
+        return CancelReason.CANCELLED
 
 
 def write_cancel(workdir: Path, reason: CancelReason) -> None:
-    """Ask the runner of the task in ``workdir`` to stop it (the worker's side of the cancel file)."""
-    path = workdir / CANCEL_FILE
-    temporary = workdir / f".{CANCEL_FILE}.tmp"
-    temporary.write_text(reason.value + "\n")
-    os.replace(temporary, path)
+    """Ask the runner of the task in ``workdir`` to stop it (the worker's side of the cancel file).
+
+    Raises FileNotFoundError when ``workdir`` is gone: a cancel file must never bring back a work
+    folder that was removed.
+    """
+    if not workdir.is_dir():
+        raise FileNotFoundError(f"no work folder {workdir}")
+    atomic_write_text(workdir / CANCEL_FILE, reason.value + "\n")
 
 
 # --------------------------------------------------------------------------- finding a task's processes
@@ -149,7 +131,7 @@ def marked_processes(marker: str, *, exclude: Iterable[int] = ()) -> list[psutil
         if process.pid in skip:
             continue
         try:
-            if process.environ().get(MARKER_VAR) == marker and process.status() != psutil.STATUS_ZOMBIE:
+            if process.environ().get(MARKER_VARIABLE) == marker and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
@@ -310,6 +292,13 @@ def scheduler_job_id(environ: dict[str, str]) -> str | None:
     return None
 
 
+def describe(details: dict[str, Any]) -> str:
+    """`` (cancel_reason: drain)``, as the runner says on stderr why it ends a task; empty without details."""
+    if not details:
+        return ""
+    return " (" + ", ".join(f"{name}: {getattr(value, 'value', value)}" for name, value in details.items()) + ")"
+
+
 def run(
     command: list[str],
     *,
@@ -324,54 +313,58 @@ def run(
     host = socket.gethostname()
     started_wall = time.time()
     started = time.monotonic()
-    base = {
-        "host": host,
-        "runner_pid": os.getpid(),
-        "marker": marker,
-        "scheduler_job_id": scheduler_job_id(dict(os.environ)),
-    }
+    job_id = scheduler_job_id(dict(os.environ))
+    launched_at: float | None = None
 
-    def finish(ending: Ending, exit_code: int | None, **extra: object) -> int:
+    def finish(ending: Ending, exit_code: int | None, **details: Any) -> int:
+        """Write ``status.json``; ``details``: the optional fields of :class:`RunnerStatus` that apply."""
         ended_wall = time.time()
-        write_json_atomic(
-            workdir / STATUS_FILE,
-            {
-                **base,
-                "ending": ending.value,
-                "exit_code": exit_code,
-                "launched_at": launched_at,
-                "ended_at": ended_wall,
-                "elapsed_s": round(ended_wall - (launched_at or started_wall), 3),
-                "walltime_s": walltime_s,
-                **extra,
-            },
+        status = RunnerStatus(
+            host=host,
+            runner_pid=os.getpid(),
+            marker=marker,
+            scheduler_job_id=job_id,
+            ending=ending,
+            exit_code=exit_code,
+            launched_at=launched_at,
+            ended_at=ended_wall,
+            elapsed_s=round(ended_wall - (launched_at or started_wall), 3),
+            walltime_s=walltime_s,
+            **details,
         )
+        atomic_write_json(workdir / STATUS_FILE, status.model_dump(mode="json"))
         if exit_code is None:
             return 1
         return exit_code if exit_code >= 0 else 128 - exit_code
 
-    launched_at: float | None = None
     reason = read_cancel(workdir)
     if reason is not None:
         return finish(Ending.CANCELLED, None, cancel_reason=reason, launched=False)
 
     environment = dict(os.environ)
-    environment[MARKER_VAR] = marker
+    environment[MARKER_VARIABLE] = marker
     launched_at = time.time()
     try:
         child = subprocess.Popen(command, env=environment, start_new_session=True, close_fds=True)
     except OSError as error:
         print(f"worker.runner: cannot start {command[0]!r}: {error}", file=sys.stderr, flush=True)
         return finish(Ending.LAUNCH_ERROR, 127, error=str(error))
-    write_json_atomic(
-        workdir / RUNNER_FILE,
-        {**base, "pid": child.pid, "pgid": child.pid, "launched_at": launched_at, "walltime_s": walltime_s},
+    runner_started = RunnerStarted(
+        host=host,
+        runner_pid=os.getpid(),
+        marker=marker,
+        scheduler_job_id=job_id,
+        pid=child.pid,
+        pgid=child.pid,
+        launched_at=launched_at,
+        walltime_s=walltime_s,
     )
+    atomic_write_json(workdir / RUNNER_FILE, runner_started.model_dump(mode="json"))
 
     liveness = _Liveness(workdir / LIVENESS_FILE, liveness_timeout_s) if liveness_timeout_s else None
     deadline = started + walltime_s
     ending: Ending | None = None
-    extra: dict[str, object] = {}
+    details: dict[str, Any] = {}
     next_file_check = time.monotonic() + FILE_POLL_S
     while True:
         try:
@@ -384,22 +377,22 @@ def run(
         if look_at_files:
             next_file_check = now + FILE_POLL_S
         if signals.received is not None:
-            ending, extra = Ending.SIGNALLED, {"signal": signal.Signals(signals.received).name}
+            ending, details = Ending.SIGNALLED, {"signal": signal.Signals(signals.received).name}
         elif now >= deadline:
             ending = Ending.WALLTIME
         elif look_at_files and (reason := read_cancel(workdir)) is not None:
-            ending, extra = Ending.CANCELLED, {"cancel_reason": reason}
+            ending, details = Ending.CANCELLED, {"cancel_reason": reason}
         elif look_at_files and liveness is not None and liveness.stale():
             ending = Ending.ORPHANED
         if ending is not None:
             print(
-                f"worker.runner: {ending.value}{' (' + str(extra) + ')' if extra else ''}: "
+                f"worker.runner: {ending.value}{describe(details)}: "
                 f"ending every process of the task (grace {grace_s:g} s)",
                 file=sys.stderr,
                 flush=True,
             )
             killed = terminate_task(child, marker, grace_s)
-            return finish(ending, child.returncode, killed_after_grace=killed, **extra)
+            return finish(ending, child.returncode, killed_after_grace=killed, **details)
     if signals.received is not None and child.returncode != 0:
         # The scheduler signals every process of the block at once: the command may die of it before the
         # runner's own check, and its exit is then a consequence of the block ending, not of the task
@@ -421,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         "process it started when the worker is gone, and record how it ended in status.json.",
     )
     parser.add_argument("--workdir", required=True, type=Path, help="the task's work folder")
-    parser.add_argument("--marker", required=True, help=f"value of {MARKER_VAR} for every process of the task")
+    parser.add_argument("--marker", required=True, help=f"value of {MARKER_VARIABLE} for every process of the task")
     parser.add_argument("--walltime-s", required=True, type=float, help="wall-time limit from launch (s)")
     parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL grace (s)")
     parser.add_argument(

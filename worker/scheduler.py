@@ -47,7 +47,9 @@ def _run(args: list[str], timeout_s: float) -> str | None:
     if shutil.which(args[0]) is None:
         return None
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False
+        )
     except (OSError, subprocess.SubprocessError) as error:
         log.debug("%s: %s", " ".join(args), error)
         return None
@@ -113,9 +115,7 @@ def block_ending(
     """
     if not job_id or provider_kind not in ("slurm", "pbspro"):
         return None
-    query, decide = (
-        (slurm_job_fields, _slurm_ending) if provider_kind == "slurm" else (pbs_job_fields, _pbs_ending)
-    )
+    query, decide = (slurm_job_fields, _slurm_ending) if provider_kind == "slurm" else (pbs_job_fields, _pbs_ending)
     give_up = time.monotonic() + settle_s
     while True:
         fields = query(job_id, timeout_s=timeout_s)
@@ -144,7 +144,10 @@ class BlockEndings:
     """
 
     def __init__(
-        self, *, settle_s: float = SETTLE_S, timeout_s: float = QUERY_TIMEOUT_S,
+        self,
+        *,
+        settle_s: float = SETTLE_S,
+        timeout_s: float = QUERY_TIMEOUT_S,
         open_answer_ttl_s: float = OPEN_ANSWER_TTL_S,
     ):
         self.settle_s = settle_s

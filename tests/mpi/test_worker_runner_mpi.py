@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from schemas.programs import CancelReason
 from tests.support.processes import task_processes, wait_for_no_task_processes
-from worker.runner import CancelReason, write_cancel
+from worker.runner import write_cancel
 
 pytestmark = pytest.mark.mpi
 

@@ -32,6 +32,8 @@ from schemas.spec import CampaignSpec, scan_key, spec_hash
 @lru_cache(maxsize=8)
 def iqu_map_fits(nside: int = 16, seed: int = 0) -> bytes:
     """A small CMB-like I/Q/U map (K) as FITS bytes, written with healpy; a cap around a pole unobserved."""
+    # Deferred: healpy and numpy take about 3 s to import on the test machine, and most tests that use
+    # a FakeWorker never ask for a map.
     import healpy as hp
     import numpy as np
 

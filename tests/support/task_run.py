@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from schemas.api import PlanRef, RealizeTask
+from schemas.files import sha256_file
+from schemas.programs import RUNNER_FILE, STATUS_FILE, STDERR_FILE, Ending, RunnerStarted, RunnerStatus
 from schemas.spec import CampaignSpec
 from tests.support.worker_helpers import tiny_spec
 from worker.client import ServiceError, TaskGone
 from worker.layout import SiteLayout
-from worker.runner import STATUS_FILE
 from worker.site import parse_site
 from worker.tasks import TaskContext, TaskRun
 
@@ -36,7 +36,7 @@ class RecordingClient:
         self._call("started", task_id, report.host)
 
     def upload(self, task_id, name, path, sha256):
-        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha256
+        assert sha256_file(path) == sha256
         self._call("upload", task_id, name)
 
     def succeeded(self, task_id, result):
@@ -75,10 +75,34 @@ def make_run(
     return TaskRun(task, context)
 
 
-def finish_with(run: TaskRun, ending: str, exit_code: int | None, stderr: str = "", **extra) -> dict:
-    (run.workdir / "runner.json").write_text(json.dumps({"host": "node7", "launched_at": 1.0}))
-    (run.workdir / "stderr.txt").write_text(stderr)
-    status = {"ending": ending, "exit_code": exit_code, "launched_at": 1.0, "ended_at": 2.0, "walltime_s": 300.0}
-    (run.workdir / STATUS_FILE).write_text(json.dumps({**status, **extra}))
+def runner_status(ending: Ending | str, exit_code: int | None = None, **fields: Any) -> RunnerStatus:
+    """A ``status.json`` as the runner writes it (on host node7, launched at 1.0, ended at 2.0, 300 s limit)."""
+    status = {
+        "host": "node7",
+        "runner_pid": 4321,
+        "marker": "local:w:run:realize-5",
+        "ending": ending,
+        "exit_code": exit_code,
+        "launched_at": 1.0,
+        "ended_at": 2.0,
+        "elapsed_s": 1.0,
+        "walltime_s": 300.0,
+    }
+    return RunnerStatus.model_validate({**status, **fields})
+
+
+def runner_started(**fields: Any) -> RunnerStarted:
+    """A ``runner.json`` as the runner writes it at launch (host node7, launched at 1.0)."""
+    started = {"host": "node7", "runner_pid": 4321, "marker": "local:w:run:realize-5", "pid": 4322, "pgid": 4322,
+               "launched_at": 1.0, "walltime_s": 300.0}  # fmt: skip
+    return RunnerStarted.model_validate({**started, **fields})
+
+
+def finish_with(run: TaskRun, ending: str, exit_code: int | None, stderr: str = "", **extra: Any) -> dict:
+    """Leave in the run's work folder what a runner leaves when the task ended so, then finish the run."""
+    workdir = run.placement.workdir
+    (workdir / RUNNER_FILE).write_text(runner_started().model_dump_json())
+    (workdir / STDERR_FILE).write_text(stderr)
+    (workdir / STATUS_FILE).write_text(runner_status(ending, exit_code, **extra).model_dump_json())
     assert run.ended()
     return run.finish()

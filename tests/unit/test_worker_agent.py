@@ -12,11 +12,14 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from schemas.api import ClaimAnswer, HeartbeatAnswer
-from tests.support.task_run import RecordingClient, make_run
+from schemas.programs import STATUS_FILE, CancelReason
+from tests.support.task_run import RecordingClient, make_run, runner_status
+from tests.support.worker_helpers import wait_for
 from worker.agent import FIRST_LAUNCH_PAUSE_S, LAUNCH_FAILURES_BEFORE_PAUSE, Agent
-from worker.runner import CancelReason
 from worker.settings import WorkerSettings
 from worker.tasks import TaskRun
+
+PASSES_WITHOUT_A_CLAIM = 4  # loop passes after the last failure; each would claim again but for the pause
 
 
 class EndlessQueue(RecordingClient):
@@ -54,14 +57,24 @@ def test_a_site_that_cannot_launch_anything_stops_claiming_instead_of_failing_th
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(TaskRun, "prepare", disk_full)
+    passes = itertools.count()
+    collect_finished = agent._collect_finished
+
+    def counting_passes():  # called once at the start of every pass of the loop
+        next(passes)
+        collect_finished()
+
+    monkeypatch.setattr(agent, "_collect_finished", counting_passes)
     loop = threading.Thread(target=agent._loop, daemon=True)
     with caplog.at_level(logging.ERROR, logger="mapcampaign.worker"):
         loop.start()
-        deadline = time.monotonic() + 30
-        while len([c for c in client.calls if c[0] == "failed"]) < LAUNCH_FAILURES_BEFORE_PAUSE:
-            assert time.monotonic() < deadline, client.calls
-            time.sleep(0.05)
-        time.sleep(1.0)  # ~20 claim polls would have passed
+        wait_for(lambda: len([c for c in client.calls if c[0] == "failed"]) >= LAUNCH_FAILURES_BEFORE_PAUSE, 30,
+                 "three tasks reported failed")  # fmt: skip
+        wait_for(lambda: not agent.runs, 30, "the failed tasks to leave the worker")  # a free slot from here on
+        seen = next(passes)
+        # With a slot free and the queue endless, every pass would claim (a full claim is followed at once by
+        # the next), so these passes without a claim are the pause's doing.
+        wait_for(lambda: next(passes) > seen + PASSES_WITHOUT_A_CLAIM, 30, "more passes of the loop")
         agent.drain_deadline = time.monotonic()
         agent.wake.set()
         loop.join(30)
@@ -122,8 +135,12 @@ class SlowSecondClaim(RecordingClient):
     def heartbeat(self, worker_id, running):
         during_claim = self.claim_waiting.is_set() and not self.release_claim.is_set()
         self.calls.append(("heartbeat", tuple(running), during_claim))
-        return HeartbeatAnswer(lease_expires_at=datetime.now(UTC) + timedelta(seconds=300), extended=list(running),
-                               cancel=[task for task in self.cancel if task in running], lost=[])
+        return HeartbeatAnswer(
+            lease_expires_at=datetime.now(UTC) + timedelta(seconds=300),
+            extended=list(running),
+            cancel=[task for task in self.cancel if task in running],
+            lost=[],
+        )
 
 
 def test_heartbeats_go_on_while_a_claim_waits_for_its_answer(tmp_path, monkeypatch):
@@ -139,24 +156,22 @@ def test_heartbeats_go_on_while_a_claim_waits_for_its_answer(tmp_path, monkeypat
 
     def queued_in_parsl(run, app):  # held and never started: what a task waiting for its block looks like
         run.future = concurrent.futures.Future()
+        return run.future
 
     monkeypatch.setattr(TaskRun, "submit", queued_in_parsl)
     loop = threading.Thread(target=agent._loop, daemon=True)
     loop.start()
     try:
         assert client.claim_waiting.wait(30)
-        deadline = time.monotonic() + 30
-        while len([c for c in client.calls if c[0] == "heartbeat" and c[2]]) < 3:
-            assert time.monotonic() < deadline, client.calls
-            time.sleep(0.05)
+        wait_for(lambda: len([c for c in client.calls if c[0] == "heartbeat" and c[2]]) >= 3, 30,
+                 "three heartbeats while the claim waits")  # fmt: skip
         assert all(c[1] == ("realize-1",) for c in client.calls if c[0] == "heartbeat")
         # A heartbeat's answer still reaches the loop, which owns the runs: the cancel stops the task.
+        run = agent.runs["realize-1"]
         client.cancel = ["realize-1"]
         client.release_claim.set()
-        deadline = time.monotonic() + 30
-        while agent.runs.get("realize-1") is not None and agent.runs["realize-1"].stop_reason is None:
-            assert time.monotonic() < deadline, client.calls
-            time.sleep(0.05)
+        wait_for(lambda: run.stop_reason is not None, 30, "the cancel to stop the task")
+        assert run.stop_reason is CancelReason.CANCELLED
     finally:
         client.release_claim.set()
         agent.drain_deadline = time.monotonic()
@@ -168,24 +183,21 @@ def test_heartbeats_go_on_while_a_claim_waits_for_its_answer(tmp_path, monkeypat
 def test_a_lost_answer_for_a_task_being_reported_leaves_it_alone(tmp_path, caplog):
     """Found by CI: the heartbeat racing a success report is answered "lost"; the loop logged that it was
     ending the task and wrote a cancel file into the folder the report thread was removing."""
-    import json
-    from concurrent.futures import Future
-
     prototype_run = make_run(tmp_path / "proto", RecordingClient())
     agent = Agent(WorkerSettings(data_dir=tmp_path / "worker"), prototype_run.context.site, "token")
     ended, running = make_run(tmp_path / "ended", RecordingClient()), make_run(tmp_path / "running", RecordingClient())
     for run, task_id in ((ended, "realize-1"), (running, "realize-2")):
         run.task = run.task.model_copy(update={"task_id": task_id})
         run.prepare()
-        run.finishing = Future()  # handed to the report threads
+        run.finishing = concurrent.futures.Future()  # handed to the report threads
         agent.runs[task_id] = run
-    (ended.workdir / "status.json").write_text(json.dumps({"ending": "exited", "exit_code": 0}))
+    (ended.placement.workdir / STATUS_FILE).write_text(runner_status("exited", 0).model_dump_json())
     agent.heartbeat_answers.put(
         HeartbeatAnswer(lease_expires_at=datetime.now(UTC), extended=[], cancel=[], lost=["realize-1", "realize-2"])
     )
     with caplog.at_level(logging.WARNING, logger="mapcampaign.worker"):
         agent._apply_heartbeat_answers()
-    assert ended.stop_reason is None and not (ended.workdir / "cancel").exists()
+    assert ended.stop_reason is None and not (ended.placement.workdir / "cancel").exists()
     assert "realize-1" not in caplog.text
     # A task stopped before its runner wrote a status (detached) may still have processes: they are ended.
-    assert running.stop_reason is CancelReason.LOST and (running.workdir / "cancel").is_file()
+    assert running.stop_reason is CancelReason.LOST and (running.placement.workdir / "cancel").is_file()

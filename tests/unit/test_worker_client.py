@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from worker.client import ServiceClient
+from worker.client import ServiceClient, ServiceError, TaskGone
 
 
 @pytest.fixture
@@ -17,7 +18,7 @@ def busy_once_server():
     received: list[int] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_PUT(self):  # noqa: N802
+        def do_PUT(self):
             length = int(self.headers["Content-Length"])
             body = self.rfile.read(length)
             received.append(len(body))
@@ -54,19 +55,20 @@ def test_a_retried_upload_sends_the_whole_file_again(busy_once_server, tmp_path)
 
 @pytest.mark.parametrize(
     ("status", "code", "gone"),
-    [(409, "lease_lost", True), (404, "task_not_found", True), (404, "worker_not_found", False), (422, "invalid", False)],
+    [
+        (409, "lease_lost", True),
+        (404, "task_not_found", True),
+        (404, "worker_not_found", False),
+        (422, "invalid", False),
+    ],
 )
 def test_a_task_of_a_deleted_campaign_is_gone_like_a_lost_lease(status, code, gone):
     """A report on a task whose campaign was deleted (404 task_not_found) means, like a 409, that there is
     nothing more to report: the worker drops it instead of logging an error and keeping its folder."""
-    import json
-
-    from worker.client import ServiceError, TaskGone
-
     body = json.dumps({"detail": "no", "code": code}).encode()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

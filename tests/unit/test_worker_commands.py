@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from schemas.programs import mapmaker_preprocess_args, mapmaker_realize_args
 from schemas.spec import ResourceSpec
 from worker.commands import (
     RunnerLimits,
     bash_command,
-    mapmaker_preprocess_args,
-    mapmaker_realize_args,
     resource_specification,
     runner_args,
     task_resource_specification,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from worker.outcome import Evidence, Outcome, classify, log_tail
-from worker.runner import CancelReason
+from schemas.programs import CancelReason, RunnerStatus, log_tail
+from tests.support.task_run import runner_status
+from worker.outcome import Evidence, Outcome, classify
 
 
-def status(ending: str, exit_code: int | None = None, **extra) -> dict:
-    return {"ending": ending, "exit_code": exit_code, "walltime_s": 60.0, **extra}
+def status(ending: str, exit_code: int | None = None, **extra) -> RunnerStatus:
+    return runner_status(ending, exit_code, **{"walltime_s": 60.0, **extra})
 
 
 @pytest.mark.parametrize(
@@ -47,6 +48,7 @@ def status(ending: str, exit_code: int | None = None, **extra) -> dict:
         ),
         (Evidence("realize", None, requested_stop=CancelReason.CANCELLED), Outcome.CANCELLED, "cancelled", None),
         (Evidence("realize", None, requested_stop=CancelReason.DRAIN), Outcome.DRAINED, "drained", None),
+        (Evidence("realize", None, status_problem="status.json is damaged"), Outcome.LAUNCH_ERROR, "launch_error", None),
     ],
 )  # fmt: skip
 def test_classify(evidence, outcome, failure_class, exit_code):
@@ -71,4 +73,3 @@ def test_log_tail_keeps_the_last_100_lines():
     tail = log_tail(text)
     assert tail.splitlines() == [f"line {i}" for i in range(150, 250)]
     assert len(log_tail("x" * 100_000)) == 65_536
-

@@ -13,7 +13,11 @@ def run_wrapped(parent: str) -> subprocess.CompletedProcess:
     env = {**os.environ, PARENT_VARIABLE: parent}
     return subprocess.run(
         [sys.executable, "-m", "worker.pdeathsig", sys.executable, "-c", "print('started')"],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.task_run import RecordingClient, finish_with, make_run
+from tests.support.task_run import RecordingClient, finish_with, make_run, runner_status
 from worker.outcome import Evidence, Outcome, classify
 from worker.scheduler import BlockEnding, BlockEndings, block_ending
 from worker.site import parse_site
@@ -25,9 +25,7 @@ def fake_command(bin_dir: Path, name: str, stdout: str, exit_code: int = 0) -> N
     script = bin_dir / name
     calls = shlex.quote(str(bin_dir / f"{name}.calls"))
     # printf and echo are shell builtins: PATH holds nothing but these fakes.
-    script.write_text(
-        f"#!/bin/sh\necho \"$*\" >> {calls}\nprintf '%s\\n' {shlex.quote(stdout)}\nexit {exit_code}\n"
-    )
+    script.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nprintf '%s\\n' {shlex.quote(stdout)}\nexit {exit_code}\n")
     script.chmod(0o755)
 
 
@@ -83,7 +81,7 @@ def test_pbs_job_state_decides_the_ending(fake_bin, job, ending):
 
 
 def test_a_block_time_limit_turns_a_lost_worker_into_walltime():
-    signalled = {"ending": "signalled", "exit_code": 143, "signal": "SIGTERM", "scheduler_job_id": "12"}
+    signalled = runner_status("signalled", 143, signal="SIGTERM", scheduler_job_id="12")
     assert classify(Evidence("realize", signalled)).outcome is Outcome.LOST_WORKER
     assert classify(Evidence("realize", signalled, block_ending="ended")).outcome is Outcome.LOST_WORKER
     verdict = classify(Evidence("realize", signalled, block_ending="walltime"))
@@ -91,7 +89,7 @@ def test_a_block_time_limit_turns_a_lost_worker_into_walltime():
     lost = Evidence("realize", None, app_exception="ManagerLost", block_ending="walltime")
     assert classify(lost).outcome is Outcome.WALLTIME
     # The task's own limit, an orphaned task, an ordinary exit: the block's ending does not matter.
-    orphaned = {"ending": "orphaned", "exit_code": -15}
+    orphaned = runner_status("orphaned", -15)
     assert classify(Evidence("realize", orphaned, block_ending="walltime")).outcome is Outcome.LOST_WORKER
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import ValidationError
 
@@ -11,8 +13,6 @@ from worker.settings import WorkerSettings, default_data_dir
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
-    import os
-
     for name in list(os.environ):
         if name.startswith("MAPCAMPAIGN_"):
             monkeypatch.delenv(name)

@@ -2,49 +2,59 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import errno
 import hashlib
 import json
 import os
+import shutil
+import threading
+from pathlib import Path
 
 import pytest
 
+from schemas.programs import CANCEL_FILE, RUNNER_FILE, STATUS_FILE, CancelReason
 from schemas.spec import CampaignSpec
 from tests.support.service_helpers import result_for
-from tests.support.task_run import RecordingClient, finish_with, make_run
+from tests.support.task_run import RecordingClient, finish_with, make_run, runner_started, runner_status
 from worker.client import ServiceError
 from worker.outcome import Outcome
-from worker.runner import CancelReason
+from worker.runner import read_cancel, write_cancel
+from worker.stages import run as run_stage
 from worker.tasks import TaskRun
 
 
 def write_products(run: TaskRun, *, corrupt: bool = False) -> None:
-    run.out.mkdir(parents=True)
+    out = run.placement.out
+    out.mkdir(parents=True)
     products = []
     for name in ("map_iqu.fits", "hits.fits"):
         payload = name.encode() * 10
-        (run.out / name).write_bytes(payload)
+        (out / name).write_bytes(payload)
         digest = hashlib.sha256(payload).hexdigest()
         products.append({"name": name.split(".")[0], "path": name, "sha256": digest, "size_bytes": len(payload)})
     if corrupt:
-        (run.out / "hits.fits").write_bytes(b"x" * products[1]["size_bytes"])
+        (out / "hits.fits").write_bytes(b"x" * products[1]["size_bytes"])
     result = result_for(run.task.spec.model_dump(mode="json"), 0, products)
-    (run.out / "result.json").write_text(json.dumps(result))
+    (out / "result.json").write_text(json.dumps(result))
 
 
 def test_prepare_makes_a_fresh_work_folder_and_clears_a_stale_product_folder(tmp_path):
     run = make_run(tmp_path, RecordingClient())
-    run.out.mkdir(parents=True)
-    (run.out / "result.json").write_text("{}")  # left by an earlier incarnation of this attempt
-    run.workdir.mkdir(parents=True)
-    (run.workdir / "status.json").write_text("{}")
+    out, workdir = run.placement.out, run.placement.workdir
+    out.mkdir(parents=True)
+    (out / "result.json").write_text("{}")  # left by an earlier incarnation of this attempt
+    workdir.mkdir(parents=True)
+    (workdir / "status.json").write_text("{}")
     run.prepare()
-    assert not run.out.exists() and run.out.parent.is_dir()
-    assert sorted(p.name for p in run.workdir.iterdir()) == ["liveness", "spec.json"]
-    assert CampaignSpec.model_validate_json((run.workdir / "spec.json").read_text()) == run.task.spec
-    command = run.command()
+    assert not out.exists() and out.parent.is_dir()
+    assert sorted(p.name for p in workdir.iterdir()) == ["liveness", "spec.json"]
+    assert CampaignSpec.model_validate_json((workdir / "spec.json").read_text()) == run.task.spec
+    command = run.prepared.command
     assert "--plan" in command and str(run.task.plan.path) in command and "--threads 1" in command
     assert "--marker local:w:run:realize-5 --walltime-s 300" in command
-    assert run.resource_specification() == {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
+    assert run.prepared.resource_specification == {"num_nodes": 1, "ranks_per_node": 2, "num_ranks": 2}
+    assert (run.prepared.stdout, run.prepared.stderr) == (workdir / "stdout.txt", workdir / "stderr.txt")
 
 
 def test_prechecks(tmp_path):
@@ -60,9 +70,9 @@ def test_success_uploads_every_product_then_reports_and_tidies(tmp_path):
     client = RecordingClient()
     run = make_run(tmp_path, client)
     run.prepare()
-    old = run.out.with_name("attempt-1")
+    old = run.placement.out.with_name("attempt-1")
     old.mkdir()
-    partial = run.out.with_name(".attempt-1.partial-abc")
+    partial = run.placement.out.with_name(".attempt-1.partial-abc")
     partial.mkdir()
     write_products(run)
     timeline = finish_with(run, "exited", 0)
@@ -73,8 +83,8 @@ def test_success_uploads_every_product_then_reports_and_tidies(tmp_path):
         ("succeeded", "realize-5", 0),
     ]
     assert timeline["outcome"] == "succeeded" and timeline["launched_at"] == 1.0 and timeline["exited_at"] == 2.0
-    assert not old.exists() and not partial.exists() and run.out.is_dir()  # earlier attempts' folders go
-    assert not run.workdir.exists()  # the work folder of a succeeded task goes
+    assert not old.exists() and not partial.exists() and run.placement.out.is_dir()  # earlier attempts' folders go
+    assert not run.placement.workdir.exists()  # the work folder of a succeeded task goes
 
 
 def test_a_success_the_service_never_heard_of_keeps_its_files(tmp_path):
@@ -83,14 +93,14 @@ def test_a_success_the_service_never_heard_of_keeps_its_files(tmp_path):
     client = RecordingClient(unreachable={"succeeded"})
     run = make_run(tmp_path, client)
     run.prepare()
-    old = run.out.with_name("attempt-1")
+    old = run.placement.out.with_name("attempt-1")
     old.mkdir()
     write_products(run)
     timeline = finish_with(run, "exited", 0)
     assert [call[0] for call in client.calls] == ["started", "upload", "upload", "succeeded"]
     assert timeline["outcome"] == "succeeded" and "did not answer" in timeline["unreported"]
-    assert run.workdir.is_dir() and run.out.is_dir() and old.is_dir()  # all kept
-    assert json.loads((run.workdir / "timeline.json").read_text())["unreported"]
+    assert run.placement.workdir.is_dir() and run.placement.out.is_dir() and old.is_dir()  # all kept
+    assert json.loads((run.placement.workdir / "timeline.json").read_text())["unreported"]
 
 
 def test_a_product_that_does_not_match_result_json_is_an_app_error(tmp_path):
@@ -102,7 +112,7 @@ def test_a_product_that_does_not_match_result_json_is_an_app_error(tmp_path):
     [failed] = [call for call in client.calls if call[0] == "failed"]
     assert failed[2:4] == ("app_error", 0) and "does not match" in failed[4]
     assert not any(call[0] in ("upload", "succeeded") for call in client.calls)
-    assert run.workdir.is_dir()  # kept for a look
+    assert run.placement.workdir.is_dir()  # kept for a look
 
 
 class UploadRefusingClient(RecordingClient):
@@ -153,7 +163,7 @@ def test_walltime_failure_reports_class_exit_code_and_log_tail(tmp_path):
     client = RecordingClient()
     run = make_run(tmp_path, client)
     run.prepare()
-    partial = run.out.with_name(f".{run.out.name}.partial-xyz")
+    partial = run.placement.out.with_name(f".{run.placement.out.name}.partial-xyz")
     partial.mkdir()
     stderr = "".join(f"iteration {i}\n" for i in range(150)) + "worker.runner: walltime: ending every process\n"
     finish_with(run, "walltime", -15, stderr=stderr)
@@ -172,7 +182,7 @@ def test_stopped_tasks(tmp_path, reason, reported):
     run = make_run(tmp_path, client)
     run.prepare()
     run.request_stop(reason)
-    assert (run.workdir / "cancel").read_text().strip() == reason.value
+    assert (run.placement.workdir / "cancel").read_text().strip() == reason.value
     finish_with(run, "cancelled", -15, cancel_reason=reason.value)
     failed = [call for call in client.calls if call[0] == "failed"]
     assert [call[2] for call in failed] == ([reported] if reported else [])  # a 409 answer is fine
@@ -181,49 +191,73 @@ def test_stopped_tasks(tmp_path, reason, reported):
 def test_a_stop_asked_after_the_task_ended_does_not_change_how_it_ended(tmp_path):
     """Found by review: the drain deadline asked runs already being reported to stop, and a task the
     block lost (no status) was then reported as an uncharged ``drained``."""
-    from concurrent.futures import Future
-
     client = RecordingClient()
     run = make_run(tmp_path, client)
     run.prepare()
-    run.finishing = Future()  # handed to the report threads
+    run.finishing = concurrent.futures.Future()  # handed to the report threads
     run.request_stop(CancelReason.DRAIN)
     run.request_stop(CancelReason.CANCELLED)
-    assert run.stop_reason is None and not (run.workdir / "cancel").exists()
+    assert run.stop_reason is None and not (run.placement.workdir / "cancel").exists()
     run.request_stop(CancelReason.LOST)  # the service gave it away: still no report
     assert run.stop_reason is CancelReason.LOST
 
 
 def test_an_unreadable_cancel_file_is_not_a_cancel(tmp_path):
     """Found by review: any read error of the cancel file (ESTALE on NFS) made the runner kill a healthy task."""
-    from worker.runner import CANCEL_FILE, read_cancel, write_cancel
-
     assert read_cancel(tmp_path) is None
     (tmp_path / CANCEL_FILE).mkdir()  # reading it fails with IsADirectoryError, an OSError
     assert read_cancel(tmp_path) is None
     (tmp_path / CANCEL_FILE).rmdir()
     write_cancel(tmp_path, CancelReason.DRAIN)
-    assert read_cancel(tmp_path) == "drain"
+    assert read_cancel(tmp_path) is CancelReason.DRAIN
+    (tmp_path / CANCEL_FILE).write_text("stop it\n")  # an unknown reason is still a cancel
+    assert read_cancel(tmp_path) is CancelReason.CANCELLED
 
 
-def test_a_status_that_shows_late_on_a_shared_file_system_is_waited_for(tmp_path):
+def test_a_cancel_never_brings_back_a_removed_work_folder(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        write_cancel(tmp_path / "gone", CancelReason.LOST)
+    assert not (tmp_path / "gone").exists()
+
+
+def test_a_status_that_shows_late_on_a_shared_file_system_is_waited_for(tmp_path, monkeypatch):
     """Found by review: the Parsl app had returned but status.json was not yet visible (NFS attribute
     cache), and a task that exited 0 was classified launch_error ("no status")."""
-    import threading
-    from concurrent.futures import Future
-
     client = RecordingClient()
     run = make_run(tmp_path, client)
     run.prepare()
-    run.future = Future()
+    run.future = concurrent.futures.Future()
     run.future.set_result(0)  # the app returned normally
-    status = {"ending": "exited", "exit_code": 0, "launched_at": 1.0, "ended_at": 2.0, "walltime_s": 300.0}
-    later = threading.Timer(0.5, lambda: (run.workdir / "status.json").write_text(json.dumps(status)))
-    later.start()
-    try:
-        assert run.evidence().status == status
-    finally:
-        later.join()
+    status = runner_status("exited", 0)
+    looks = []
+
+    def status_shows_while_waiting(seconds):  # the worker's pause between looks: the file appears meanwhile
+        looks.append(seconds)
+        (run.placement.workdir / STATUS_FILE).write_text(status.model_dump_json())
+
+    monkeypatch.setattr(run_stage.time, "sleep", status_shows_while_waiting)
+    ended = run.conclude()
+    assert looks == [run_stage.STATUS_LOOK_S]
+    assert ended.status == status and ended.verdict.outcome is Outcome.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    ("status_text", "message"),
+    [
+        ('{"ending": "exploded", "exit_code": 0}', "unknown ending 'exploded' in status.json"),
+        ("{not json", "status.json is damaged"),
+        ('{"ending": "exited", "exit_code": 0}', "status.json is damaged: host: Field required"),
+    ],
+)
+def test_a_status_that_does_not_read_is_a_launch_error_that_says_so(tmp_path, status_text, message):
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    (run.placement.workdir / STATUS_FILE).write_text(status_text)
+    assert run.ended()
+    run.finish()
+    [failed] = [call for call in client.calls if call[0] == "failed"]
+    assert failed[2] == "launch_error" and message in failed[4]
 
 
 class SuccessRefusingClient(RecordingClient):
@@ -279,14 +313,11 @@ def test_a_plan_that_cannot_be_read_here_is_refused_not_a_crash(tmp_path, monkey
     """Found by review: ``is_file()`` re-raises EACCES (a plan under a folder this worker may not enter;
     the tests run as root, whom permissions do not stop, hence the patch), which escaped the launch
     and stopped the whole worker."""
-    import errno
-    from pathlib import Path
-
     run = make_run(tmp_path, RecordingClient())
     real_is_file = Path.is_file
 
     def forbidden(path):
-        if path == run.plan_file:
+        if path == run.placement.plan_file:
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
         return real_is_file(path)
 
@@ -298,8 +329,6 @@ def test_a_plan_that_cannot_be_read_here_is_refused_not_a_crash(tmp_path, monkey
 
 def test_a_liveness_touch_that_fails_is_tried_again(tmp_path, monkeypatch):
     """Found by review: one EIO from utime ended the liveness thread for good."""
-    import errno
-
     run = make_run(tmp_path, RecordingClient())
     run.prepare()
     real_utime = os.utime
@@ -311,19 +340,18 @@ def test_a_liveness_touch_that_fails_is_tried_again(tmp_path, monkeypatch):
         return real_utime(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "utime", flaky_utime)
-    liveness = run.workdir / "liveness"
+    liveness = run.placement.workdir / "liveness"
     real_utime(liveness, (0, 0))
     run.touch()  # fails, is noted
-    assert run.touch_failed and liveness.stat().st_mtime == 0
+    assert run.folder.touch_failed and liveness.stat().st_mtime == 0
     run.touch()
-    assert not run.touch_failed and liveness.stat().st_mtime > 0
+    assert not run.folder.touch_failed and liveness.stat().st_mtime > 0
 
 
 def test_a_task_parsl_lost_while_its_runner_lives_is_told_to_end(tmp_path):
     """Found by review: a task whose Parsl manager was lost (its runner still up: runner.json, no
     status.json) was reported lost_worker and dropped, and the runner ran on until its liveness file
     went stale (120 s) while the service ran the realisation again elsewhere."""
-    import concurrent.futures
 
     class ManagerLost(Exception):
         pass
@@ -331,43 +359,62 @@ def test_a_task_parsl_lost_while_its_runner_lives_is_told_to_end(tmp_path):
     client = RecordingClient()
     run = make_run(tmp_path, client)
     run.prepare()
-    (run.workdir / "runner.json").write_text(json.dumps({"host": "node7", "launched_at": 1.0}))
+    (run.placement.workdir / RUNNER_FILE).write_text(runner_started().model_dump_json())
     run.future = concurrent.futures.Future()
     run.future.set_exception(ManagerLost("the manager of block 0 was lost"))
     run.finish()
     [failed] = [call for call in client.calls if call[0] == "failed"]
     assert failed[2] == "lost_worker"
-    assert (run.workdir / "cancel").read_text().strip() == CancelReason.LOST.value
+    assert (run.placement.workdir / "cancel").read_text().strip() == CancelReason.LOST.value
+
+
+class ContendedLock:
+    """A lock that tells when a second thread has to wait for it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.contended = threading.Event()
+
+    def __enter__(self):
+        if not self.lock.acquire(blocking=False):
+            self.contended.set()
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.lock.release()
 
 
 def test_a_stop_asked_while_the_work_folder_is_removed_does_not_leave_it_behind(tmp_path, monkeypatch):
     """Found by CI: a heartbeat that reached the service just after it accepted a success answered
     "lost", the loop wrote a cancel file into the work folder while a report thread was removing it,
     and the folder stayed (``rmtree`` ignores the non-empty ``rmdir``)."""
-    import threading
-
-    import worker.tasks
-
     client = RecordingClient()
     run = make_run(tmp_path, client)
     run.prepare()
     write_products(run)
+    run.folder.lock = lock = ContendedLock()
+    stoppers = []
 
     def rmtree_interrupted_by_a_stop(path, ignore_errors=False):
         for entry in path.iterdir():  # rmtree's first half: the files go
             entry.unlink()
         stopper = threading.Thread(target=run.request_stop, args=(CancelReason.LOST,))
-        stopper.start()
-        stopper.join(0.5)  # the loop thread asks for the stop now (it has to wait for the removal to end)
+        stoppers.append(stopper)
+        stopper.start()  # the loop thread asks for the stop now...
+        assert lock.contended.wait(30), "the stop did not wait for the removal"  # ...and has to wait
         try:
             os.rmdir(path)  # rmtree's last step, which fails on a file written meanwhile
         except OSError:
             if not ignore_errors:
                 raise
 
-    monkeypatch.setattr(worker.tasks.shutil, "rmtree", rmtree_interrupted_by_a_stop)
+    monkeypatch.setattr(shutil, "rmtree", rmtree_interrupted_by_a_stop)
     timeline = finish_with(run, "exited", 0)
+    [stopper] = stoppers
+    stopper.join(30)
+    assert not stopper.is_alive()
     assert timeline["outcome"] == "succeeded" and ("succeeded", "realize-5", 0) in client.calls
-    assert not run.workdir.exists()
+    assert not run.placement.workdir.exists()
     run.request_stop(CancelReason.LOST)  # asked again after the removal: nothing is written
-    assert not run.workdir.exists()
+    assert not run.placement.workdir.exists()
