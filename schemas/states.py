@@ -158,7 +158,7 @@ def advance(entity: Entity, current: State | str, new: S) -> S:
         raise ForbiddenTransition(entity, str(current), str(new)) from None
     if not is_allowed(entity, before, new):
         raise ForbiddenTransition(entity, str(before), str(new))
-    for observer in list(_OBSERVERS):
+    for observer in _OBSERVERS:
         observer(entity, before, new)
     return new
 
