@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from fastapi import Depends, Request
 from sqlalchemy import JSON, BigInteger, DateTime, Engine, Integer, MetaData, create_engine, event
@@ -86,7 +86,7 @@ def state_type(states: type[StrEnum]) -> EnumType:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
 
 
 def make_engine(url: str, settings: Settings | None = None, *, pool: bool = True) -> Engine:

@@ -29,7 +29,7 @@ class QueueCollector:
     def __init__(self, database: Database):
         self.database = database
 
-    def collect(self):  # noqa: ANN201 - prometheus_client protocol
+    def collect(self):
         with self.database.session(write=False) as session:
             by_state = dict(session.execute(select(Realization.state, func.count()).group_by(Realization.state)).all())
             campaigns = dict(session.execute(select(Campaign.state, func.count()).group_by(Campaign.state)).all())

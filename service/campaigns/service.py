@@ -6,8 +6,9 @@ import logging
 import shutil
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -486,7 +487,7 @@ def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[
         ),
         execution_options={"synchronize_session": False},
     )
-    requeued = result.rowcount or 0
+    requeued = cast("CursorResult[Any]", result).rowcount or 0  # an UPDATE's result is a cursor's
     if requeued:
         campaign.failure_cause = None
         campaign.finished_at = None

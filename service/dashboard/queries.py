@@ -294,6 +294,7 @@ def workers_with_tasks(*, session: Session, owner_id: int, own_tasks_per_worker:
         .order_by(Realization.lease_holder_id, Campaign.id, Realization.index)
     )
     for worker_id, campaign_id, campaign_name, index in rows:
+        assert worker_id is not None  # the query keeps leased realisations only
         if shown.get(worker_id, 0) >= own_tasks_per_worker:
             continue
         shown[worker_id] = shown.get(worker_id, 0) + 1

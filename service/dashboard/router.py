@@ -221,7 +221,7 @@ ui = APIRouter(prefix="/ui", include_in_schema=False)
 
 def safe_next(target: str | None) -> str:
     """Only a path of this site: never another origin (``//host``, ``/\\host``, ``https://``)."""
-    if not target or not target.startswith("/") or target.startswith("//") or target.startswith("/\\"):
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
         return "/"
     return target
 
@@ -256,7 +256,7 @@ def login(
         error = "That token is unknown or revoked. Paste the contents of a user token file."
     elif principal.kind != "user":
         error = "That is a worker token; log in with a user token (mapcampaign token create --user NAME)."
-    if error:
+    if error or principal is None:
         return render(request, "login.html", {"next": safe_next(next), "error": error, "notice": ""}, status_code=401)
     response = redirect(safe_next(next))
     cookie = make_cookie(session_key(request), principal=principal, max_age_s=settings.session_max_age_s)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -82,6 +83,7 @@ def take_build(
     ).scalar()
     if inserted is not None:
         plan = session.get(PreprocessingPlan, inserted)
+        assert plan is not None  # inserted by this transaction
         _announce_build(session, plan, worker)
         return plan
     plan = find_plan(session=session, scan_key=scan_key, ranks=ranks, site=site)
@@ -94,7 +96,7 @@ def take_build(
         else:
             return None
     # Optimistic: only one claimer turns this failed row into a build.
-    taken = session.execute(
+    result = session.execute(
         update(PreprocessingPlan)
         .where(
             PreprocessingPlan.id == plan.id,
@@ -110,8 +112,8 @@ def take_build(
             lease_expires_at=expires,
         )
         .execution_options(synchronize_session=False)
-    ).rowcount
-    if taken != 1:
+    )
+    if cast("CursorResult[Any]", result).rowcount != 1:  # an UPDATE's result is a cursor's
         return None
     session.refresh(plan)
     _announce_build(session, plan, worker)

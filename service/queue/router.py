@@ -3,7 +3,7 @@ the preprocessing plans (shared, so every user sees them), and workers report a 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request, status
@@ -37,7 +37,7 @@ from service.queue.claim import claim_tasks
 from service.workers import service as workers
 from service.workers.artifacts import ArtifactStore
 
-_worker_errors = {
+_worker_errors: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody},
     403: {"model": ErrorBody},
     404: {"model": ErrorBody},

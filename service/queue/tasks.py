@@ -328,8 +328,13 @@ def end_attempt(
     charged = True
     if failure_class in UNCHARGED_FAILURES:
         session.flush()  # this attempt's failure class is counted below
-        earlier = session.scalar(
-            select(func.count()).where(Attempt.realization_id == realization.id, Attempt.failure_class == failure_class)
+        earlier = (
+            session.scalar(
+                select(func.count()).where(
+                    Attempt.realization_id == realization.id, Attempt.failure_class == failure_class
+                )
+            )
+            or 0
         )
         if earlier <= UNCHARGED_FAILURES[failure_class]:
             realization.attempts = max(realization.attempts - 1, 0)

@@ -27,7 +27,7 @@ def read_events(lines: Iterator[str], count: int) -> list[dict]:
                 if len(events) == count:
                     return events
             current = {}
-        elif line.startswith(":") or line.startswith("retry:"):
+        elif line.startswith((":", "retry:")):
             continue
         else:
             key, _, value = line.partition(": ")

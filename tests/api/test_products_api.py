@@ -315,7 +315,9 @@ def test_dashboard_panel_shows_the_running_mean_and_the_spectra(api, mapped):
 
 def run_products_cli(service, *args: str, token: str | None = None) -> subprocess.CompletedProcess:
     env = {**service.env, "MAPCAMPAIGN_TOKEN": token or service.user_token}
-    return subprocess.run(mapcampaign_command("products", *args), env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        mapcampaign_command("products", *args), env=env, capture_output=True, check=False, text=True, timeout=120
+    )
 
 
 def test_cli_downloads_the_products(live_service, mapped, tmp_path):
