@@ -11,21 +11,19 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Annotated, Any, Self
+from typing import Annotated, Any
 
 import typer
 
-from schemas.states import FINISHED_CAMPAIGN_STATES as FINISHED
-from schemas.states import CampaignState, RealizationState
 from service.cli._client import ApiClient, duration, print_json
 
-# Claimed realisations are counted in the running bar; cancelled ones get a bar only when there are some.
-BAR_STATES = (RealizationState.QUEUED, RealizationState.RUNNING, RealizationState.SUCCEEDED, RealizationState.FAILED)
+FINISHED = ("succeeded", "failed", "cancelled")
+BAR_STATES = ("queued", "running", "succeeded", "failed")
 
 
 def exit_code_for(state: str) -> int:
     """0 when every realisation succeeded, 1 when any failed or the campaign was cancelled."""
-    return 0 if state == CampaignState.SUCCEEDED else 1
+    return 0 if state == "succeeded" else 1
 
 
 class EventPoker:
@@ -71,7 +69,7 @@ class EventPoker:
                             last_event_id = line[3:].strip()
                         elif line.startswith("data:"):
                             self.pokes.put("event")
-            except Exception:  # noqa: BLE001, S110 -- any failure of the stream: the watcher polls until it is back
+            except Exception:  # any failure of the stream: the watcher polls until it is back
                 pass
             self.connected.clear()
             self.lost.set()
@@ -93,7 +91,7 @@ class ProgressView:
         self.progress: Any = None
         self.tasks: dict[str, Any] = {}
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> ProgressView:
         if self.live:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
