@@ -23,22 +23,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.result import RealizationResult
 from schemas.spec import CampaignKind, CampaignSpec
+from schemas.states import CampaignState, PlanState, RealizationState
 
 API_PREFIX = "/api/v1"
 
-CampaignState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-RealizationState = Literal["queued", "claimed", "running", "succeeded", "failed", "cancelled"]
-PlanState = Literal["building", "ready", "failed"]
 FailureClass = Literal[
     "app_error", "walltime", "oom", "lost_worker", "drained", "launch_error", "site_error", "cancelled"
 ]
 TokenKind = Literal["user", "worker"]
 
-# The tuples are the Literals' own members, in order: one list to extend, not two.
-CAMPAIGN_STATES: tuple[str, ...] = get_args(CampaignState)
-REALIZATION_STATES: tuple[str, ...] = get_args(RealizationState)
-UNFINISHED_REALIZATION_STATES: tuple[str, ...] = ("queued", "claimed", "running")
-FINISHED_CAMPAIGN_STATES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+# The state tuples are the enums' own members, in order: one list to extend, not two.
+CAMPAIGN_STATES: tuple[CampaignState, ...] = tuple(CampaignState)
+REALIZATION_STATES: tuple[RealizationState, ...] = tuple(RealizationState)
 FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
@@ -312,8 +308,9 @@ Task = Annotated[PreprocessTask | RealizeTask, Field(discriminator="kind")]
 class ClaimAnswer(ApiModel):
     tasks: list[Task]
     lease_s: float | None = Field(
-        None, description="Length of a lease, seconds (heartbeat within it); unlike lease_expires_at, "
-        "free of any difference between the service's clock and the worker's"
+        None,
+        description="Length of a lease, seconds (heartbeat within it); unlike lease_expires_at, "
+        "free of any difference between the service's clock and the worker's",
     )
 
 

@@ -23,20 +23,22 @@ from sqlalchemy import text
 from schemas.api import API_PREFIX, Health
 from service.admission import AdmissionMiddleware
 from service.campaigns.router import router as campaigns_router
+from service.campaigns.service import campaign_visible
 from service.config import Settings
 from service.dashboard import mount_dashboard
 from service.db import Database
 from service.errors import install_error_handlers
-from service.events.router import router as events_router
+from service.events.router import events_router
 from service.limits import BodyLimitMiddleware
 from service.metrics import LatencyMiddleware, Metrics
 from service.migrate import current_revisions
 from service.products import mount_products
 from service.products.reconcile import run_reconciler
 from service.queue.reaper import run_reaper
+from service.queue.router import claims_router, tasks_router
 from service.queue.router import router as plans_router
 from service.startup import ensure_local_tokens, prepare_database
-from service.workers.router import tasks_router, workers_router
+from service.workers.router import workers_router
 
 log = logging.getLogger("mapcampaign.service")
 
@@ -97,7 +99,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(LatencyMiddleware, metrics=metrics)
 
     api = APIRouter(prefix=API_PREFIX)
-    for router in (campaigns_router, plans_router, workers_router, tasks_router, events_router):
+    for router in (
+        campaigns_router,
+        plans_router,
+        workers_router,
+        claims_router,
+        tasks_router,
+        events_router(campaign_visible),
+    ):
         api.include_router(router)
     app.include_router(api)
     mount_dashboard(app)  # pages at /, their JSON and events under /ui, files under /static
@@ -112,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 connection.execute(text("SELECT 1"))
             revision = ",".join(sorted(current_revisions(database.engine))) or None
             body, status = Health(status="ok", database=database.dialect, schema_revision=revision), 200
-        except Exception as error:  # the answer says unavailable; the log says why
+        except Exception as error:  # noqa: BLE001 -- the answer says unavailable; the log says why
             log.warning("health check: database unreachable: %s", type(error).__name__)
             body, status = Health(status="unavailable", database=database.dialect), 503
         return JSONResponse(body.model_dump(mode="json"), status_code=status)

@@ -82,7 +82,7 @@ class Settings(BaseSettings):
             return None
         value = value.strip()
         scheme = value.split(":", 1)[0].lower()
-        if not (scheme.startswith("sqlite") or scheme.startswith("postgresql") or scheme == "postgres"):
+        if not (scheme.startswith(("sqlite", "postgresql")) or scheme == "postgres"):
             raise ValueError("database_url must be a sqlite:/// or postgresql:// URL")
         return value
 

@@ -9,13 +9,15 @@ PostgreSQL uses row locks (``FOR UPDATE``, ``SKIP LOCKED``) where work is shared
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar
 
 from fastapi import Depends, Request
 from sqlalchemy import JSON, BigInteger, DateTime, Engine, Integer, MetaData, create_engine, event
+from sqlalchemy import Enum as EnumType
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.pool import NullPool
 from sqlalchemy.types import TypeDecorator
@@ -37,8 +39,17 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 NEVER_REUSE_IDS = {"sqlite_autoincrement": True}
 
 
-def utcnow() -> datetime:
+def system_clock() -> datetime:
     return datetime.now(UTC)
+
+
+# The service's one source of "now" (leases, reaping, timestamps). Tests move time by replacing it
+# (the ``clock`` fixture of tests/api); nothing else assigns it.
+clock: Callable[[], datetime] = system_clock
+
+
+def utcnow() -> datetime:
+    return clock()
 
 
 class UTCDateTime(TypeDecorator):
@@ -61,9 +72,21 @@ class UTCDateTime(TypeDecorator):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def state_type(states: type[StrEnum]) -> EnumType:
+    """A state column's type: the enum's values in a VARCHAR(16) (the schema's type), no CHECK constraint."""
+    return EnumType(
+        states,
+        native_enum=False,
+        create_constraint=False,
+        validate_strings=True,
+        length=16,
+        values_callable=lambda members: [member.value for member in members],
+    )
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
 
 
 def make_engine(url: str, settings: Settings | None = None, *, pool: bool = True) -> Engine:

@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.api import API_PREFIX, CAMPAIGN_STATES, REALIZATION_STATES
+from schemas.states import PlanState
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.db import Database
 from service.events.models import Event
@@ -28,7 +29,7 @@ class QueueCollector:
     def __init__(self, database: Database):
         self.database = database
 
-    def collect(self):  # noqa: ANN201 - prometheus_client protocol
+    def collect(self):
         with self.database.session(write=False) as session:
             by_state = dict(session.execute(select(Realization.state, func.count()).group_by(Realization.state)).all())
             campaigns = dict(session.execute(select(Campaign.state, func.count()).group_by(Campaign.state)).all())
@@ -54,7 +55,7 @@ class QueueCollector:
             gauge.add_metric([state], campaigns.get(state, 0))
         yield gauge
         gauge = GaugeMetricFamily("mapcampaign_plans", "Preprocessing plans by state", labels=["state"])
-        for state in ("building", "ready", "failed"):
+        for state in PlanState:
             gauge.add_metric([state], plans.get(state, 0))
         yield gauge
         counter = CounterMetricFamily("mapcampaign_claims", "Tasks handed out by claim", labels=["kind"])

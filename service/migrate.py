@@ -67,5 +67,5 @@ def _known(revisions: set[str]) -> bool:
     script = ScriptDirectory(str(MIGRATIONS_DIR))
     try:
         return all(script.get_revision(revision) is not None for revision in revisions)
-    except Exception:
+    except Exception:  # noqa: BLE001 -- a revision alembic cannot resolve, however it says so, is unknown
         return False

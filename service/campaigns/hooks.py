@@ -48,7 +48,7 @@ def remove_result_hook(hook: ResultHook) -> None:
 
 
 def run_result_hooks(accepted: AcceptedResult) -> None:
-    for hook in list(_HOOKS):
+    for hook in _HOOKS:
         try:
             hook(accepted)
         except Exception:

@@ -6,7 +6,8 @@ from typing import Any
 from sqlalchemy import ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from service.db import NEVER_REUSE_IDS, Base, BigId, utcnow
+from schemas.states import AttemptState, CampaignState, RealizationState, attempt_state
+from service.db import NEVER_REUSE_IDS, Base, BigId, state_type, utcnow
 
 
 class Campaign(Base):
@@ -29,7 +30,7 @@ class Campaign(Base):
     scan_key: Mapped[str] = mapped_column(String(64), index=True)
     spec_hash: Mapped[str] = mapped_column(String(64))
     spec: Mapped[dict[str, Any]]
-    state: Mapped[str] = mapped_column(String(16), default="queued")
+    state: Mapped[CampaignState] = mapped_column(state_type(CampaignState), default=CampaignState.QUEUED)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     queued_at: Mapped[datetime] = mapped_column(default=utcnow, doc="Creation, or the last retry")
@@ -51,7 +52,7 @@ class Realization(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id", ondelete="CASCADE"))
     index: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(16), default="queued")
+    state: Mapped[RealizationState] = mapped_column(state_type(RealizationState), default=RealizationState.QUEUED)
     attempts: Mapped[int] = mapped_column(Integer, default=0, doc="Attempts used from the current budget")
     attempts_total: Mapped[int] = mapped_column(Integer, default=0, doc="Attempts ever made (numbers attempts)")
     current_attempt_id: Mapped[int | None] = mapped_column(BigId, default=None)
@@ -84,3 +85,7 @@ class Attempt(Base):
     log_tail: Mapped[str | None] = mapped_column(Text, default=None)
 
     realization: Mapped[Realization] = relationship()
+
+    @property
+    def state(self) -> AttemptState:
+        return attempt_state(started_at=self.started_at, ended_at=self.ended_at, failure_class=self.failure_class)

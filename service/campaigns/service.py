@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from schemas.api import (
     REALIZATION_STATES,
-    UNFINISHED_REALIZATION_STATES,
     AttemptInfo,
     CampaignDetail,
     CampaignProgress,
@@ -22,6 +22,17 @@ from schemas.api import (
     realize_task_id,
 )
 from schemas.spec import CampaignSpec, scan_key, spec_hash
+from schemas.states import (
+    FINISHED_CAMPAIGN_STATES,
+    UNFINISHED_REALIZATION_STATES,
+    AttemptState,
+    CampaignState,
+    Entity,
+    RealizationState,
+    advance,
+    advance_each,
+    attempt_state,
+)
 from service.auth.models import User
 from service.campaigns.errors import (
     CampaignAlreadyFinished,
@@ -38,9 +49,6 @@ from service.storage import CampaignStorage
 from service.workers.models import Worker
 
 log = logging.getLogger("mapcampaign.service")
-
-FINISHED = ("succeeded", "failed", "cancelled")
-
 
 # --------------------------------------------------------------------------- create
 
@@ -70,7 +78,7 @@ def create_campaign(
         scan_key=scan_key(spec),
         spec_hash=digest,
         spec=spec.model_dump(mode="json"),
-        state="queued",
+        state=CampaignState.QUEUED,
         idempotency_key=idempotency_key,
         created_at=now,
         queued_at=now,
@@ -91,7 +99,7 @@ def create_campaign(
             {
                 "campaign_id": campaign.id,
                 "index": index,
-                "state": "queued",
+                "state": RealizationState.QUEUED,
                 "attempts": 0,
                 "attempts_total": 0,
                 "updated_at": now,
@@ -102,7 +110,7 @@ def create_campaign(
     record_event(
         session,
         "campaign",
-        state="queued",
+        state=CampaignState.QUEUED,
         owner_id=owner_id,
         campaign_id=campaign.id,
         data={"name": campaign.name, "realizations": campaign.realizations},
@@ -147,11 +155,16 @@ def get_campaign(*, session: Session, owner_id: int, campaign_id: int, lock: boo
     return campaign
 
 
+def campaign_visible(session: Session, owner_id: int, campaign_id: int) -> None:
+    """Raise CampaignNotFound unless ``owner_id`` owns campaign ``campaign_id``: the events routes' check."""
+    get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+
+
 def list_campaigns(
     *,
     session: Session,
     owner_id: int,
-    state: str | None = None,
+    state: CampaignState | None = None,
     name: str | None = None,
     kind: str | None = None,
     cursor: str | None = None,
@@ -174,7 +187,7 @@ def list_campaigns(
     return rows[:limit], next_cursor
 
 
-def state_counts(*, session: Session, campaign_id: int) -> dict[str, int]:
+def state_counts(*, session: Session, campaign_id: int) -> dict[RealizationState, int]:
     counts = dict.fromkeys(REALIZATION_STATES, 0)
     rows = session.execute(
         select(Realization.state, func.count())
@@ -210,7 +223,7 @@ def progress_many(*, session: Session, campaigns: list[Campaign], window_s: floa
             select(Realization.campaign_id, func.count())
             .where(
                 Realization.campaign_id.in_(ids),
-                Realization.state.in_(("succeeded", "failed")),
+                Realization.state.in_((RealizationState.SUCCEEDED, RealizationState.FAILED)),
                 Realization.finished_at >= window_start,
             )
             .group_by(Realization.campaign_id)
@@ -228,7 +241,7 @@ def progress_many(*, session: Session, campaigns: list[Campaign], window_s: floa
     answer = {}
     for campaign in campaigns:
         per_state = counts[campaign.id]
-        done = per_state["succeeded"] + per_state["failed"] + per_state["cancelled"]
+        done = sum(per_state[state] for state in RealizationState if state not in UNFINISHED_REALIZATION_STATES)
         remaining = sum(per_state[state] for state in UNFINISHED_REALIZATION_STATES)
         throughput = eta = None
         recent = finished_recently.get(campaign.id, 0)
@@ -237,7 +250,7 @@ def progress_many(*, session: Session, campaigns: list[Campaign], window_s: floa
             span_start = max(window_start, first_claim or campaign.queued_at)
             hours = max((now - span_start).total_seconds(), 1.0) / 3600
             throughput = recent / hours
-            if remaining and campaign.state not in FINISHED:
+            if remaining and campaign.state not in FINISHED_CAMPAIGN_STATES:
                 eta = remaining / throughput * 3600
         answer[campaign.id] = CampaignProgress(
             counts=per_state, done=done, total=campaign.realizations, throughput_per_hour=throughput, eta_seconds=eta
@@ -282,7 +295,7 @@ def list_realizations(
     session: Session,
     owner_id: int,
     campaign_id: int,
-    state: str | None = None,
+    state: RealizationState | None = None,
     cursor: str | None = None,
     limit: int = 100,
 ) -> tuple[list[RealizationSummary], str | None]:
@@ -360,24 +373,23 @@ def get_realization(*, session: Session, owner_id: int, campaign_id: int, index:
 
 def settle_campaign(*, session: Session, campaign: Campaign) -> None:
     """Make the campaign's state follow its realisations. Call with the campaign row locked."""
-    if campaign.state == "cancelled":
+    if campaign.state == CampaignState.CANCELLED:
         return
     counts = state_counts(session=session, campaign_id=campaign.id)
     unfinished = sum(counts[state] for state in UNFINISHED_REALIZATION_STATES)
     before = campaign.state
+    failed = counts[RealizationState.FAILED]
     if unfinished == 0:
-        if counts["failed"]:
-            campaign.state = "failed"
-            if not campaign.failure_cause:
-                campaign.failure_cause = f"{counts['failed']} of {campaign.realizations} realisations failed"
-        else:
-            campaign.state = "succeeded"
+        settled = CampaignState.FAILED if failed else CampaignState.SUCCEEDED
+        if failed and not campaign.failure_cause:
+            campaign.failure_cause = f"{failed} of {campaign.realizations} realisations failed"
         campaign.finished_at = campaign.finished_at or utcnow()
     else:
-        started = campaign.realizations - counts["queued"] - counts["cancelled"]
-        campaign.state = "running" if started > 0 else "queued"
+        started = campaign.realizations - counts[RealizationState.QUEUED] - counts[RealizationState.CANCELLED]
+        settled = CampaignState.RUNNING if started > 0 else CampaignState.QUEUED
         campaign.finished_at = None
-    if campaign.state != before:
+    if settled != before:
+        campaign.state = advance(Entity.CAMPAIGN, before, settled)
         record_event(
             session,
             "campaign",
@@ -395,27 +407,30 @@ def end_open_attempts(
     query = update(Attempt).where(Attempt.campaign_id == campaign_id, Attempt.ended_at.is_(None))
     if realization_ids is not None:
         query = query.where(Attempt.realization_id.in_(realization_ids))
+    now = utcnow()
+    ended = attempt_state(started_at=None, ended_at=now, failure_class=failure_class)
+    advance_each(Entity.ATTEMPT, (AttemptState.CLAIMED, AttemptState.RUNNING), ended)
     session.execute(
-        query.values(ended_at=utcnow(), failure_class=failure_class), execution_options={"synchronize_session": False}
+        query.values(ended_at=now, failure_class=failure_class), execution_options={"synchronize_session": False}
     )
 
 
 def cancel_campaign(*, session: Session, owner_id: int, campaign_id: int, reason: str) -> Campaign:
     campaign = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id, lock=True)
-    if campaign.state in FINISHED:
+    if campaign.state in FINISHED_CAMPAIGN_STATES:
         raise CampaignAlreadyFinished(f"campaign {campaign_id} is already {campaign.state}; nothing to cancel")
-    fail_unfinished(session=session, campaign=campaign, state="cancelled", failure_class="cancelled")
-    campaign.state = "cancelled"
+    fail_unfinished(session=session, campaign=campaign, state=RealizationState.CANCELLED, failure_class="cancelled")
+    campaign.state = advance(Entity.CAMPAIGN, campaign.state, CampaignState.CANCELLED)
     campaign.cancel_reason = reason
     campaign.finished_at = utcnow()
     record_event(
-        session, "campaign", state="cancelled", owner_id=owner_id, campaign_id=campaign.id, data={"reason": reason}
+        session, "campaign", state=campaign.state, owner_id=owner_id, campaign_id=campaign.id, data={"reason": reason}
     )
     session.commit()
     return campaign
 
 
-def fail_unfinished(*, session: Session, campaign: Campaign, state: str, failure_class: str) -> int:
+def fail_unfinished(*, session: Session, campaign: Campaign, state: RealizationState, failure_class: str) -> int:
     """Move every unfinished realisation of a locked campaign to ``state`` and close its open attempts."""
     ids = list(
         session.scalars(
@@ -427,6 +442,7 @@ def fail_unfinished(*, session: Session, campaign: Campaign, state: str, failure
     )
     if not ids:
         return 0
+    advance_each(Entity.REALIZATION, UNFINISHED_REALIZATION_STATES, state)
     end_open_attempts(session=session, realization_ids=None, campaign_id=campaign.id, failure_class=failure_class)
     session.execute(
         update(Realization)
@@ -455,13 +471,13 @@ def fail_unfinished(*, session: Session, campaign: Campaign, state: str, failure
 def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[Campaign, int]:
     """Put failed realisations back in the queue with a fresh attempt budget."""
     campaign = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id, lock=True)
-    if campaign.state == "cancelled":
+    if campaign.state == CampaignState.CANCELLED:
         raise CampaignAlreadyFinished(f"campaign {campaign_id} was cancelled; submit it again instead")
     result = session.execute(
         update(Realization)
-        .where(Realization.campaign_id == campaign.id, Realization.state == "failed")
+        .where(Realization.campaign_id == campaign.id, Realization.state == RealizationState.FAILED)
         .values(
-            state="queued",
+            state=advance(Entity.REALIZATION, RealizationState.FAILED, RealizationState.QUEUED),
             attempts=0,
             lease_holder_id=None,
             lease_expires_at=None,
@@ -471,7 +487,7 @@ def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[
         ),
         execution_options={"synchronize_session": False},
     )
-    requeued = result.rowcount or 0
+    requeued = cast("CursorResult[Any]", result).rowcount or 0  # an UPDATE's result is a cursor's
     if requeued:
         campaign.failure_cause = None
         campaign.finished_at = None
@@ -479,7 +495,7 @@ def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[
         record_event(
             session,
             "realization",
-            state="queued",
+            state=RealizationState.QUEUED,
             owner_id=owner_id,
             campaign_id=campaign.id,
             data={"count": requeued, "bulk": True, "retry": True},
@@ -491,7 +507,7 @@ def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[
 
 def delete_campaign(*, session: Session, owner_id: int, campaign_id: int, products_dir: Path) -> None:
     campaign = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id, lock=True)
-    if campaign.state not in FINISHED:
+    if campaign.state not in FINISHED_CAMPAIGN_STATES:
         raise CampaignNotFinished(f"campaign {campaign_id} is {campaign.state}; cancel it before deleting it")
     session.execute(delete(Attempt).where(Attempt.campaign_id == campaign.id))
     session.execute(delete(Realization).where(Realization.campaign_id == campaign.id))

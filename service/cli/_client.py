@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 import typer
 
@@ -67,8 +67,7 @@ def server_url(explicit: str | None = None) -> str:
         settings = load_settings()
         url = running_up_url(settings.data_dir) or local_server_url(settings.host, settings.port)
     url = url.strip().rstrip("/")
-    if url.endswith(API_PREFIX):
-        url = url[: -len(API_PREFIX)]
+    url = url.removesuffix(API_PREFIX)
     if not url.startswith(("http://", "https://")):
         fail(f"--server {url!r}: must start with http:// or https://", code=2)
     return url
@@ -107,13 +106,13 @@ class ApiClient:
             base_url=self.server + API_PREFIX, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout
         )
 
-    def __enter__(self) -> ApiClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.http.close()
 
-    def request(self, method: str, path: str, *, expected: tuple[int, ...] = (200,), **kwargs: Any) -> "httpx.Response":
+    def request(self, method: str, path: str, *, expected: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:
         """The answer when its status is ``expected``; otherwise the command fails (see :func:`fail_on_answer`)."""
         import httpx
 
@@ -135,14 +134,14 @@ class ApiClient:
         )
 
 
-def answer_detail(answer: "httpx.Response") -> Any:
+def answer_detail(answer: httpx.Response) -> Any:
     try:
         return answer.json().get("detail", answer.text)
     except (ValueError, AttributeError):
         return answer.text
 
 
-def field_problems(answer: "httpx.Response") -> list[tuple[str, str]]:
+def field_problems(answer: httpx.Response) -> list[tuple[str, str]]:
     """(dotted field path, reason) pairs of a 422 answer, with the ``body.`` prefix dropped:
     the path then names the field in the spec file."""
     detail = answer_detail(answer)
@@ -159,7 +158,7 @@ def field_problems(answer: "httpx.Response") -> list[tuple[str, str]]:
     return problems
 
 
-def fail_on_answer(answer: "httpx.Response", what: str) -> NoReturn:
+def fail_on_answer(answer: httpx.Response, what: str) -> NoReturn:
     status = answer.status_code
     if status == 422:
         reasons = "; ".join(f"{field}: {msg}" if field else msg for field, msg in field_problems(answer))
@@ -201,7 +200,7 @@ def short_time(value: str | None) -> str:
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")

@@ -16,8 +16,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -72,7 +74,7 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 class LocalStack:
-    def __init__(self, settings: "Settings", *, site: Path | None = None, max_tasks: int | None = None):
+    def __init__(self, settings: Settings, *, site: Path | None = None, max_tasks: int | None = None):
         self.settings = settings
         self.url = local_server_url(settings.host, settings.port)
         self.data_dir = settings.data_dir
@@ -82,7 +84,7 @@ class LocalStack:
         self.serve: subprocess.Popen | None = None
         self.worker: subprocess.Popen | None = None
         self._stopping = False
-        self._previous_handlers: dict[int, object] = {}
+        self._previous_handlers: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     # ------------------------------------------------------------------ signals
 
@@ -117,7 +119,7 @@ class LocalStack:
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"{name}.log", "ab")
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 -- the child keeps it open; ours closes below
         try:
             # Through worker.pdeathsig: if `up` itself is SIGKILLed (no chance to stop its children),
             # the kernel sends them SIGTERM, so the API and the worker (which drains) do not live on.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -17,7 +17,7 @@ def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def load_settings(**overrides: object) -> "Settings":
+def load_settings(**overrides: Any) -> Settings:
     from pydantic import ValidationError
 
     from service.config import Settings

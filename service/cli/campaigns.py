@@ -182,7 +182,7 @@ def list_campaigns(
     as_json: JsonOption = False,
 ) -> None:
     """List your campaigns, newest first."""
-    params = {"limit": limit}
+    params: dict[str, Any] = {"limit": limit}
     if state:
         params["state"] = state
     if name:

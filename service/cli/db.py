@@ -24,7 +24,7 @@ def upgrade() -> None:
     try:
         run_upgrade(database.url)
         revision = check_schema(database.engine)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 -- any failure is one line on stderr and exit 1
         fail(f"cannot migrate {where}: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
     finally:
         database.dispose()

@@ -38,7 +38,7 @@ def serve(
             typer.echo(f"worker token (user 'local'): {tokens.worker_token_file}", err=True)
     except SchemaNotCurrent as error:
         fail(error.detail)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 -- any failure is one line on stderr and exit 1
         where = database.engine.url.render_as_string(hide_password=True)
         fail(
             f"cannot open the database {where}: {type(error).__name__}: {str(error).splitlines()[0][:300]}",

@@ -85,7 +85,7 @@ def collect_products_panel(*, session: Any, campaign: Any, settings: Any) -> Pro
     figures: list[FigureRef] = []
     charts: list[ChartRef] = []
     notes: list[str] = []
-    for provider in list(_PROVIDERS):
+    for provider in _PROVIDERS:
         try:
             panel = provider(session=session, campaign=campaign, settings=settings)
         except Exception:

@@ -15,14 +15,20 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from schemas.api import REALIZATION_STATES
+from schemas.states import LEASED_REALIZATION_STATES, PlanState, RealizationState
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.queue.models import PreprocessingPlan
 from service.workers.models import Worker
 
 # One character per realisation state: the grid of a 10000-realisation campaign is 10 kB.
-STATE_CODES = {"queued": "q", "claimed": "c", "running": "r", "succeeded": "s", "failed": "f", "cancelled": "x"}
-assert set(STATE_CODES) == set(REALIZATION_STATES)
+STATE_CODES = {
+    RealizationState.QUEUED: "q",
+    RealizationState.CLAIMED: "c",
+    RealizationState.RUNNING: "r",
+    RealizationState.SUCCEEDED: "s",
+    RealizationState.FAILED: "f",
+    RealizationState.CANCELLED: "x",
+}
 
 RESULTS_WINDOW = 100  # realisations per window of the timing and convergence charts
 MAP_ROLE = "iqu"  # role (ProductFile.name) of the I/Q/U map in a realisation's products
@@ -164,7 +170,7 @@ def results_window(*, session: Session, campaign: Campaign, window: int) -> list
         )
         .where(
             Realization.campaign_id == campaign.id,
-            Realization.state == "succeeded",
+            Realization.state == RealizationState.SUCCEEDED,
             Realization.index >= start,
             Realization.index < stop,
         )
@@ -190,7 +196,7 @@ def latest_results_window(*, session: Session, campaign_id: int) -> int:
     """The window holding the most recently finished succeeded realisation (0 when none succeeded yet)."""
     index = session.scalar(
         select(Realization.index)
-        .where(Realization.campaign_id == campaign_id, Realization.state == "succeeded")
+        .where(Realization.campaign_id == campaign_id, Realization.state == RealizationState.SUCCEEDED)
         .order_by(Realization.finished_at.desc(), Realization.index.desc())
         .limit(1)
     )
@@ -219,7 +225,7 @@ def latest_map(*, session: Session, campaign_id: int, look_back: int = 20) -> Ma
     """The I/Q/U map of the most recently finished succeeded realisation that has one."""
     rows = session.execute(
         select(Realization.index, Realization.result["products"], Realization.finished_at)
-        .where(Realization.campaign_id == campaign_id, Realization.state == "succeeded")
+        .where(Realization.campaign_id == campaign_id, Realization.state == RealizationState.SUCCEEDED)
         .order_by(Realization.finished_at.desc(), Realization.index.desc())
         .limit(look_back)
     )
@@ -233,7 +239,9 @@ def latest_map(*, session: Session, campaign_id: int, look_back: int = 20) -> Ma
 def realization_map(*, session: Session, campaign_id: int, index: int) -> MapProduct | None:
     row = session.execute(
         select(Realization.result["products"], Realization.finished_at).where(
-            Realization.campaign_id == campaign_id, Realization.index == index, Realization.state == "succeeded"
+            Realization.campaign_id == campaign_id,
+            Realization.index == index,
+            Realization.state == RealizationState.SUCCEEDED,
         )
     ).first()
     if row is None:
@@ -246,7 +254,9 @@ def product_of(*, session: Session, campaign_id: int, index: int, name: str) -> 
     """The product record a succeeded realisation's result names with this file name."""
     products = session.scalar(
         select(Realization.result["products"]).where(
-            Realization.campaign_id == campaign_id, Realization.index == index, Realization.state == "succeeded"
+            Realization.campaign_id == campaign_id,
+            Realization.index == index,
+            Realization.state == RealizationState.SUCCEEDED,
         )
     )
     for product in products if isinstance(products, list) else []:
@@ -260,14 +270,14 @@ def workers_with_tasks(*, session: Session, owner_id: int, own_tasks_per_worker:
     held = dict(
         session.execute(
             select(Realization.lease_holder_id, func.count())
-            .where(Realization.state.in_(("claimed", "running")), Realization.lease_holder_id.is_not(None))
+            .where(Realization.state.in_(LEASED_REALIZATION_STATES), Realization.lease_holder_id.is_not(None))
             .group_by(Realization.lease_holder_id)
         ).all()
     )
     building = dict(
         session.execute(
             select(PreprocessingPlan.lease_holder_id, func.count())
-            .where(PreprocessingPlan.state == "building", PreprocessingPlan.lease_holder_id.is_not(None))
+            .where(PreprocessingPlan.state == PlanState.BUILDING, PreprocessingPlan.lease_holder_id.is_not(None))
             .group_by(PreprocessingPlan.lease_holder_id)
         ).all()
     )
@@ -278,12 +288,13 @@ def workers_with_tasks(*, session: Session, owner_id: int, own_tasks_per_worker:
         .join(Campaign, Campaign.id == Realization.campaign_id)
         .where(
             Campaign.owner_id == owner_id,
-            Realization.state.in_(("claimed", "running")),
+            Realization.state.in_(LEASED_REALIZATION_STATES),
             Realization.lease_holder_id.is_not(None),
         )
         .order_by(Realization.lease_holder_id, Campaign.id, Realization.index)
     )
     for worker_id, campaign_id, campaign_name, index in rows:
+        assert worker_id is not None  # the query keeps leased realisations only
         if shown.get(worker_id, 0) >= own_tasks_per_worker:
             continue
         shown[worker_id] = shown.get(worker_id, 0) + 1

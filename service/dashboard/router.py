@@ -23,8 +23,9 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES, CampaignState, RealizationState
+from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES
 from schemas.io import format_location
+from schemas.states import CampaignState, RealizationState
 from service.auth.service import principal_for_token
 from service.campaigns import service as campaigns
 from service.dashboard import queries
@@ -43,6 +44,7 @@ from service.dashboard.session import (
     session_key,
     set_session_cookie,
 )
+from service.db import utcnow
 from service.deps import (
     EventPositionQuery,
     ReadSessionDep,
@@ -85,7 +87,7 @@ NOTICES = {
 def _ago(moment: datetime | None) -> str:
     if moment is None:
         return "never"
-    seconds = max((datetime.now(UTC) - moment).total_seconds(), 0.0)
+    seconds = max((utcnow() - moment).total_seconds(), 0.0)
     return f"{_duration(seconds)} ago"
 
 
@@ -197,7 +199,13 @@ class PageRoute(APIRoute):
 
 def error_page(request: Request, status_code: int, detail: str) -> HTMLResponse:
     user = getattr(request.state, "dashboard_session", None)
-    titles = {401: "Log in first", 403: "Not allowed", 404: "Not found", 409: "Not possible now", 422: "Not a valid address"}
+    titles = {
+        401: "Log in first",
+        403: "Not allowed",
+        404: "Not found",
+        409: "Not possible now",
+        422: "Not a valid address",
+    }
     return render(
         request,
         "error.html",
@@ -213,7 +221,7 @@ ui = APIRouter(prefix="/ui", include_in_schema=False)
 
 def safe_next(target: str | None) -> str:
     """Only a path of this site: never another origin (``//host``, ``/\\host``, ``https://``)."""
-    if not target or not target.startswith("/") or target.startswith("//") or target.startswith("/\\"):
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
         return "/"
     return target
 
@@ -248,7 +256,7 @@ def login(
         error = "That token is unknown or revoked. Paste the contents of a user token file."
     elif principal.kind != "user":
         error = "That is a worker token; log in with a user token (mapcampaign token create --user NAME)."
-    if error:
+    if error or principal is None:
         return render(request, "login.html", {"next": safe_next(next), "error": error, "notice": ""}, status_code=401)
     response = redirect(safe_next(next))
     cookie = make_cookie(session_key(request), principal=principal, max_age_s=settings.session_max_age_s)
@@ -362,7 +370,12 @@ def retry(
 
 @pages.get("/campaigns/{campaign_id}/realizations/{index}/maps/{field}.png")
 async def map_image(
-    request: Request, campaign_id: RowId, index: RealizationIndex, field: str, user: DashboardUser, settings: SettingsDep
+    request: Request,
+    campaign_id: RowId,
+    index: RealizationIndex,
+    field: str,
+    user: DashboardUser,
+    settings: SettingsDep,
 ) -> Response:
     if field not in FIELDS:
         raise NotFound(f"no map field {field!r}; use I, Q or U")
@@ -401,7 +414,12 @@ async def map_image(
 
 @pages.get("/campaigns/{campaign_id}/realizations/{index}/products/{name}")
 def product_file(
-    campaign_id: RowId, index: RealizationIndex, name: str, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
+    campaign_id: RowId,
+    index: RealizationIndex,
+    name: str,
+    user: DashboardUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
 ) -> Response:
     campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     product = queries.product_of(session=session, campaign_id=campaign_id, index=index, name=name)
@@ -485,7 +503,9 @@ async def events(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
 ) -> StreamingResponse:
     """The service's event stream (same events, same resumption), for a browser logged in with the cookie."""
-    return await open_event_stream(request, user.principal, settings, campaign_id, after, last_event_id)
+    return await open_event_stream(
+        request, user.principal, settings, campaign_id, after, last_event_id, check_campaign=campaigns.campaign_visible
+    )
 
 
 # --------------------------------------------------------------------------- wiring

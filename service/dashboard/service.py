@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from schemas.api import CampaignProgress
+from schemas.states import CampaignState, RealizationState
 from service.campaigns import service as campaigns
 from service.campaigns.models import Campaign
 from service.config import Settings
@@ -41,7 +42,13 @@ def progress_json(campaign: Campaign, progress: CampaignProgress) -> dict[str, A
 
 
 def overview(
-    *, session: Session, owner_id: int, settings: Settings, state: str | None, name: str | None, cursor: str | None
+    *,
+    session: Session,
+    owner_id: int,
+    settings: Settings,
+    state: CampaignState | None,
+    name: str | None,
+    cursor: str | None,
 ) -> dict[str, Any]:
     after_event = latest_event_id(session=session)  # read first: the live stream replays anything newer
     rows, next_cursor = campaigns.list_campaigns(
@@ -97,7 +104,7 @@ def campaign_page(
     owner_id: int,
     campaign_id: int,
     settings: Settings,
-    state: str | None,
+    state: RealizationState | None,
     cursor: str | None,
 ) -> dict[str, Any]:
     after_event = latest_event_id(session=session)

@@ -209,8 +209,8 @@ def clear_session_cookie(response, *, settings: Settings) -> None:
 
 
 def optional_session(request: Request) -> DashboardSession | None:
-    cached = getattr(request.state, "dashboard_session", False)
-    if cached is not False:
+    cached: DashboardSession | None | bool = getattr(request.state, "dashboard_session", False)
+    if not isinstance(cached, bool):
         return cached
     key = session_key(request)
     payload = read_cookie(key, request.cookies.get(COOKIE_NAME))

@@ -10,7 +10,7 @@ the ``Last-Event-ID`` header (browsers send it when they reconnect) or
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 import anyio
@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session
 
 from schemas.api import ErrorBody, EventInfo
 from service.auth.service import Principal
-from service.campaigns.service import get_campaign
 from service.config import Settings
 from service.db import Database, get_database
 from service.deps import (
@@ -36,7 +35,11 @@ from service.errors import Invalid
 from service.events.models import Event
 from service.events.service import events_after, latest_event_id
 
-router = APIRouter(prefix="/events", tags=["events"], responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}})
+CampaignCheck = Callable[[Session, int, int], object]
+"""``check(session, owner_id, campaign_id)`` raises NotFound unless the owner may see that campaign.
+
+The campaigns feature provides it (``service.app`` passes it in): events sit below campaigns, which record them.
+"""
 
 
 def event_info(event: Event) -> EventInfo:
@@ -64,20 +67,46 @@ def _start_after(last_event_id: str | None, after: int | None) -> int | None:
     return after
 
 
-@router.get(
-    "",
-    response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "description": "An endless SSE stream"}},
-)
-async def stream_events(
-    request: Request,
-    user: CurrentUser,
-    settings: SettingsDep,
-    campaign_id: RowIdQuery = None,
-    after: EventPositionQuery = None,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
-) -> StreamingResponse:
-    return await open_event_stream(request, user, settings, campaign_id, after, last_event_id)
+def events_router(check_campaign: CampaignCheck) -> APIRouter:
+    """The ``/events`` routes: the SSE stream and its JSON twin, ``/events/log``."""
+    router = APIRouter(
+        prefix="/events", tags=["events"], responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}}
+    )
+
+    @router.get(
+        "",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}, "description": "An endless SSE stream"}},
+    )
+    async def stream_events(
+        request: Request,
+        user: CurrentUser,
+        settings: SettingsDep,
+        campaign_id: RowIdQuery = None,
+        after: EventPositionQuery = None,
+        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+    ) -> StreamingResponse:
+        return await open_event_stream(request, user, settings, campaign_id, after, last_event_id, check_campaign)
+
+    @router.get("/log", response_model=list[EventInfo])
+    def event_log(
+        user: CurrentUser,
+        session: ReadSessionDep,
+        campaign_id: RowIdQuery = None,
+        after: EventPosition = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[EventInfo]:
+        """The same events as the stream, as a JSON page: ids after ``after``, oldest first."""
+        if campaign_id is not None:
+            check_campaign(session, user.user_id, campaign_id)
+        return [
+            event_info(event)
+            for event in events_after(
+                session=session, after_id=after, owner_id=user.user_id, campaign_id=campaign_id, limit=limit
+            )
+        ]
+
+    return router
 
 
 async def open_event_stream(
@@ -87,6 +116,7 @@ async def open_event_stream(
     campaign_id: int | None,
     after: int | None,
     last_event_id: str | None,
+    check_campaign: CampaignCheck,
 ) -> StreamingResponse:
     """The SSE answer for ``user``: this endpoint's, and the dashboard's (which authenticates by cookie)."""
     database = get_database(request)
@@ -95,7 +125,7 @@ async def open_event_stream(
     def first_position() -> int:
         with database.session(write=False) as session:
             if campaign_id is not None:
-                get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)  # 404 if not theirs
+                check_campaign(session, user.user_id, campaign_id)  # 404 if not theirs
             return latest_event_id(session=session) if start is None else start
 
     position = await anyio.to_thread.run_sync(first_position)
@@ -155,22 +185,3 @@ async def _sse(
         if quiet >= keepalive_s:
             quiet = 0.0
             yield ": keepalive\n\n"
-
-
-@router.get("/log", response_model=list[EventInfo])
-def event_log(
-    user: CurrentUser,
-    session: ReadSessionDep,
-    campaign_id: RowIdQuery = None,
-    after: EventPosition = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> list[EventInfo]:
-    """The same events as the stream, as a JSON page: ids after ``after``, oldest first."""
-    if campaign_id is not None:
-        get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
-    return [
-        event_info(event)
-        for event in events_after(
-            session=session, after_id=after, owner_id=user.user_id, campaign_id=campaign_id, limit=limit
-        )
-    ]

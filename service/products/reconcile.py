@@ -17,6 +17,7 @@ import logging
 import anyio
 from sqlalchemy import func, select
 
+from schemas.states import RealizationState
 from service.campaigns.hooks import AcceptedResult
 from service.campaigns.models import Campaign, Realization
 from service.config import Settings
@@ -42,7 +43,7 @@ def reconcile_campaign(*, database: Database, products_dir, campaign_id: int) ->
         succeeded = list(
             session.scalars(
                 select(Realization.index)
-                .where(Realization.campaign_id == campaign_id, Realization.state == "succeeded")
+                .where(Realization.campaign_id == campaign_id, Realization.state == RealizationState.SUCCEEDED)
                 .order_by(Realization.index)
             )
         )
@@ -55,7 +56,7 @@ def reconcile_campaign(*, database: Database, products_dir, campaign_id: int) ->
                 select(Realization.result).where(
                     Realization.campaign_id == campaign_id,
                     Realization.index == index,
-                    Realization.state == "succeeded",
+                    Realization.state == RealizationState.SUCCEEDED,
                 )
             )
             exists = session.scalar(select(Campaign.id).where(Campaign.id == campaign_id)) is not None
@@ -83,7 +84,7 @@ class Reconciler:
             counts = dict(
                 session.execute(
                     select(Realization.campaign_id, func.count())
-                    .where(Realization.state == "succeeded")
+                    .where(Realization.state == RealizationState.SUCCEEDED)
                     .group_by(Realization.campaign_id)
                 ).all()
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, Response
 
@@ -17,7 +19,7 @@ router = APIRouter(
     responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
 )
 
-_FILE = {
+_FILE: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The file (Content-Disposition names it)",
         "content": {MEDIA_TYPES["fits"]: {}, MEDIA_TYPES["npz"]: {}, MEDIA_TYPES["json"]: {}},

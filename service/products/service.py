@@ -33,6 +33,7 @@ from schemas.products import (
     TransferFunction,
 )
 from schemas.result import SPECTRA
+from schemas.states import RealizationState
 from service.campaigns import service as campaigns
 from service.campaigns.models import Campaign, Realization
 from service.errors import Invalid, NotFound
@@ -187,7 +188,7 @@ def succeeded_count(*, session: Session, campaign_id: int) -> int:
         session.scalar(
             select(func.count())
             .select_from(Realization)
-            .where(Realization.campaign_id == campaign_id, Realization.state == "succeeded")
+            .where(Realization.campaign_id == campaign_id, Realization.state == RealizationState.SUCCEEDED)
         )
         or 0
     )
@@ -314,7 +315,7 @@ def _succeeded_result(*, session: Session, campaign_id: int, index: int) -> dict
     ).first()
     if row is None:
         raise RealizationProductsNotFound(f"campaign {campaign_id} has no realisation {index}")
-    if row.state != "succeeded" or not row.result:
+    if row.state != RealizationState.SUCCEEDED or not row.result:
         raise RealizationProductsNotFound(f"realisation {index} of campaign {campaign_id} is {row.state}: no products")
     return row.result
 

@@ -16,6 +16,7 @@ campaign row, then plan row, then realisation rows (by id), then the event lock.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from schemas.api import PlanRef, PreprocessTask, RealizeTask, preprocess_task_id, realize_task_id
 from schemas.spec import CampaignSpec
+from schemas.states import UNFINISHED_CAMPAIGN_STATES, CampaignState, Entity, PlanState, RealizationState, advance
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.config import Settings
 from service.db import utcnow
@@ -36,13 +38,41 @@ from service.workers.models import Worker
 Task = PreprocessTask | RealizeTask
 
 
+@dataclass
+class ClaimAnswer:
+    """The tasks handed out so far in one claim, and what bounds the rest."""
+
+    worker: Worker
+    max_tasks: int
+    now: datetime
+    expires: datetime
+    tasks: list[Task] = field(default_factory=list)
+    spec_bytes: int = 0  # of the specs in the answer so far (see CLAIM_SPEC_BYTES)
+
+    @property
+    def full(self) -> bool:
+        return len(self.tasks) >= self.max_tasks or self.spec_bytes >= CLAIM_SPEC_BYTES
+
+
 def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: Settings) -> list[Task]:
     """Claim up to ``max_tasks`` tasks for ``worker`` and commit."""
     now = utcnow()
-    expires = lease_expiry(settings.lease_s, now)
     worker.last_heartbeat_at = now
-    has_queued = exists().where(Realization.campaign_id == Campaign.id, Realization.state == "queued")
-    candidates = [
+    answer = ClaimAnswer(worker=worker, max_tasks=max_tasks, now=now, expires=lease_expiry(settings.lease_s, now))
+    candidates = _campaigns_with_queued_work(session)
+    ready = _hand_out_plan_builds(session, answer, candidates, settings)
+    runnable = [candidate for candidate in candidates if (candidate.scan_key, candidate.ranks) in ready]
+    first_claims = _lock_campaigns_starting(session, answer, runnable)
+    started = _hand_out_realizations(session, answer, runnable, ready)
+    _start_campaigns(session, [campaign_id for campaign_id in first_claims if campaign_id in started])
+    session.commit()
+    return answer.tasks
+
+
+def _campaigns_with_queued_work(session: Session) -> list[Candidate]:
+    """Unfinished campaigns with a queued realisation, in claim order: priority, then age."""
+    has_queued = exists().where(Realization.campaign_id == Campaign.id, Realization.state == RealizationState.QUEUED)
+    return [
         Candidate(*row)
         for row in session.execute(
             select(
@@ -54,12 +84,17 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
                 Campaign.queued_at,
                 Campaign.spec_hash,
             )
-            .where(Campaign.state.in_(("queued", "running")), has_queued)
+            .where(Campaign.state.in_(UNFINISHED_CAMPAIGN_STATES), has_queued)
             .order_by(Campaign.priority.desc(), Campaign.created_at, Campaign.id)
         )
     ]
-    tasks: list[Task] = []
-    spec_bytes = 0  # of the specs in the answer so far (see CLAIM_SPEC_BYTES)
+
+
+def _hand_out_plan_builds(
+    session: Session, answer: ClaimAnswer, candidates: list[Candidate], settings: Settings
+) -> dict[tuple[str, int], PreprocessingPlan]:
+    """Give the worker the builds its site needs (``preprocess`` tasks); return the plans ready at its site."""
+    worker = answer.worker
     ready: dict[tuple[str, int], PreprocessingPlan] = {}
     seen: set[tuple[str, int]] = set()
     # The site's plans for every candidate, in one query (one per key made every claim cost a
@@ -80,10 +115,10 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
             continue
         seen.add(key)
         plan = plans_here.get(key)
-        if plan is not None and plan.state == "ready":
+        if plan is not None and plan.state == PlanState.READY:
             ready[key] = plan
             continue
-        if len(tasks) >= max_tasks or spec_bytes >= CLAIM_SPEC_BYTES or (plan is not None and plan.state == "building"):
+        if answer.full or (plan is not None and plan.state == PlanState.BUILDING):
             continue
         plan = take_build(
             session=session,
@@ -98,8 +133,8 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
         )
         if plan is not None:
             spec, size = _spec_and_size(session, candidate)
-            spec_bytes += size
-            tasks.append(
+            answer.spec_bytes += size
+            answer.tasks.append(
                 PreprocessTask(
                     task_id=preprocess_task_id(plan.id, plan.build_number),
                     plan_id=plan.id,
@@ -109,31 +144,43 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
                     site=worker.site,
                     campaign_id=candidate.id,
                     spec=spec,
-                    lease_expires_at=expires,
+                    lease_expires_at=answer.expires,
                 )
             )
+    return ready
 
-    runnable = [candidate for candidate in candidates if (candidate.scan_key, candidate.ranks) in ready]
-    first_claims = sorted(candidate.id for candidate in runnable if candidate.state == "queued")
-    if max_tasks > len(tasks) and first_claims:
-        # The campaign goes queued -> running; lock its row first, as every other writer does.
+
+def _lock_campaigns_starting(session: Session, answer: ClaimAnswer, runnable: list[Candidate]) -> list[int]:
+    """Ids of the queued campaigns this claim may start; their rows locked first, as every other writer does."""
+    first_claims = sorted(candidate.id for candidate in runnable if candidate.state == CampaignState.QUEUED)
+    if answer.max_tasks > len(answer.tasks) and first_claims:
         session.execute(
             select(Campaign.id).where(Campaign.id.in_(first_claims)).order_by(Campaign.id).with_for_update()
         )
+    return first_claims
+
+
+def _hand_out_realizations(
+    session: Session,
+    answer: ClaimAnswer,
+    runnable: list[Candidate],
+    ready: dict[tuple[str, int], PreprocessingPlan],
+) -> set[int]:
+    """Claim queued realisations of the runnable campaigns, in order; return the ids of the campaigns served."""
     started: set[int] = set()
     for candidate in runnable:
-        slots = max_tasks - len(tasks)
-        if slots <= 0 or spec_bytes >= CLAIM_SPEC_BYTES:
+        slots = answer.max_tasks - len(answer.tasks)
+        if slots <= 0 or answer.spec_bytes >= CLAIM_SPEC_BYTES:
             break
         spec, size = _spec_and_size(session, candidate)
-        slots = min(slots, max(1 if not tasks else 0, (CLAIM_SPEC_BYTES - spec_bytes) // max(size, 1)))
+        slots = min(slots, max(1 if not answer.tasks else 0, (CLAIM_SPEC_BYTES - answer.spec_bytes) // max(size, 1)))
         if slots <= 0:
             break
         # Walks ix_realizations_campaign_id_state_index; concurrent claimers skip each other's rows.
         realizations = list(
             session.scalars(
                 select(Realization)
-                .where(Realization.campaign_id == candidate.id, Realization.state == "queued")
+                .where(Realization.campaign_id == candidate.id, Realization.state == RealizationState.QUEUED)
                 .order_by(Realization.index)
                 .limit(slots)
                 .with_for_update(skip_locked=True)
@@ -142,65 +189,80 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
         if not realizations:
             continue
         plan = ready[(candidate.scan_key, candidate.ranks)]
-        attempts = [
-            Attempt(
-                realization_id=realization.id,
-                campaign_id=candidate.id,
-                number=realization.attempts_total + 1,
-                worker_id=worker.id,
-                plan_id=plan.id,
-                claimed_at=now,
-            )
-            for realization in realizations
-        ]
-        session.add_all(attempts)
-        session.flush()
-        spec_bytes += size * len(realizations)
-        for realization, attempt in zip(realizations, attempts, strict=True):
-            realization.attempts += 1
-            realization.attempts_total += 1
-            realization.state = "claimed"
-            realization.lease_holder_id = worker.id
-            realization.lease_expires_at = expires
-            realization.current_attempt_id = attempt.id
-            realization.updated_at = now
-            tasks.append(
-                RealizeTask(
-                    task_id=realize_task_id(attempt.id),
-                    attempt_id=attempt.id,
-                    campaign_id=candidate.id,
-                    realization=realization.index,
-                    attempt=attempt.number,
-                    spec=spec,
-                    plan=PlanRef(id=plan.id, path=plan.path or "", checksum=plan.checksum or ""),
-                    lease_expires_at=expires,
-                )
-            )
-            record_event(
-                session,
-                "realization",
-                state="claimed",
-                owner_id=candidate.owner_id,
+        answer.spec_bytes += size * len(realizations)
+        _lease_realizations(session, answer, candidate, realizations, plan, spec)
+        started.add(candidate.id)
+    return started
+
+
+def _lease_realizations(
+    session: Session,
+    answer: ClaimAnswer,
+    candidate: Candidate,
+    realizations: list[Realization],
+    plan: PreprocessingPlan,
+    spec: CampaignSpec,
+) -> None:
+    """Open an attempt on each realisation, lease it to the worker and add its ``realize`` task to the answer."""
+    worker, now = answer.worker, answer.now
+    attempts = [
+        Attempt(
+            realization_id=realization.id,
+            campaign_id=candidate.id,
+            number=realization.attempts_total + 1,
+            worker_id=worker.id,
+            plan_id=plan.id,
+            claimed_at=now,
+        )
+        for realization in realizations
+    ]
+    session.add_all(attempts)
+    session.flush()
+    for realization, attempt in zip(realizations, attempts, strict=True):
+        realization.attempts += 1
+        realization.attempts_total += 1
+        realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.CLAIMED)
+        realization.lease_holder_id = worker.id
+        realization.lease_expires_at = answer.expires
+        realization.current_attempt_id = attempt.id
+        realization.updated_at = now
+        answer.tasks.append(
+            RealizeTask(
+                task_id=realize_task_id(attempt.id),
+                attempt_id=attempt.id,
                 campaign_id=candidate.id,
                 realization=realization.index,
-                data={"attempt": attempt.number, "worker": worker.name},
+                attempt=attempt.number,
+                spec=spec,
+                plan=PlanRef(id=plan.id, path=plan.path or "", checksum=plan.checksum or ""),
+                lease_expires_at=answer.expires,
             )
-        started.add(candidate.id)
-    for campaign_id in first_claims:
-        if campaign_id in started:
-            campaign = session.get(Campaign, campaign_id)
-            if campaign is not None and campaign.state == "queued":
-                campaign.state = "running"
-                record_event(
-                    session,
-                    "campaign",
-                    state="running",
-                    owner_id=campaign.owner_id,
-                    campaign_id=campaign.id,
-                    data={"from": "queued"},
-                )
-    session.commit()
-    return tasks
+        )
+        record_event(
+            session,
+            "realization",
+            state=realization.state,
+            owner_id=candidate.owner_id,
+            campaign_id=candidate.id,
+            realization=realization.index,
+            data={"attempt": attempt.number, "worker": worker.name},
+        )
+
+
+def _start_campaigns(session: Session, campaign_ids: list[int]) -> None:
+    """The campaigns whose first realisations this claim handed out go from queued to running."""
+    for campaign_id in campaign_ids:
+        campaign = session.get(Campaign, campaign_id)
+        if campaign is not None and campaign.state == CampaignState.QUEUED:
+            campaign.state = advance(Entity.CAMPAIGN, campaign.state, CampaignState.RUNNING)
+            record_event(
+                session,
+                "campaign",
+                state=campaign.state,
+                owner_id=campaign.owner_id,
+                campaign_id=campaign.id,
+                data={"from": CampaignState.QUEUED},
+            )
 
 
 class Candidate(NamedTuple):
@@ -208,7 +270,7 @@ class Candidate(NamedTuple):
     owner_id: int
     scan_key: str
     ranks: int
-    state: str
+    state: CampaignState
     queued_at: datetime
     spec_hash: str
 

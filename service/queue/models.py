@@ -5,7 +5,8 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from service.db import NEVER_REUSE_IDS, Base, BigId, utcnow
+from schemas.states import PlanState
+from service.db import NEVER_REUSE_IDS, Base, BigId, state_type, utcnow
 
 
 class PreprocessingPlan(Base):
@@ -18,7 +19,7 @@ class PreprocessingPlan(Base):
     scan_key: Mapped[str] = mapped_column(String(64))
     ranks: Mapped[int] = mapped_column(Integer)
     site: Mapped[str] = mapped_column(String(128))
-    state: Mapped[str] = mapped_column(String(16), default="building")  # building, ready, failed
+    state: Mapped[PlanState] = mapped_column(state_type(PlanState), default=PlanState.BUILDING)
     path: Mapped[str | None] = mapped_column(Text, default=None)
     checksum: Mapped[str | None] = mapped_column(String(200), default=None)
     build_time_s: Mapped[float | None] = mapped_column(Float, default=None)

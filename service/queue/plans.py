@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from schemas.api import PlanBuilt, PlanInfo
+from schemas.states import (
+    LIVE_PLAN_STATES,
+    UNFINISHED_CAMPAIGN_STATES,
+    Entity,
+    PlanState,
+    RealizationState,
+    advance,
+)
 from service.campaigns.models import Campaign
 from service.campaigns.service import fail_unfinished, settle_campaign
 from service.db import Database, utcnow
@@ -60,7 +69,7 @@ def take_build(
             scan_key=scan_key,
             ranks=ranks,
             site=site,
-            state="building",
+            state=PlanState.BUILDING,
             uses=0,
             build_attempts=1,
             build_number=1,
@@ -74,10 +83,11 @@ def take_build(
     ).scalar()
     if inserted is not None:
         plan = session.get(PreprocessingPlan, inserted)
+        assert plan is not None  # inserted by this transaction
         _announce_build(session, plan, worker)
         return plan
     plan = find_plan(session=session, scan_key=scan_key, ranks=ranks, site=site)
-    if plan is None or plan.state != "failed":
+    if plan is None or plan.state != PlanState.FAILED:
         return None
     attempts = plan.build_attempts
     if attempts >= max_builds:
@@ -86,15 +96,15 @@ def take_build(
         else:
             return None
     # Optimistic: only one claimer turns this failed row into a build.
-    taken = session.execute(
+    result = session.execute(
         update(PreprocessingPlan)
         .where(
             PreprocessingPlan.id == plan.id,
-            PreprocessingPlan.state == "failed",
+            PreprocessingPlan.state == PlanState.FAILED,
             PreprocessingPlan.build_attempts == plan.build_attempts,
         )
         .values(
-            state="building",
+            state=advance(Entity.PLAN, plan.state, PlanState.BUILDING),
             build_attempts=attempts + 1,
             build_number=PreprocessingPlan.build_number + 1,
             campaign_id=campaign_id,
@@ -102,8 +112,8 @@ def take_build(
             lease_expires_at=expires,
         )
         .execution_options(synchronize_session=False)
-    ).rowcount
-    if taken != 1:
+    )
+    if cast("CursorResult[Any]", result).rowcount != 1:  # an UPDATE's result is a cursor's
         return None
     session.refresh(plan)
     _announce_build(session, plan, worker)
@@ -114,7 +124,7 @@ def _announce_build(session: Session, plan: PreprocessingPlan, worker: Worker) -
     record_event(
         session,
         "plan",
-        state="building",
+        state=plan.state,
         plan_id=plan.id,
         data={
             "scan_key": plan.scan_key,
@@ -132,13 +142,13 @@ def locked_build(*, session: Session, plan_id: int, build: int, worker_id: int) 
     plan = session.scalar(select(PreprocessingPlan).where(PreprocessingPlan.id == plan_id).with_for_update())
     if plan is None:
         raise PlanNotFound(f"plan {plan_id} not found")
-    if plan.state != "building" or plan.build_number != build or plan.lease_holder_id != worker_id:
+    if plan.state != PlanState.BUILDING or plan.build_number != build or plan.lease_holder_id != worker_id:
         raise LeaseLost(f"build {build} of plan {plan_id} is no longer this worker's (plan is {plan.state})")
     return plan
 
 
 def report_built(*, session: Session, plan: PreprocessingPlan, report: PlanBuilt) -> None:
-    plan.state = "ready"
+    plan.state = advance(Entity.PLAN, plan.state, PlanState.READY)
     plan.path = report.path
     plan.checksum = report.checksum
     plan.size_bytes = report.size_bytes
@@ -150,7 +160,7 @@ def report_built(*, session: Session, plan: PreprocessingPlan, report: PlanBuilt
     record_event(
         session,
         "plan",
-        state="ready",
+        state=plan.state,
         plan_id=plan.id,
         data={"scan_key": plan.scan_key, "ranks": plan.ranks, "site": plan.site},
     )
@@ -167,10 +177,10 @@ def invalidate_plan(*, session: Session, plan_id: int, checksum: str, cause: str
     plan = session.scalar(select(PreprocessingPlan).where(PreprocessingPlan.id == plan_id).with_for_update())
     if plan is None:
         raise PlanNotFound(f"plan {plan_id} not found")
-    if plan.state != "ready" or plan.checksum != checksum:
+    if plan.state != PlanState.READY or plan.checksum != checksum:
         session.rollback()
         return plan
-    plan.state = "failed"
+    plan.state = advance(Entity.PLAN, plan.state, PlanState.FAILED)
     plan.last_error = cause[-4_000:]
     plan.failed_at = utcnow()
     plan.build_attempts = 0
@@ -179,7 +189,7 @@ def invalidate_plan(*, session: Session, plan_id: int, checksum: str, cause: str
     record_event(
         session,
         "plan",
-        state="failed",
+        state=plan.state,
         plan_id=plan.id,
         data={
             "scan_key": plan.scan_key,
@@ -200,7 +210,7 @@ def report_build_failed(
     *, database: Database, session: Session, plan: PreprocessingPlan, cause: str, max_builds: int
 ) -> None:
     """Record a failed build (reported or lost) and commit; past the limit, fail the campaigns that need it."""
-    plan.state = "failed"
+    plan.state = advance(Entity.PLAN, plan.state, PlanState.FAILED)
     plan.last_error = cause[-4_000:]
     plan.failed_at = utcnow()
     plan.lease_holder_id = None
@@ -209,7 +219,7 @@ def report_build_failed(
     record_event(
         session,
         "plan",
-        state="failed",
+        state=plan.state,
         plan_id=plan.id,
         data={
             "scan_key": plan.scan_key,
@@ -238,12 +248,14 @@ def fail_campaigns_needing(*, database: Database, plan: PreprocessingPlan) -> in
     with database.session() as session:
         # Plans are per site: while another site has this plan ready or building, the campaigns go on there.
         elsewhere = session.scalar(
-            select(PreprocessingPlan.site).where(
+            select(PreprocessingPlan.site)
+            .where(
                 PreprocessingPlan.scan_key == plan.scan_key,
                 PreprocessingPlan.ranks == plan.ranks,
                 PreprocessingPlan.site != plan.site,
-                PreprocessingPlan.state.in_(("ready", "building")),
-            ).limit(1)
+                PreprocessingPlan.state.in_(LIVE_PLAN_STATES),
+            )
+            .limit(1)
         )
         if elsewhere is not None:
             log.warning("%s; the campaigns needing it go on at site %r", cause, elsewhere)
@@ -251,7 +263,7 @@ def fail_campaigns_needing(*, database: Database, plan: PreprocessingPlan) -> in
         needing = select(Campaign.id).where(
             Campaign.scan_key == plan.scan_key,
             Campaign.ranks == plan.ranks,
-            Campaign.state.in_(("queued", "running")),
+            Campaign.state.in_(UNFINISHED_CAMPAIGN_STATES),
         )
         if plan.failed_at is not None:  # campaigns queued later get a fresh budget of builds
             needing = needing.where(Campaign.queued_at <= plan.failed_at)
@@ -260,12 +272,14 @@ def fail_campaigns_needing(*, database: Database, plan: PreprocessingPlan) -> in
         # One transaction per campaign, campaign row locked first like every other change.
         with database.session() as session:
             campaign = session.scalar(select(Campaign).where(Campaign.id == campaign_id).with_for_update())
-            if campaign is None or campaign.state not in ("queued", "running"):
+            if campaign is None or campaign.state not in UNFINISHED_CAMPAIGN_STATES:
                 continue
             if plan.failed_at is not None and campaign.queued_at > plan.failed_at:
                 continue
             campaign.failure_cause = cause
-            fail_unfinished(session=session, campaign=campaign, state="failed", failure_class="cancelled")
+            fail_unfinished(
+                session=session, campaign=campaign, state=RealizationState.FAILED, failure_class="cancelled"
+            )
             settle_campaign(session=session, campaign=campaign)
             session.commit()
             failed += 1
@@ -295,7 +309,13 @@ def plan_info(plan: PreprocessingPlan, holder: str | None) -> PlanInfo:
 
 
 def list_plans(
-    *, session: Session, state: str | None, scan_key: str | None, site: str | None, after_id: int | None, limit: int
+    *,
+    session: Session,
+    state: PlanState | None,
+    scan_key: str | None,
+    site: str | None,
+    after_id: int | None,
+    limit: int,
 ) -> list[PlanInfo]:
     query = select(PreprocessingPlan, Worker.name).outerjoin(Worker, Worker.id == PreprocessingPlan.lease_holder_id)
     if state is not None:

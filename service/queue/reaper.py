@@ -15,6 +15,15 @@ import anyio
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session, aliased
 
+from schemas.states import (
+    LEASED_REALIZATION_STATES,
+    LIVE_PLAN_STATES,
+    UNFINISHED_CAMPAIGN_STATES,
+    Entity,
+    PlanState,
+    RealizationState,
+    advance,
+)
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.campaigns.service import settle_campaign
 from service.config import Settings
@@ -44,7 +53,7 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
             set(
                 session.scalars(
                     select(Realization.campaign_id).where(
-                        Realization.state.in_(("claimed", "running")), Realization.lease_expires_at < now
+                        Realization.state.in_(LEASED_REALIZATION_STATES), Realization.lease_expires_at < now
                     )
                 )
             )
@@ -52,7 +61,7 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
         plan_ids = list(
             session.scalars(
                 select(PreprocessingPlan.id).where(
-                    PreprocessingPlan.state == "building", PreprocessingPlan.lease_expires_at < now
+                    PreprocessingPlan.state == PlanState.BUILDING, PreprocessingPlan.lease_expires_at < now
                 )
             )
         )
@@ -69,7 +78,7 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
                 select(PreprocessingPlan)
                 .where(
                     PreprocessingPlan.id == plan_id,
-                    PreprocessingPlan.state == "building",
+                    PreprocessingPlan.state == PlanState.BUILDING,
                     PreprocessingPlan.lease_expires_at < utcnow(),
                 )
                 .with_for_update(skip_locked=True)
@@ -80,7 +89,7 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
             record_event(
                 session,
                 "lease_expired",
-                state="failed",
+                state=PlanState.FAILED,
                 plan_id=plan.id,
                 data={"task": "preprocess", "worker": holder, "build": plan.build_number},
             )
@@ -100,19 +109,19 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
         exhausted = list(
             session.scalars(
                 select(PreprocessingPlan).where(
-                    PreprocessingPlan.state == "failed",
+                    PreprocessingPlan.state == PlanState.FAILED,
                     PreprocessingPlan.build_attempts >= settings.max_plan_builds,
                     exists().where(
                         Campaign.scan_key == PreprocessingPlan.scan_key,
                         Campaign.ranks == PreprocessingPlan.ranks,
-                        Campaign.state.in_(("queued", "running")),
+                        Campaign.state.in_(UNFINISHED_CAMPAIGN_STATES),
                         Campaign.queued_at <= PreprocessingPlan.failed_at,
                     ),
                     ~exists().where(
                         sibling.scan_key == PreprocessingPlan.scan_key,
                         sibling.ranks == PreprocessingPlan.ranks,
                         sibling.site != PreprocessingPlan.site,
-                        sibling.state.in_(("ready", "building")),
+                        sibling.state.in_(LIVE_PLAN_STATES),
                     ),
                 )
             )
@@ -137,7 +146,7 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
             select(Realization)
             .where(
                 Realization.campaign_id == campaign_id,
-                Realization.state.in_(("claimed", "running")),
+                Realization.state.in_(LEASED_REALIZATION_STATES),
                 Realization.lease_expires_at < utcnow(),
             )
             .order_by(Realization.id)
@@ -146,7 +155,9 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
     )
     ended: list[int] = []
     holder_ids = {r.lease_holder_id for r in realizations if r.lease_holder_id is not None}
-    holders = {row.id: row.name for row in session.execute(select(Worker.id, Worker.name).where(Worker.id.in_(holder_ids)))}
+    holders = {
+        row.id: row.name for row in session.execute(select(Worker.id, Worker.name).where(Worker.id.in_(holder_ids)))
+    }
     for realization in realizations:
         attempt = session.get(Attempt, realization.current_attempt_id) if realization.current_attempt_id else None
         holder = holders.get(realization.lease_holder_id)
@@ -160,7 +171,7 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
             data={"task": "realize", "worker": holder},
         )
         if attempt is None:  # cannot happen through the API; keep the realisation moving anyway
-            realization.state = "queued"
+            realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.QUEUED)
             realization.lease_holder_id = realization.lease_expires_at = None
             continue
         end_attempt(

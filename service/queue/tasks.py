@@ -16,6 +16,15 @@ from sqlalchemy.orm import Session
 
 from schemas.api import HeartbeatAnswer, PlanBuilt, TaskFailed, TaskStarted, parse_task_id, realize_task_id
 from schemas.result import RealizationResult
+from schemas.states import (
+    LEASED_REALIZATION_STATES,
+    AttemptState,
+    Entity,
+    PlanState,
+    RealizationState,
+    advance,
+    attempt_state,
+)
 from service.auth.service import Principal
 from service.campaigns.hooks import AcceptedResult
 from service.campaigns.models import Attempt, Campaign, Realization
@@ -83,7 +92,7 @@ def hold_attempt(*, session: Session, task_id: str, principal: Principal, for_re
         raise TaskNotFound(f"task {task_id} not found (its campaign was deleted)")
     session.refresh(attempt)
     worker = _check_token(session.get(Worker, attempt.worker_id) if attempt.worker_id else None, principal, task_id)
-    if realization.state == "succeeded" and for_result:
+    if realization.state == RealizationState.SUCCEEDED and for_result:
         raise ResultAlreadyAccepted(
             f"realisation {realization.index} of campaign {campaign.id} already has an accepted result; "
             "this report changes nothing"
@@ -91,13 +100,14 @@ def hold_attempt(*, session: Session, task_id: str, principal: Principal, for_re
     current = (
         realization.current_attempt_id == attempt.id
         and realization.lease_holder_id == attempt.worker_id
-        and realization.state in ("claimed", "running")
+        and realization.state in LEASED_REALIZATION_STATES
         and attempt.ended_at is None
     )
     if not current:
-        why = {"cancelled": "the campaign was cancelled", "failed": "the realisation failed"}.get(
-            realization.state, "the lease expired and the task went back to the queue"
-        )
+        why = {
+            RealizationState.CANCELLED: "the campaign was cancelled",
+            RealizationState.FAILED: "the realisation failed",
+        }.get(realization.state, "the lease expired and the task went back to the queue")
         raise LeaseLost(f"task {task_id} is no longer this worker's: {why}")
     return HeldAttempt(attempt=attempt, realization=realization, campaign=campaign, worker=worker)
 
@@ -123,7 +133,9 @@ def check_plan_user(*, session: Session, task_id: str, principal: Principal, pla
     return worker
 
 
-def record_cancelled_exit(*, session: Session, task_id: str, principal: Principal, report: TaskFailed) -> str | None:
+def record_cancelled_exit(
+    *, session: Session, task_id: str, principal: Principal, report: TaskFailed
+) -> RealizationState | None:
     """The worker's report on an attempt the service itself ended as cancelled: keep its exit code and log tail.
 
     Returns the realisation's state when the report was such a one (recorded once;
@@ -133,7 +145,7 @@ def record_cancelled_exit(*, session: Session, task_id: str, principal: Principa
     if kind != "realize" or report.failure_class != "cancelled":
         return None
     attempt = session.get(Attempt, attempt_id)
-    if attempt is None or attempt.ended_at is None or attempt.failure_class != "cancelled":
+    if attempt is None or attempt.state != AttemptState.CANCELLED:
         return None
     _check_token(session.get(Worker, attempt.worker_id) if attempt.worker_id else None, principal, task_id)
     if attempt.exit_code is None and attempt.log_tail is None:
@@ -145,12 +157,12 @@ def record_cancelled_exit(*, session: Session, task_id: str, principal: Principa
         )
     state = session.scalar(select(Realization.state).where(Realization.id == attempt.realization_id))
     session.commit()
-    return state or "cancelled"
+    return state or RealizationState.CANCELLED
 
 
 def report_started(
     *, session: Session, task_id: str, principal: Principal, report: TaskStarted, settings: Settings
-) -> str:
+) -> RealizationState | PlanState:
     kind, ident, build = _parse(task_id)
     if kind == "preprocess":
         plan = locked_build(
@@ -161,17 +173,19 @@ def report_started(
         return plan.state
     held = hold_attempt(session=session, task_id=task_id, principal=principal)
     now = utcnow()
+    if held.attempt.state == AttemptState.CLAIMED:
+        advance(Entity.ATTEMPT, AttemptState.CLAIMED, AttemptState.RUNNING)
     held.attempt.started_at = held.attempt.started_at or now
     held.attempt.host = report.host or held.worker.host
     held.attempt.scheduler_job_id = report.scheduler_job_id
     held.realization.lease_expires_at = lease_expiry(settings.lease_s, now)
-    if held.realization.state == "claimed":
-        held.realization.state = "running"
+    if held.realization.state == RealizationState.CLAIMED:
+        held.realization.state = advance(Entity.REALIZATION, held.realization.state, RealizationState.RUNNING)
         held.realization.updated_at = now
         record_event(
             session,
             "realization",
-            state="running",
+            state=held.realization.state,
             owner_id=held.campaign.owner_id,
             campaign_id=held.campaign.id,
             realization=held.realization.index,
@@ -196,11 +210,12 @@ def check_result(held: HeldAttempt, result: RealizationResult) -> None:
 def accept_result(*, session: Session, held: HeldAttempt, result: RealizationResult) -> None:
     """Record the success; the caller has put the products in place and commits."""
     now = utcnow()
+    advance(Entity.ATTEMPT, held.attempt.state, AttemptState.SUCCEEDED)
     held.attempt.ended_at = now
     held.attempt.exit_code = 0
     held.attempt.started_at = held.attempt.started_at or now
     realization = held.realization
-    realization.state = "succeeded"
+    realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.SUCCEEDED)
     realization.result = result.model_dump(mode="json")
     realization.finished_at = now
     realization.updated_at = now
@@ -216,7 +231,7 @@ def accept_result(*, session: Session, held: HeldAttempt, result: RealizationRes
     record_event(
         session,
         "realization",
-        state="succeeded",
+        state=realization.state,
         owner_id=held.campaign.owner_id,
         campaign_id=held.campaign.id,
         realization=realization.index,
@@ -232,7 +247,7 @@ def accept_result(*, session: Session, held: HeldAttempt, result: RealizationRes
 
 def report_failed(
     *, database: Database, session: Session, task_id: str, principal: Principal, report: TaskFailed, settings: Settings
-) -> str:
+) -> RealizationState | PlanState:
     kind, ident, build = _parse(task_id)
     if kind == "preprocess":
         plan = locked_build(
@@ -252,7 +267,7 @@ def report_failed(
         report_build_failed(
             database=database, session=session, plan=plan, cause=cause, max_builds=settings.max_plan_builds
         )
-        return "failed"
+        return PlanState.FAILED
     recorded = record_cancelled_exit(session=session, task_id=task_id, principal=principal, report=report)
     if recorded is not None:
         return recorded
@@ -301,6 +316,7 @@ def end_attempt(
     goes round for ever.
     """
     now = utcnow()
+    advance(Entity.ATTEMPT, attempt.state, attempt_state(started_at=None, ended_at=now, failure_class=failure_class))
     attempt.ended_at = now
     attempt.failure_class = failure_class
     attempt.exit_code = exit_code
@@ -312,17 +328,22 @@ def end_attempt(
     charged = True
     if failure_class in UNCHARGED_FAILURES:
         session.flush()  # this attempt's failure class is counted below
-        earlier = session.scalar(
-            select(func.count()).where(Attempt.realization_id == realization.id, Attempt.failure_class == failure_class)
+        earlier = (
+            session.scalar(
+                select(func.count()).where(
+                    Attempt.realization_id == realization.id, Attempt.failure_class == failure_class
+                )
+            )
+            or 0
         )
         if earlier <= UNCHARGED_FAILURES[failure_class]:
             realization.attempts = max(realization.attempts - 1, 0)
             charged = False
     if realization.attempts >= campaign.max_attempts:
-        realization.state = "failed"
+        realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.FAILED)
         realization.finished_at = now
     else:
-        realization.state = "queued"
+        realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.QUEUED)
     record_event(
         session,
         "realization",
@@ -353,7 +374,7 @@ def _plan_worker(session: Session, plan_id: int, principal: Principal, task_id: 
     return _check_token(session.get(Worker, holder), principal, task_id).id
 
 
-def report_plan_built(*, session: Session, task_id: str, principal: Principal, report: PlanBuilt) -> str:
+def report_plan_built(*, session: Session, task_id: str, principal: Principal, report: PlanBuilt) -> PlanState:
     kind, plan_id, build = _parse(task_id)
     if kind != "preprocess":
         raise WrongTaskKind(f"task {task_id} is a realize task; report it with succeeded or failed")
@@ -389,7 +410,7 @@ def heartbeat(*, session: Session, worker: Worker, running: list[str], settings:
                 .where(
                     Realization.current_attempt_id.in_(list(attempt_ids)),
                     Realization.lease_holder_id == worker.id,
-                    Realization.state.in_(("claimed", "running")),
+                    Realization.state.in_(LEASED_REALIZATION_STATES),
                 )
                 .order_by(Realization.id)
                 .with_for_update()
@@ -430,7 +451,7 @@ def heartbeat(*, session: Session, worker: Worker, running: list[str], settings:
             plan = plans.get(plan_id)
             if (
                 plan is not None
-                and plan.state == "building"
+                and plan.state == PlanState.BUILDING
                 and plan.build_number == build
                 and plan.lease_holder_id == worker.id
             ):

@@ -9,6 +9,7 @@ body limit...); ``api`` is one with the defaults. Each has tokens for two users
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from schemas.api import API_PREFIX
+from service import db
 from service.app import create_app
 from service.auth.service import create_token
 from service.config import Settings
@@ -110,6 +112,27 @@ class Api:
 
     def reap(self) -> Reaped:
         return reap_expired(database=self.database, settings=self.settings)
+
+
+class MovableClock:
+    """The service's clock in a test: real time plus whatever :meth:`advance` added."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta()
+
+    def __call__(self) -> datetime:
+        return db.system_clock() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> MovableClock:
+    """Move the in-process service's time: ``clock.advance(lease_s + 1)`` expires every lease held now."""
+    movable = MovableClock()
+    monkeypatch.setattr(db, "clock", movable)
+    return movable
 
 
 @pytest.fixture

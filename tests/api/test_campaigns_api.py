@@ -169,7 +169,7 @@ def test_realisations_paginated_filtered_and_progress(api):
         cursor = answer["next_cursor"]
         if not cursor:
             break
-    assert sum(pages, []) == list(range(12)) and len(pages) == 3
+    assert [index for page in pages for index in page] == list(range(12)) and len(pages) == 3
     succeeded = api.get(f"/campaigns/{campaign['id']}/realizations", params={"state": "succeeded"}).json()["items"]
     assert [item["index"] for item in succeeded] == [0, 1, 2]
     claimed = api.get(f"/campaigns/{campaign['id']}/realizations", params={"state": "claimed"}).json()["items"]

@@ -7,7 +7,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 
 from tests.support.live_service import REPO, start_live_service
 from tests.support.service_helpers import spec_data
+from tests.support.worker_helpers import wait_for
 
 
 def read_events(lines: Iterator[str], count: int) -> list[dict]:
@@ -27,7 +27,7 @@ def read_events(lines: Iterator[str], count: int) -> list[dict]:
                 if len(events) == count:
                     return events
             current = {}
-        elif line.startswith(":") or line.startswith("retry:"):
+        elif line.startswith((":", "retry:")):
             continue
         else:
             key, _, value = line.partition(": ")
@@ -100,10 +100,11 @@ def test_background_reaper_requeues_expired_leases(make_live_service):
         campaign = user.post("/campaigns", json=spec_data(realizations=1)).json()
         worker_id = build_plan(worker)
         task = worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 1}).json()["tasks"][0]
-        deadline = time.monotonic() + 60
-        while user.get(f"/campaigns/{campaign['id']}/realizations/0").json()["state"] != "queued":
-            assert time.monotonic() < deadline, "the reaper never requeued the expired lease"
-            time.sleep(0.2)
+        wait_for(
+            lambda: user.get(f"/campaigns/{campaign['id']}/realizations/0").json()["state"] == "queued",
+            60,
+            "the reaper to requeue the expired lease",
+        )
         history = user.get(f"/campaigns/{campaign['id']}/realizations/0").json()["attempt_history"]
         assert history[0]["failure_class"] == "lost_worker"
         assert worker.post(f"/tasks/{task['task_id']}/started").status_code == 409

@@ -61,23 +61,39 @@ def test_migrations_build_the_schema_from_scratch(empty_database):
 
 def test_service_refuses_an_unmigrated_database(empty_database, tmp_path):
     settings = Settings(data_dir=tmp_path / "data", database_url=empty_database, auto_migrate=False)
-    with pytest.raises(SchemaNotCurrent, match="mapcampaign db upgrade"):
-        with TestClient(create_app(settings)):
-            pass
+    with pytest.raises(SchemaNotCurrent, match="mapcampaign db upgrade"), TestClient(create_app(settings)):
+        pass
     env = service_env(tmp_path / "data", free_port(), empty_database, None)
-    refused = subprocess.run(mapcampaign_command("serve"), env=env, capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        mapcampaign_command("serve"), env=env, capture_output=True, check=False, text=True, timeout=60
+    )
     assert refused.returncode == 1
     assert "never migrated" in refused.stderr and "Run: mapcampaign db upgrade" in refused.stderr
     token = subprocess.run(
-        mapcampaign_command("token", "create", "--user", "x"), env=env, capture_output=True, text=True, timeout=60
+        mapcampaign_command("token", "create", "--user", "x"),
+        env=env,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
     )
     assert token.returncode == 1 and "mapcampaign db upgrade" in token.stderr
-    assert subprocess.run(mapcampaign_command("db", "check"), env=env, capture_output=True, timeout=60).returncode == 1
+    assert (
+        subprocess.run(
+            mapcampaign_command("db", "check"), env=env, capture_output=True, check=False, timeout=60
+        ).returncode
+        == 1
+    )
     migrated = subprocess.run(
-        mapcampaign_command("db", "upgrade"), env=env, capture_output=True, text=True, timeout=120
+        mapcampaign_command("db", "upgrade"), env=env, capture_output=True, check=False, text=True, timeout=120
     )
     assert migrated.returncode == 0, migrated.stderr
-    assert subprocess.run(mapcampaign_command("db", "check"), env=env, capture_output=True, timeout=60).returncode == 0
+    assert (
+        subprocess.run(
+            mapcampaign_command("db", "check"), env=env, capture_output=True, check=False, timeout=60
+        ).returncode
+        == 0
+    )
 
 
 def test_service_refuses_a_database_from_a_newer_version(empty_database, tmp_path):
@@ -94,7 +110,9 @@ def test_service_refuses_a_database_from_a_newer_version(empty_database, tmp_pat
 
 def test_bad_settings_fail_fast(tmp_path):
     env = service_env(tmp_path, free_port(), None, {"MAPCAMPAIGN_LEASE_S": "-5", "MAPCAMPAIGN_PORT": "99999"})
-    refused = subprocess.run(mapcampaign_command("serve"), env=env, capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        mapcampaign_command("serve"), env=env, capture_output=True, check=False, text=True, timeout=60
+    )
     assert refused.returncode == 2
     assert "MAPCAMPAIGN_LEASE_S" in refused.stderr and "MAPCAMPAIGN_PORT" in refused.stderr
     with pytest.raises(ValueError, match="database_url"):
@@ -109,10 +127,12 @@ def test_the_sqlite_id_migration_keeps_rows_and_references(tmp_path):
     now = "2026-11-21 12:00:00"
     with engine.begin() as connection:
         connection.execute(text(f"INSERT INTO users (id, name, created_at) VALUES (7, 'alice', '{now}')"))
-        connection.execute(text(
-            "INSERT INTO api_tokens (id, user_id, kind, token_hash, prefix, label, created_at) "
-            f"VALUES (3, 7, 'user', 'h', 'p', 'l', '{now}')"
-        ))
+        connection.execute(
+            text(
+                "INSERT INTO api_tokens (id, user_id, kind, token_hash, prefix, label, created_at) "
+                f"VALUES (3, 7, 'user', 'h', 'p', 'l', '{now}')"
+            )
+        )
     engine.dispose()
     upgrade(url)
     engine = make_engine(url)
@@ -120,7 +140,9 @@ def test_the_sqlite_id_migration_keeps_rows_and_references(tmp_path):
         with engine.begin() as connection:
             assert connection.execute(text("SELECT id, name FROM users")).fetchall() == [(7, "alice")]
             assert connection.execute(text("SELECT id, user_id FROM api_tokens")).fetchall() == [(3, 7)]
-            tables = dict(connection.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'table'")).fetchall())
+            tables = dict(
+                connection.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'table'")).fetchall()
+            )
             for table in ("users", "api_tokens", "campaigns", "realizations", "attempts", "events", "workers"):
                 assert "AUTOINCREMENT" in tables[table], table
             assert connection.execute(text("PRAGMA foreign_key_check")).fetchall() == []

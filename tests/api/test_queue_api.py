@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import shutil
-import time
 
 import pytest
-
 from sqlalchemy import select
 
 from service.campaigns.hooks import on_result_accepted, remove_result_hook
@@ -164,8 +162,8 @@ def test_campaigns_left_unfailed_by_an_interrupted_plan_failure_are_failed_by_th
     assert api.reap().stranded_campaigns == 0  # once
 
 
-def test_expired_lease_requeues_as_lost_worker(make_api):
-    api = make_api(lease_s=0.2)
+def test_expired_lease_requeues_as_lost_worker(make_api, clock):
+    api = make_api(lease_s=60)
     campaign = api.create(realizations=1, max_attempts=3)
     worker = api.register()
     api.build_plan(worker)
@@ -176,7 +174,8 @@ def test_expired_lease_requeues_as_lost_worker(make_api):
         ]
         == "running"
     )
-    time.sleep(0.3)
+    assert api.reap().realizations == 0  # the lease holds
+    clock.advance(61)
     assert api.reap().realizations == 1
     assert api.reap().realizations == 0  # handled once
     realization = api.realization(campaign["id"], 0)
@@ -197,18 +196,18 @@ def test_expired_lease_requeues_as_lost_worker(make_api):
     assert api.realization(campaign["id"], 0)["state"] == "succeeded"
 
 
-def test_the_reaper_settles_a_campaign_once_per_pass_not_once_per_expired_lease(make_api):
+def test_the_reaper_settles_a_campaign_once_per_pass_not_once_per_expired_lease(make_api, clock):
     """Found by review: each expired lease re-counted the whole campaign (GROUP BY over its realisations)
     inside the reaper's one write transaction: 1000 expired leases of a 100k campaign held SQLite's write
     lock for 32 s. The statements of one pass are counted here; settling is the only GROUP BY."""
     from sqlalchemy import event
 
-    api = make_api(lease_s=0.2)
+    api = make_api(lease_s=60)
     campaign = api.create(realizations=40, max_attempts=1)
     worker = api.register(capacity=20)
     api.build_plan(worker)
     assert len(api.claim(worker, max_tasks=20)) == 20
-    time.sleep(0.3)
+    clock.advance(61)
     statements: list[str] = []
 
     def record(conn, cursor, statement, parameters, context, executemany):
@@ -243,12 +242,13 @@ def test_heartbeat_extends_leases(api):
     assert api.wpost(f"/workers/{other}/heartbeat", api.bob_worker, json={"running": []}).status_code == 403
 
 
-def test_expired_plan_lease_counts_as_a_build_attempt(make_api):
-    api = make_api(lease_s=0.2, max_plan_builds=3)
+def test_expired_plan_lease_counts_as_a_build_attempt(make_api, clock):
+    api = make_api(lease_s=60, max_plan_builds=3)
     api.create(realizations=1)
     worker = api.register()
     build = api.claim(worker)[0]
-    time.sleep(0.3)
+    assert api.reap().plans == 0  # the lease holds
+    clock.advance(61)
     assert api.reap().plans == 1
     plan = api.get(f"/plans/{build['plan_id']}").json()
     assert plan["state"] == "failed" and "lost_worker" in plan["last_error"] and plan["build_attempts"] == 1
@@ -421,8 +421,11 @@ MAPS = b"SIMPLE = T" * 100
 
 def _upload_maps(api, task):
     return api.request(
-        "PUT", f"/tasks/{task['task_id']}/artifacts/iqu.fits", api.alice_worker,
-        content=MAPS, headers={"X-Content-SHA256": sha256(MAPS)},
+        "PUT",
+        f"/tasks/{task['task_id']}/artifacts/iqu.fits",
+        api.alice_worker,
+        content=MAPS,
+        headers={"X-Content-SHA256": sha256(MAPS)},
     )
 
 
@@ -589,7 +592,12 @@ def test_worker_reports_with_nul_or_out_of_range_numbers_are_kept_or_refused_by_
     assert refused.status_code == 422 and "exit_code" in refused.text
     started = api.wpost(f"/tasks/{task['task_id']}/started", json={"host": "node\x007"})
     assert started.status_code == 422 and "host" in started.text and "NUL" in started.text
-    report = {"failure_class": "app_error", "exit_code": 139, "log_tail": "Segmentation fault\x00\x00 core", "message": "a\x00b"}
+    report = {
+        "failure_class": "app_error",
+        "exit_code": 139,
+        "log_tail": "Segmentation fault\x00\x00 core",
+        "message": "a\x00b",
+    }
     assert api.wpost(f"/tasks/{task['task_id']}/failed", json=report).status_code == 200
     [attempt] = api.realization(campaign["id"], 0)["attempt_history"]
     assert attempt["failure_class"] == "app_error" and attempt["exit_code"] == 139
