@@ -55,10 +55,10 @@ def worker(spec_path: str, repeat: int, calibration: str | None) -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from mapmaker import commodel
-    from mapmaker.overlap import build_overlap_plan
-    from mapmaker.preprocess import overlap_statistics, rank_local_pixels
-    from mapmaker.reduction import make_reduction
+    from mapmaker.parallel import commodel
+    from mapmaker.parallel.overlap import build_overlap_plan
+    from mapmaker.programs.preprocess import overlap_statistics, rank_local_pixels
+    from mapmaker.parallel.reduction import make_reduction
     from schemas.io import load_spec
 
     comm = MPI.COMM_WORLD
@@ -153,8 +153,8 @@ def measure(nsides: list[int], rank_counts: list[int], repeat: int, calibration:
 
 def project(rank_counts: list[int], machines: dict, time_step: int) -> dict:
     """The projection spec's figures at each rank count, evaluated for every machine."""
-    from mapmaker import commodel
-    from mapmaker.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets
+    from mapmaker.parallel import commodel
+    from mapmaker.parallel.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets
     from schemas.io import load_spec
 
     spec = load_spec(PROJECTION_SPEC)
@@ -195,8 +195,8 @@ def project(rank_counts: list[int], machines: dict, time_step: int) -> dict:
 
 def subsampling_error(rank_counts: list[int], steps: list[int]) -> list[dict]:
     """Error of the model with --time-step N against the exact one (projection spec, small rank counts)."""
-    from mapmaker import commodel
-    from mapmaker.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets, relative_error
+    from mapmaker.parallel import commodel
+    from mapmaker.parallel.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets, relative_error
     from schemas.io import load_spec
 
     spec = load_spec(PROJECTION_SPEC)
@@ -271,7 +271,7 @@ def main() -> int:
         worker(args.worker, args.repeat, args.calibration)
         return 0
 
-    from mapmaker import commodel
+    from mapmaker.parallel import commodel
 
     load = os.getloadavg()
     calibration = args.calibration

@@ -70,7 +70,7 @@ def warm_up(name: str = DEFAULT) -> float:
     kernels.pointing.vec2pix(1, weights[:, 0], weights[:, 1], weights[:, 2])
     local_map = np.ones((12, 3))
     starts, lengths = np.array([0], dtype=np.int64), np.array([4], dtype=np.int64)
-    for index in (pixels.astype(np.int32),):  # the cache's index type (see mapmaker.local_data)
+    for index in (pixels.astype(np.int32),):  # the cache's index type (see mapmaker.solve.local_data)
         kernels.projection.first_visit_order(index.copy(), 12)
         tod = kernels.projection.project_map_to_tod(local_map, index, weights)
         kernels.projection.accumulate_tod_to_map(tod, index, weights, 12)

@@ -27,7 +27,7 @@ filters an interval *in place* with no allocation:
 
 Either way the same circulant filter in double precision: results agree
 with the reference to ~1e-15 of the TOD's norm. ducc0 releases the GIL,
-so intervals run concurrently in the thread pool of :mod:`mapmaker.threads`
+so intervals run concurrently in the thread pool of :mod:`mapmaker.kernels.threads`
 (contiguous groups of intervals balanced by sample count, one per thread).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ import ducc0
 import numpy as np
 from numba import njit
 
-from mapmaker import threads as threading
+from mapmaker.kernels import threads as threading
 
 # Even intervals this long (and longer) filter through the four-step transform. `benchmarks/bench_fft.py`
 # (12M samples of intervals fresh from memory, medians of 5 interleaved rounds), four-step against one

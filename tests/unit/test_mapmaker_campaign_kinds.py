@@ -9,8 +9,8 @@ import healpy as hp
 import numpy as np
 from mpi4py import MPI
 
-from mapmaker.realize import run_realization, rng_stream_records
-from mapmaker.sky import build_sky
+from mapmaker.programs.realize import run_realization, rng_stream_records
+from mapmaker.model.sky import build_sky
 from mapmaker_cases import COLOCATED_QUAD, make_spec
 
 CHANGES = {"focal_plane.detectors": COLOCATED_QUAD, "solver.tol": 1e-12}

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from mapmaker.decomposition import ChunkLayout, chunk_layout, decompose, decomposition_fingerprint
+from mapmaker.model.decomposition import ChunkLayout, chunk_layout, decompose, decomposition_fingerprint
 from mapmaker_cases import make_spec
 
 

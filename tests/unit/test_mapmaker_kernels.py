@@ -184,7 +184,7 @@ def test_rcond_cut_selects_the_ill_conditioned_pixels():
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("npix", [50, 10**6])  # lookup table, sparse blocks
 def test_observed_pixels_both_ways(npix, dtype, rng, monkeypatch):
-    from mapmaker import local_data
+    from mapmaker.solve import local_data
 
     monkeypatch.setattr(local_data, "OBSERVED_PIXELS_BLOCK", 64)  # several blocks, the last one short
     pixels = rng.choice(npix, size=300).astype(dtype)
@@ -206,7 +206,7 @@ def test_observed_pixels_sparse_path_memory(rng):
     """
     import tracemalloc
 
-    from mapmaker.local_data import OBSERVED_PIXELS_BLOCK, observed_pixels
+    from mapmaker.solve.local_data import OBSERVED_PIXELS_BLOCK, observed_pixels
 
     npix, n = 12 * 2048**2, 4_000_000
     pixels = rng.choice(npix, size=n).astype(np.int32)

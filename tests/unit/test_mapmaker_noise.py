@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from mapmaker import rng
-from mapmaker.decomposition import chunk_layout, decompose
-from mapmaker.noise import NoiseModel
+from mapmaker.model import rng
+from mapmaker.model.decomposition import chunk_layout, decompose
+from mapmaker.model.noise import NoiseModel
 from mapmaker_cases import make_spec
 
 

@@ -5,7 +5,7 @@ import healpy as hp
 import numpy as np
 import pytest
 
-from mapmaker import sky
+from mapmaker.model import sky
 from mapmaker_cases import make_spec
 
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mapmaker.decomposition import chunk_layout, decompose
+from mapmaker.model.decomposition import chunk_layout, decompose
 from mapmaker.kernels import preconditioner as blocks
 from mapmaker.kernels import projection
-from mapmaker.local_data import build_local_data
-from mapmaker.noise import NoiseModel
-from mapmaker.realize import run_realization
-from mapmaker.sky import build_sky
+from mapmaker.solve.local_data import build_local_data
+from mapmaker.model.noise import NoiseModel
+from mapmaker.programs.realize import run_realization
+from mapmaker.model.sky import build_sky
 from mapmaker_cases import COLOCATED_QUAD, make_spec
 
 
@@ -172,8 +172,8 @@ def test_gathered_maps_are_typed_full_sky_arrays_built_without_a_dense_copy():
     """
     import tracemalloc
 
-    from mapmaker.distributed import DistributedPixels
-    from mapmaker.realize import gather_maps
+    from mapmaker.parallel.distributed import DistributedPixels
+    from mapmaker.programs.realize import gather_maps
 
     nside = 128
     npix = hp.nside2npix(nside)

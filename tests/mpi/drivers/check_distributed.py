@@ -10,8 +10,8 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from mapmaker.distributed import DistributedPixels
-from mapmaker.reduction import make_reduction
+from mapmaker.parallel.distributed import DistributedPixels
+from mapmaker.parallel.reduction import make_reduction
 
 NPIX = 1000
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from mapmaker import preprocess
+from mapmaker.programs import preprocess
 from schemas.io import load_spec
 
 

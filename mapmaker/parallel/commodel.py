@@ -21,8 +21,8 @@ per pixel on p ranks (``ceil(log2 p)`` written lg p; 8-byte values):
 
 The figures per rank (:class:`OverlapFigures`) are exact: at run time they
 come from the plan (:func:`figures_from_plan`, collective), for projections
-from a serial simulation (:mod:`mapmaker.overlap_model`). Bytes and messages
-follow the counting of :mod:`mapmaker.reduction` to the byte.
+from a serial simulation (:mod:`mapmaker.parallel.overlap_model`). Bytes and messages
+follow the counting of :mod:`mapmaker.parallel.reduction` to the byte.
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ class OverlapFigures:
 
 def figure_row(plan) -> np.ndarray:
     """One rank's figures from its plan, as the int64 row that :func:`figures_from_rows` assembles."""
-    from mapmaker.overlap import butterfly_schedule, butterfly_shape
+    from mapmaker.parallel.overlap import butterfly_schedule, butterfly_shape
 
     thresholds = hybrid_thresholds(plan.size)
     schedule = butterfly_schedule(plan)
@@ -167,7 +167,7 @@ def figure_row(plan) -> np.ndarray:
 
 def figures_from_rows(rows: np.ndarray, npix: int) -> OverlapFigures:
     """:class:`OverlapFigures` from every rank's :func:`figure_row`, [p, width]."""
-    from mapmaker.overlap import butterfly_shape
+    from mapmaker.parallel.overlap import butterfly_shape
 
     size = len(rows)
     thresholds = hybrid_thresholds(size)
@@ -220,7 +220,7 @@ class StrategyCost:
 def allreduce_traffic(n_pixels: int, buffer_pixels: int, k: int, size: int) -> tuple[int, int, int]:
     """(bytes, messages, pieces) one rank is counted for a buffered Allreduce of n_pixels x k values.
 
-    Exactly the counting of :class:`mapmaker.reduction.AllreduceReduction`.
+    Exactly the counting of :class:`mapmaker.parallel.reduction.AllreduceReduction`.
     """
     if n_pixels <= 0 or size <= 1:
         pieces = -(-n_pixels // max(1, min(buffer_pixels, n_pixels))) if n_pixels > 0 else 0

@@ -155,7 +155,7 @@ def fma_rate(comm, repeat: int) -> float:
 
 
 def _pointing_rate_setup(spec, layout, chunks, kernels: str) -> Callable[[], None]:
-    from mapmaker.scan import ChunkPointing
+    from mapmaker.model.scan import ChunkPointing
 
     def generate() -> None:
         pointer = ChunkPointing(spec, layout, kernels)
@@ -170,7 +170,7 @@ def _measure(comm, kernels: str, spec, layout, chunks, noise, repeat: int, threa
     import numpy as np
 
     from mapmaker.kernels import implementation
-    from mapmaker.local_data import build_local_data
+    from mapmaker.solve.local_data import build_local_data
 
     kernel_set = implementation.get(kernels)
     implementation.warm_up(kernels)
@@ -212,9 +212,9 @@ class PCGBlock:
     def __init__(self, comm, kernel_set, spec, local, tod, threads: int):
         import numpy as np
 
-        from mapmaker.distributed import DistributedPixels
+        from mapmaker.parallel.distributed import DistributedPixels
         from mapmaker.kernels import preconditioner as reference_blocks
-        from mapmaker.reduction import make_reduction
+        from mapmaker.parallel.reduction import make_reduction
 
         npix = spec.pixelization.npix
         self.comm, self.kernel_set, self.local, self.threads = comm, kernel_set, local, threads
@@ -236,7 +236,7 @@ class PCGBlock:
         """Seconds per iteration (slowest rank) and the calc/comm seconds per iteration (max over ranks)."""
         from mpi4py import MPI
 
-        from mapmaker.solver import pcg
+        from mapmaker.solve.solver import pcg
 
         split = {"calc": 0.0, "comm": 0.0}
 
@@ -289,9 +289,9 @@ def run_bench(
     import numpy as np
     from mpi4py import MPI
 
-    from mapmaker import threads as threading
-    from mapmaker.decomposition import chunk_layout, decompose
-    from mapmaker.noise import NoiseModel
+    from mapmaker.kernels import threads as threading
+    from mapmaker.model.decomposition import chunk_layout, decompose
+    from mapmaker.model.noise import NoiseModel
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

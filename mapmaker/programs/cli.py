@@ -220,12 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_realize(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
-    from mapmaker.planfile import PlanRefused, load_plan
-    from mapmaker.preprocess import plan_identity
-    from mapmaker.products import OutputExists, OutputUnusable, refuse_existing, refuse_unwritable
-    from mapmaker.realize import NothingToSolve, realize_to_folder
-    from mapmaker.reduction import ReductionUnavailable, resolve_strategy
-    from mapmaker.sky import SkyError
+    from mapmaker.parallel.planfile import PlanRefused, load_plan
+    from mapmaker.programs.preprocess import plan_identity
+    from mapmaker.programs.products import OutputExists, OutputUnusable, refuse_existing, refuse_unwritable
+    from mapmaker.programs.realize import NothingToSolve, realize_to_folder
+    from mapmaker.parallel.reduction import ReductionUnavailable, resolve_strategy
+    from mapmaker.model.sky import SkyError
     from schemas.io import SpecError, load_spec
 
     comm = MPI.COMM_WORLD
@@ -307,10 +307,10 @@ def _run_realize(args: argparse.Namespace) -> int:
 
 
 def _load_calibration(path: Path):
-    """The :class:`mapmaker.commodel.Machine` of a calibration file; ValueError with the reason."""
+    """The :class:`mapmaker.parallel.commodel.Machine` of a calibration file; ValueError with the reason."""
     from pydantic import ValidationError
 
-    from mapmaker.commodel import load_machine
+    from mapmaker.parallel.commodel import load_machine
 
     try:
         return load_machine(path)
@@ -327,8 +327,8 @@ def _load_calibration(path: Path):
 def _run_preprocess(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
-    from mapmaker.preprocess import run_preprocess
-    from mapmaker.products import OutputUnusable, refuse_unwritable
+    from mapmaker.programs.preprocess import run_preprocess
+    from mapmaker.programs.products import OutputUnusable, refuse_unwritable
     from schemas.io import SpecError, load_spec
 
     comm = MPI.COMM_WORLD
@@ -380,8 +380,8 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 
     from mpi4py import MPI
 
-    from mapmaker.calibrate import run_calibration
-    from mapmaker.preprocess import write_json_atomically
+    from mapmaker.programs.calibrate import run_calibration
+    from mapmaker.programs.preprocess import write_json_atomically
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -420,8 +420,8 @@ def _run_calibrate(args: argparse.Namespace) -> int:
 def _run_model(args: argparse.Namespace) -> int:
     import json
 
-    from mapmaker.commodel import DEFAULT_MACHINE, Machine
-    from mapmaker.overlap_model import project
+    from mapmaker.parallel.commodel import DEFAULT_MACHINE, Machine
+    from mapmaker.parallel.overlap_model import project
     from schemas.io import SpecError, load_spec
 
     if (args.alpha is None) != (args.beta is None):
@@ -478,7 +478,7 @@ def _run_model(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from mapmaker.bench import run_bench, run_hybrid
+    from mapmaker.programs.bench import run_bench, run_hybrid
 
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     if not kernels or any(k not in ("numpy", "fast") for k in kernels):

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import numpy as np
 
-from mapmaker.decomposition import ChunkLayout
+from mapmaker.model.decomposition import ChunkLayout
 from mapmaker.kernels import boresight, implementation, pointing
 from schemas.spec import CampaignSpec, FocalPlane, GroundScan, SatelliteScan
 

@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mapmaker.decomposition import Chunk, ChunkLayout
+from mapmaker.model.decomposition import Chunk, ChunkLayout
 from mapmaker.kernels import noise as noise_kernels
 from mapmaker.kernels.implementation import DEFAULT as DEFAULT_KERNELS
-from mapmaker.noise import NoiseModel
-from mapmaker.scan import ChunkPointing
+from mapmaker.model.noise import NoiseModel
+from mapmaker.model.scan import ChunkPointing
 from schemas.spec import CampaignSpec
 
 SLAB_SAMPLES = 1 << 22  # samples whose per-sample N^-1 diagonal exists at once (32 MiB)

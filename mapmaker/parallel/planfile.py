@@ -15,7 +15,7 @@ Layout (format version 1; little-endian; offsets in bytes)::
     data   (64-byte aligned) one section per rank, 64-byte aligned each:
              magic "MCOVRANK" | rank u32 | number of arrays u32 |
              element count u64 per array |
-             the arrays of :data:`mapmaker.overlap.PLAN_ARRAYS`, in that order,
+             the arrays of :data:`mapmaker.parallel.overlap.PLAN_ARRAYS`, in that order,
              each padded to 8 bytes
 
 The header sha256 covers the fixed header (with the checksum field zeroed)
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from mapmaker.overlap import PLAN_ARRAYS, OverlapPlan
+from mapmaker.parallel.overlap import PLAN_ARRAYS, OverlapPlan
 
 PLAN_FORMAT_VERSION = 1
 MAGIC = b"MCOVPLAN"

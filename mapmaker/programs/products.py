@@ -10,7 +10,7 @@ Files (HEALPix RING, full sky, readable with ``healpy.read_map``):
 * ``hits.fits``    -- samples per pixel (int64; 0 where unobserved);
 * ``rcond.fits``   -- reciprocal condition number of the geometric 3x3
   hit matrix; UNSEEN where unobserved;
-* ``mask.fits``    -- the apodised analysis mask of the spectra (``mapmaker.spectra``);
+* ``mask.fits``    -- the apodised analysis mask of the spectra (``mapmaker.model.spectra``);
   it depends on the pointing only, so it is the same in every realisation;
 * ``spectra.npz``  -- pseudo-spectra: ``cl`` [6, lmax + 1] and ``cl_binned``
   [6, n_bins] (K^2, rows TT, EE, BB, TE, EB, TB), ``ell_min``/``ell_max`` of
@@ -131,8 +131,8 @@ def write_maps(
 
 
 def write_spectra(folder: ProductFolder, measured, header: list[tuple[str, object]], coord: str) -> list[ProductFile]:
-    """Write the mask (FITS) and the spectra (npz) of a :class:`mapmaker.spectra.RealizationSpectra`; return their records."""
-    from mapmaker.spectra import SPECTRA
+    """Write the mask (FITS) and the spectra (npz) of a :class:`mapmaker.model.spectra.RealizationSpectra`; return their records."""
+    from mapmaker.model.spectra import SPECTRA
 
     paths = {role: folder.file(name) for role, name in SPECTRA_FILES.items()}
     # The mask depends on the pointing only: without the realisation in its header, every

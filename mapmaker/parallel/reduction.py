@@ -13,12 +13,12 @@ ranks that observe that pixel. Strategies differ only in how the sums travel:
 * ``butterfly`` -- sparse recursive doubling in log2 p' exchanges, any p
   (ranks above the largest power of two p' fold into partners); each step
   carries only the pixels the partner's remaining subtree observes
-  (:func:`mapmaker.overlap.butterfly_schedule`).
+  (:func:`mapmaker.parallel.overlap.butterfly_schedule`).
 * ``hybrid`` -- the paper's suggested improvement: pixels observed by at
   least tau ranks are summed by one compact buffered Allreduce, the rest by
-  the Alltoallv; tau chosen by the alpha-beta model (:mod:`mapmaker.commodel`).
+  the Alltoallv; tau chosen by the alpha-beta model (:mod:`mapmaker.parallel.commodel`).
 * ``auto`` -- the strategy with the lowest modeled campaign cost for this
-  plan (:func:`mapmaker.commodel.select_strategy`); one rank: ``allreduce``.
+  plan (:func:`mapmaker.parallel.commodel.select_strategy`); one rank: ``allreduce``.
 
 Counters are kept per call so that the result can report bytes and messages
 per rank per iteration; how bytes are counted is stated by ``bytes_counted``:
@@ -242,7 +242,7 @@ class AlltoallvReduction(PixelReduction):
 
 
 class ButterflyReduction(PixelReduction):
-    """Sparse recursive doubling, log2 p' exchanges for any p (:func:`mapmaker.overlap.butterfly_schedule`).
+    """Sparse recursive doubling, log2 p' exchanges for any p (:func:`mapmaker.parallel.overlap.butterfly_schedule`).
 
     Ranks e >= p' (the largest power of two) send the pixels they share to
     e - p' first and get the sums back last; the p' others keep a working
@@ -262,7 +262,7 @@ class ButterflyReduction(PixelReduction):
     FOLD, UNFOLD, STEP = 1, 2, 16
 
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, max_elements: int = MAX_ELEMENTS):
-        from mapmaker.overlap import butterfly_schedule
+        from mapmaker.parallel.overlap import butterfly_schedule
 
         super().__init__(comm, local_pixels)
         self.schedule = butterfly_schedule(plan)
@@ -419,15 +419,15 @@ def make_reduction(
 ) -> PixelReduction:
     """Build the reduction ``name`` for this rank's pixels (collective).
 
-    ``plan`` (this rank's :class:`mapmaker.overlap.OverlapPlan`) is needed by
+    ``plan`` (this rank's :class:`mapmaker.parallel.overlap.OverlapPlan`) is needed by
     the plan-based strategies; ``auto`` chooses with it (and falls back to
     ``allreduce`` without one);
-    ``machine`` (:class:`mapmaker.commodel.Machine`, default the paper's
-    Franklin figures) and ``workload`` (:class:`mapmaker.commodel.Workload`)
+    ``machine`` (:class:`mapmaker.parallel.commodel.Machine`, default the paper's
+    Franklin figures) and ``workload`` (:class:`mapmaker.parallel.commodel.Workload`)
     drive ``auto`` and the threshold of ``hybrid`` (``hybrid_threshold``
     forces one). ``max_elements`` caps the doubles per MPI message.
     """
-    from mapmaker import commodel
+    from mapmaker.parallel import commodel
 
     requested = resolve_strategy(name)
     size = comm.Get_size()

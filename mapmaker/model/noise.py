@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mapmaker import rng
-from mapmaker.decomposition import Chunk, ChunkLayout
+from mapmaker.model import rng
+from mapmaker.model.decomposition import Chunk, ChunkLayout
 from mapmaker.kernels import noise as noise_kernels
 from schemas.spec import CampaignSpec
 

@@ -4,11 +4,11 @@ Steps (collective; every rank):
 
 1. the decomposition of the spec into ``comm.size`` ranks and each rank's
    sorted unique pixels, from its own chunks' pointing -- the same code as
-   ``realize`` (:func:`mapmaker.local_data.build_local_data`);
+   ``realize`` (:func:`mapmaker.solve.local_data.build_local_data`);
 2. the plan: buffered Allgatherv of pixel ids, sift, index set-up
-   (:func:`mapmaker.overlap.build_overlap_plan`);
+   (:func:`mapmaker.parallel.overlap.build_overlap_plan`);
 3. the plan file, written with MPI-IO into a temporary sibling and renamed
-   into place (:func:`mapmaker.planfile.write_plan`);
+   into place (:func:`mapmaker.parallel.planfile.write_plan`);
 4. on rank 0: the sha256 of the file and the report
    (:class:`schemas.plan.PlanReport`), written atomically when asked for.
 """
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mapmaker.decomposition import chunk_layout, decompose, decomposition_fingerprint
-from mapmaker.local_data import build_local_data
-from mapmaker.noise import NoiseModel
-from mapmaker.overlap import OverlapPlan, build_overlap_plan, multiplicity_histogram_pairs
-from mapmaker.planfile import PLAN_FORMAT_VERSION, PlanIdentity, file_sha256, write_plan
+from mapmaker.model.decomposition import chunk_layout, decompose, decomposition_fingerprint
+from mapmaker.solve.local_data import build_local_data
+from mapmaker.model.noise import NoiseModel
+from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan, multiplicity_histogram_pairs
+from mapmaker.parallel.planfile import PLAN_FORMAT_VERSION, PlanIdentity, file_sha256, write_plan
 from schemas.plan import OverlapStatistics, PlanPhases, PlanReport, RankSpread
 from schemas.spec import CampaignSpec, scan_key
 
@@ -53,7 +53,7 @@ def rank_local_pixels(spec: CampaignSpec, comm) -> np.ndarray:
 
 def overlap_statistics(comm, plan: OverlapPlan) -> OverlapStatistics:
     """Collective: the overlap figures of the whole decomposition (every rank gets them)."""
-    from mapmaker.overlap import butterfly_schedule
+    from mapmaker.parallel.overlap import butterfly_schedule
 
     schedule = butterfly_schedule(plan)
     working = len(schedule.fold_local) if schedule.is_extra else schedule.n_work

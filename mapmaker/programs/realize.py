@@ -15,10 +15,10 @@ Steps (every rank, collectives in the same order on all):
 7. PCG on ``P^T N^-1 P m = b``;
 8. map, hits, rcond gathered on root;
 9. (``realize_to_folder``) root computes the analysis mask and the pseudo-spectra
-   (:mod:`mapmaker.spectra`) and writes them beside the maps.
+   (:mod:`mapmaker.model.spectra`) and writes them beside the maps.
 
 MPI glue: everything that touches ``comm`` is here or in
-:mod:`mapmaker.distributed` / :mod:`mapmaker.reduction`; the numerics are
+:mod:`mapmaker.parallel.distributed` / :mod:`mapmaker.parallel.reduction`; the numerics are
 the kernels.
 """
 from __future__ import annotations
@@ -33,20 +33,20 @@ import healpy as hp
 import numpy as np
 from mpi4py import MPI
 
-from mapmaker import rng
-from mapmaker import threads as threading
-from mapmaker.decomposition import chunk_layout, decompose, decomposition_fingerprint
-from mapmaker.distributed import DistributedPixels
+from mapmaker.model import rng
+from mapmaker.kernels import threads as threading
+from mapmaker.model.decomposition import chunk_layout, decompose, decomposition_fingerprint
+from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.kernels import implementation
 from mapmaker.kernels import preconditioner as blocks
-from mapmaker.local_data import build_local_data
-from mapmaker.noise import NoiseModel
-from mapmaker.overlap import build_overlap_plan
-from mapmaker.planfile import PlanRefused
-from mapmaker.reduction import make_reduction, needs_plan, resolve_strategy
-from mapmaker.sky import SkyError, build_sky, sky_stream_key
-from mapmaker.solver import PCGResult, pcg
-from mapmaker.timing import Timers
+from mapmaker.solve.local_data import build_local_data
+from mapmaker.model.noise import NoiseModel
+from mapmaker.parallel.overlap import build_overlap_plan
+from mapmaker.parallel.planfile import PlanRefused
+from mapmaker.parallel.reduction import make_reduction, needs_plan, resolve_strategy
+from mapmaker.model.sky import SkyError, build_sky, sky_stream_key
+from mapmaker.solve.solver import PCGResult, pcg
+from mapmaker.solve.timing import Timers
 from schemas.spec import CampaignSpec, MapSky
 
 Progress = Callable[[str], None]
@@ -110,17 +110,17 @@ def run_realization(
 ) -> SolveOutcome:
     """Simulate and solve realisation ``realization`` of ``spec`` on ``comm``.
 
-    ``plan`` is this rank's :class:`mapmaker.overlap.OverlapPlan` (from
+    ``plan`` is this rank's :class:`mapmaker.parallel.overlap.OverlapPlan` (from
     ``realize --plan``): it gives the owners of shared pixels and drives the
     plan-based reductions; without one they (and ``auto``) build it in
     memory, with the same code as ``preprocess``. ``machine``
-    (:class:`mapmaker.commodel.Machine`) is what ``auto`` models with.
-    ``threads`` per rank (numba, FFT pool, BLAS: :mod:`mapmaker.threads`);
+    (:class:`mapmaker.parallel.commodel.Machine`) is what ``auto`` models with.
+    ``threads`` per rank (numba, FFT pool, BLAS: :mod:`mapmaker.kernels.threads`);
     ``kernels`` ``"fast"`` or ``"numpy"`` (:mod:`mapmaker.kernels.implementation`).
-    Raises :class:`mapmaker.sky.SkyError` (on every rank) when the sky cannot
-    be built, and :class:`mapmaker.reduction.ReductionUnavailable` for a
+    Raises :class:`mapmaker.model.sky.SkyError` (on every rank) when the sky cannot
+    be built, and :class:`mapmaker.parallel.reduction.ReductionUnavailable` for a
     reduction this version lacks -- both before any heavy work -- and
-    :class:`mapmaker.planfile.PlanRefused` (on every rank) when the plan's
+    :class:`mapmaker.parallel.planfile.PlanRefused` (on every rank) when the plan's
     pixels are not the ones this run observes.
     """
     timers = timers or Timers()
@@ -161,7 +161,7 @@ def run_realization(
     )
 
     # 3. pixel distribution and reduction (the overlap plan built here when needed and not given).
-    from mapmaker.commodel import Workload
+    from mapmaker.parallel.commodel import Workload
 
     buffer_pixels = spec.solver.allreduce_buffer_pixels
     plan_source, plan_build_s = ("file" if plan is not None else None), None
@@ -397,7 +397,7 @@ def package_versions() -> dict[str, str]:
 
 
 def selection_record(selection) -> dict:
-    """The result's ``communication.selection`` from a :class:`mapmaker.commodel.Selection`."""
+    """The result's ``communication.selection`` from a :class:`mapmaker.parallel.commodel.Selection`."""
     return {
         "requested": selection.requested,
         "chosen": selection.chosen,
@@ -433,8 +433,9 @@ def realize_to_folder(
     None on the other ranks. ``out`` must not exist (checked by the caller
     before the run, and again at the rename).
     """
-    from mapmaker import products, spectra
-    from mapmaker.timing import peak_memory_mib
+    from mapmaker.model import spectra
+    from mapmaker.programs import products
+    from mapmaker.solve.timing import peak_memory_mib
     from schemas.result import RealizationResult
     from schemas.spec import scan_key, spec_hash
 

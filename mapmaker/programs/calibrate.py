@@ -10,7 +10,7 @@ Under ``mpiexec -n P`` (P >= 2), each measurement is the median over
 3. ``Alltoallv`` with n doubles to every other rank: fitted to
    (p - 1) alpha + 8 n (p - 1) beta, the model's per-rank form;
 4. ``Allgatherv`` of n int32 pixel ids per rank: lg p alpha + 4 n (p - 1) beta;
-5. the sift: seconds per received id of :class:`mapmaker.overlap.OverlapSifter`.
+5. the sift: seconds per received id of :class:`mapmaker.parallel.overlap.OverlapSifter`.
 
 The fits are least squares of the relative residuals (weights 1/t, so that
 the small messages that fix alpha count as much as the large ones that fix
@@ -75,7 +75,7 @@ def fit(points: list[tuple[float, float]], latency_factor: float, bandwidth_fact
 
 def measure_sift(seconds: float = 0.5) -> float:
     """Seconds per received id of the preprocessing sift (a 2**16-pixel range, 8 sources)."""
-    from mapmaker.overlap import OverlapSifter
+    from mapmaker.parallel.overlap import OverlapSifter
 
     rng = np.random.default_rng(0)
     npix, size = 1 << 16, 8

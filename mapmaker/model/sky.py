@@ -19,7 +19,7 @@ Which sky a realisation sees (``CampaignKind``):
 * ``noise-only``: no sky.
 * A user map (``sky.kind = "map"``) is the same in every realisation.
 
-A CMB draw uses its own Philox stream (:func:`mapmaker.rng.sky_key`):
+A CMB draw uses its own Philox stream (:func:`mapmaker.model.rng.sky_key`):
 ``3 * n_alm * 2`` standard normals in the order (T, E, B) x (healpy a_lm
 index) x (real, imaginary); for m = 0 the imaginary deviate is unused.
 """
@@ -31,10 +31,10 @@ from pathlib import Path
 import healpy as hp
 import numpy as np
 
-from mapmaker import rng
+from mapmaker.model import rng
 from schemas.spec import CampaignSpec, CmbSky, MapSky
 
-FIDUCIAL_CLS = Path(__file__).with_name("data") / "fiducial_cls.txt"
+FIDUCIAL_CLS = Path(__file__).parent.parent / "data" / "fiducial_cls.txt"
 ARCMIN = math.pi / (180.0 * 60.0)
 
 
