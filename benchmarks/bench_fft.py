@@ -26,8 +26,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from mapmaker.programs.bench import fft_flops, interleaved_rounds
 from mapmaker.kernels.noise_fast import CirculantFilter, balanced_split
+from mapmaker.programs.bench import fft_flops, interleaved_rounds
 
 DEFAULT_LENGTHS = (36_000, 72_000, 131_072, 200_000, 262_144, 360_000, 720_000)
 

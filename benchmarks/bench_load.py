@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.support.service_helpers import result_for, spec_data  # noqa: E402
+from tests.support.service_helpers import result_for, spec_data
 
 
 @dataclass
@@ -62,15 +62,23 @@ class LoadReport:
             return f"p50 {statistics.median(ordered) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
 
         return [
-            f"{self.clients} reading clients + {self.workers} protocol-level workers for {self.duration_s:.0f} s "
-            "against PostgreSQL on loopback",
+            (
+                f"{self.clients} reading clients + {self.workers} protocol-level workers for {self.duration_s:.0f} s "
+                "against PostgreSQL on loopback"
+            ),
             f"requests: {self.requests} ({self.requests / self.duration_s:.0f}/s), errors: {len(self.errors)}",
-            f"reads (status + realisation list): {len(self.read_latencies_s)} "
-            f"({len(self.read_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.read_latencies_s)}",
-            f"worker calls (claim/started/report): {len(self.worker_latencies_s)} "
-            f"({len(self.worker_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.worker_latencies_s)}",
-            f"claims: {self.claims}, realisations reported succeeded: {len(self.reported_successes)}, "
-            f"503 busy answers retried: {self.busy}",
+            (
+                f"reads (status + realisation list): {len(self.read_latencies_s)} "
+                f"({len(self.read_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.read_latencies_s)}"
+            ),
+            (
+                f"worker calls (claim/started/report): {len(self.worker_latencies_s)} "
+                f"({len(self.worker_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.worker_latencies_s)}"
+            ),
+            (
+                f"claims: {self.claims}, realisations reported succeeded: {len(self.reported_successes)}, "
+                f"503 busy answers retried: {self.busy}"
+            ),
         ]
 
 

@@ -57,8 +57,8 @@ def worker(spec_path: str, repeat: int, calibration: str | None) -> None:
 
     from mapmaker.parallel import commodel
     from mapmaker.parallel.overlap import build_overlap_plan
-    from mapmaker.programs.preprocess import overlap_statistics, rank_local_pixels
     from mapmaker.parallel.reduction import make_reduction
+    from mapmaker.programs.preprocess import overlap_statistics, rank_local_pixels
     from schemas.io import load_spec
 
     comm = MPI.COMM_WORLD

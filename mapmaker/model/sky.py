@@ -105,7 +105,7 @@ def read_sky_map(path: Path, nside: int, fwhm_rad: float) -> np.ndarray:
     """A user IQU map [3, npix] at ``nside`` (RING), re-gridded with ud_grade and smoothed if asked."""
     try:
         maps = np.asarray(hp.read_map(path, field=(0, 1, 2), dtype=np.float64))
-    except Exception as error:  # healpy/astropy raise many kinds for a bad file
+    except Exception as error:  # noqa: BLE001 - healpy/astropy raise many kinds for a bad file
         raise SkyError(f"cannot read an IQU map (3 columns) from {path.name!r}: {error}") from None
     if maps.ndim != 2 or maps.shape[0] != 3:
         raise SkyError(f"{path.name!r} is not an IQU map (3 columns)")

@@ -49,6 +49,9 @@ import healpy as hp
 import numpy as np
 from scipy.spatial import cKDTree
 
+from mapmaker.model.sky import ARCMIN, load_fiducial_cls
+from schemas.spec import CampaignSpec, CmbSky, MapSky
+
 SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")  # healpy.anafast order for (I, Q, U)
 FIRST_ELL = 2  # monopole and dipole are left out of every bin
 ANAFAST_ITERATIONS = 3
@@ -232,15 +235,12 @@ def realization_spectra(
     )
 
 
-def for_campaign(spec, iqu: np.ndarray, hits: np.ndarray) -> RealizationSpectra:
+def for_campaign(spec: CampaignSpec, iqu: np.ndarray, hits: np.ndarray) -> RealizationSpectra:
     """:func:`realization_spectra` with the settings of a :class:`schemas.spec.CampaignSpec`.
 
     ``lmax`` defaults to 2 nside; the sky model exists for CMB skies that the
     campaign simulates (``signal-only`` and ``signal+noise``).
     """
-    from mapmaker.model.sky import ARCMIN, load_fiducial_cls
-    from schemas.spec import CmbSky
-
     nside = spec.pixelization.nside
     products = spec.products
     lmax = products.lmax or 2 * nside
@@ -263,10 +263,8 @@ def for_campaign(spec, iqu: np.ndarray, hits: np.ndarray) -> RealizationSpectra:
     )
 
 
-def result_record(spec, measured: RealizationSpectra) -> dict:
+def result_record(spec: CampaignSpec, measured: RealizationSpectra) -> dict:
     """The compact record of :class:`schemas.result.BinnedSpectra` (as plain data)."""
-    from schemas.spec import CmbSky, MapSky
-
     def by_name(rows: np.ndarray) -> dict[str, list[float]]:
         return {name: [float(value) for value in row] for name, row in zip(SPECTRA, rows, strict=True)}
 

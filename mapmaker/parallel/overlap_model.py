@@ -28,12 +28,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
 
-from mapmaker.parallel.commodel import OverlapFigures, hybrid_thresholds
+from mapmaker.kernels.pixels import sorted_unique
 from mapmaker.model.decomposition import ChunkLayout, chunk_layout, decompose
-from mapmaker.solve.local_data import sorted_unique
-from mapmaker.parallel.overlap import butterfly_shape
 from mapmaker.model.scan import ChunkPointing
+from mapmaker.parallel.commodel import (
+    OverlapFigures,
+    Workload,
+    hybrid_thresholds,
+    preprocessing_cost,
+    select_strategy,
+    strategy_costs,
+)
+from mapmaker.parallel.overlap import butterfly_shape
 from schemas.spec import CampaignSpec, scan_key
 
 Progress = Callable[[str], None]
@@ -285,8 +293,6 @@ def _butterfly_rows(ranks, pixels, multiplicity, size) -> np.ndarray:
 
 def _indicator(rows: np.ndarray, columns: np.ndarray, n_rows: int, n_columns: int):
     """Sparse 0/1 matrix with a 1 at every (row, column) given, duplicates allowed."""
-    from scipy import sparse
-
     matrix = sparse.csr_matrix((np.ones(len(rows), dtype=np.float64), (rows, columns)), shape=(n_rows, n_columns))
     matrix.sum_duplicates()
     matrix.data[:] = 1.0
@@ -314,8 +320,6 @@ def relative_error(exact: OverlapFigures, approximate: OverlapFigures) -> dict[s
 def project(spec: CampaignSpec, rank_counts: list[int], machine, *, time_step: int = 1,
             progress: Progress | None = None, pair_budget: int = DEFAULT_PAIR_BUDGET) -> dict:
     """The model command's figures: for each rank count, the overlap and every strategy's modeled cost."""
-    from mapmaker.parallel.commodel import Workload, preprocessing_cost, select_strategy, strategy_costs
-
     say = progress or (lambda message: None)
     sets = chunk_sets(spec, time_step, progress)
     say(f"pointing: {sets.layout.n_chunks} chunks in {sets.seconds:.1f} s (time step {time_step})")

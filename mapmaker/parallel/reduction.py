@@ -34,6 +34,9 @@ from typing import Any, ClassVar
 import numpy as np
 from mpi4py import MPI
 
+from mapmaker.parallel import commodel
+from mapmaker.parallel.overlap import butterfly_schedule
+
 VALUE_BYTES = 8
 
 
@@ -262,8 +265,6 @@ class ButterflyReduction(PixelReduction):
     FOLD, UNFOLD, STEP = 1, 2, 16
 
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, max_elements: int = MAX_ELEMENTS):
-        from mapmaker.parallel.overlap import butterfly_schedule
-
         super().__init__(comm, local_pixels)
         self.schedule = butterfly_schedule(plan)
         self.max_elements = int(max_elements)
@@ -427,8 +428,6 @@ def make_reduction(
     drive ``auto`` and the threshold of ``hybrid`` (``hybrid_threshold``
     forces one). ``max_elements`` caps the doubles per MPI message.
     """
-    from mapmaker.parallel import commodel
-
     requested = resolve_strategy(name)
     size = comm.Get_size()
     if not needs_plan(requested, size):

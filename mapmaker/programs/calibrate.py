@@ -26,7 +26,9 @@ import statistics
 import time
 
 import numpy as np
+from mpi4py import MPI
 
+from mapmaker.parallel.overlap import OverlapSifter
 from schemas.calibration import OperationFit, SiteCalibration
 
 P2P_BYTES = (8, 64, 512, 4096, 32768, 262144, 2097152)
@@ -35,8 +37,6 @@ COLLECTIVE_DOUBLES = (1, 64, 1024, 16384, 131072, 524288)
 
 def _timed(comm, call, repeat: int, inner: int) -> float:
     """Median over ``repeat`` trials of the mean seconds per call (slowest rank's view, via a barrier)."""
-    from mpi4py import MPI
-
     call()
     trials = []
     for _ in range(repeat):
@@ -75,8 +75,6 @@ def fit(points: list[tuple[float, float]], latency_factor: float, bandwidth_fact
 
 def measure_sift(seconds: float = 0.5) -> float:
     """Seconds per received id of the preprocessing sift (a 2**16-pixel range, 8 sources)."""
-    from mapmaker.parallel.overlap import OverlapSifter
-
     rng = np.random.default_rng(0)
     npix, size = 1 << 16, 8
     local = np.unique(rng.integers(0, npix, npix // 4)).astype(np.int64)
@@ -95,8 +93,6 @@ def measure_sift(seconds: float = 0.5) -> float:
 
 def run_calibration(comm, *, repeat: int = 7, site: str = "local", progress=None) -> SiteCalibration | None:
     """Collective: every measurement and fit; the calibration on rank 0, None elsewhere."""
-    from mpi4py import MPI
-
     rank, size = comm.Get_rank(), comm.Get_size()
     say = progress if (progress is not None and rank == 0) else (lambda message: None)
     if size < 2:

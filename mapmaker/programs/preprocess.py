@@ -15,19 +15,20 @@ Steps (collective; every rank):
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+from mpi4py import MPI
 
 from mapmaker.model.decomposition import chunk_layout, decompose, decomposition_fingerprint
-from mapmaker.solve.local_data import build_local_data
 from mapmaker.model.noise import NoiseModel
-from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan, multiplicity_histogram_pairs
-from mapmaker.parallel.planfile import PLAN_FORMAT_VERSION, PlanIdentity, file_sha256, write_plan
+from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan, butterfly_schedule, multiplicity_histogram_pairs
+from mapmaker.parallel.planfile import PLAN_FORMAT_VERSION, PlanIdentity, write_plan
+from mapmaker.solve.local_data import build_local_data
+from schemas.files import atomic_write_json, sha256_file
 from schemas.plan import OverlapStatistics, PlanPhases, PlanReport, RankSpread
 from schemas.spec import CampaignSpec, scan_key
 
@@ -53,8 +54,6 @@ def rank_local_pixels(spec: CampaignSpec, comm) -> np.ndarray:
 
 def overlap_statistics(comm, plan: OverlapPlan) -> OverlapStatistics:
     """Collective: the overlap figures of the whole decomposition (every rank gets them)."""
-    from mapmaker.parallel.overlap import butterfly_schedule
-
     schedule = butterfly_schedule(plan)
     working = len(schedule.fold_local) if schedule.is_extra else schedule.n_work
     row = np.array([plan.n_local, plan.n_shared, len(plan.neighbours), working], dtype=np.float64)
@@ -89,8 +88,6 @@ def run_preprocess(
     progress: Progress | None = None,
 ) -> PlanReport | None:
     """Build and write the plan of ``spec`` for ``comm``'s rank count; the report on rank 0, None elsewhere."""
-    from mpi4py import MPI
-
     rank, size = comm.Get_rank(), comm.Get_size()
     say = progress if (progress is not None and rank == 0) else (lambda message: None)
     comm.Barrier()
@@ -140,7 +137,7 @@ def run_preprocess(
         try:
             report = PlanReport(
                 path=str(out),
-                checksum=file_sha256(out),
+                checksum=sha256_file(out),
                 size_bytes=out.stat().st_size,
                 build_time_s=build_time,
                 header_checksum=document["header_sha256"],
@@ -156,7 +153,7 @@ def run_preprocess(
                 overlap=statistics,
             )
             if report_path is not None:
-                write_json_atomically(report_path, json.loads(report.model_dump_json()))
+                atomic_write_json(report_path, json.loads(report.model_dump_json()), indent=2)
         except OSError as error:
             problem = error
     problem = comm.bcast(problem, root=0)
@@ -168,27 +165,7 @@ def run_preprocess(
     return report
 
 
-def write_json_atomically(path: str | Path, document) -> None:
-    """Write ``document`` as JSON into ``path`` through a temporary sibling and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(document, stream, indent=2)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
 def _version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("mapcampaign")
     except metadata.PackageNotFoundError:

@@ -31,8 +31,8 @@ import shutil
 import healpy as hp
 import numpy as np
 import pytest
-
 from mpi_support import DRIVERS, run_ranks
+
 from service.products.aggregates import CampaignProducts, include_realization, load_state, spectra_aggregates
 
 pytestmark = pytest.mark.mpi

@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mapmaker.kernels import threads
-from mapmaker.solve import local_data
 from mapmaker.kernels import (
     boresight,
     implementation,
@@ -24,7 +22,9 @@ from mapmaker.kernels import (
     pointing_fast,
     preconditioner,
     projection,
+    threads,
 )
+from mapmaker.solve import local_data
 from tests.unit.mapmaker_cases import make_spec
 
 IMPLEMENTATIONS = [implementation.DEFAULT, "numpy"]
@@ -335,7 +335,7 @@ def test_whole_solve_matches_the_reference(changes, thread_count, monkeypatch):
                          solver={"tol": 1e-10, "max_iter": 40, "rcond_min": 0.01})
     else:
         spec = make_spec(changes, solver={"tol": 1e-10, "max_iter": 40, "rcond_min": 0.01})
-    from mapmaker.programs.realize import run_realization
+    from mapmaker.solve.realization import run_realization
 
     reference = run_realization(spec, 1, MPI.COMM_SELF, kernels="numpy", threads=thread_count)
     for pixel_order in ("sorted", "visit"):
@@ -359,7 +359,7 @@ def test_the_numpy_path_runs_without_numba():
         "import sys\n"
         "from mpi4py import MPI\n"
         "from tests.unit.mapmaker_cases import make_spec\n"
-        "from mapmaker.programs.realize import run_realization\n"
+        "from mapmaker.solve.realization import run_realization\n"
         "run_realization(make_spec({'noise.f_knee_hz': 0.05}), 0, MPI.COMM_SELF, kernels='numpy')\n"
         "print('numba' in sys.modules, 'ducc0' in sys.modules)\n"
     )

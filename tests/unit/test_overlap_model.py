@@ -4,12 +4,12 @@ import pytest
 from mapmaker_cases import make_spec
 from overlap_cases import random_sets
 
-from mapmaker.parallel.commodel import figures_from_plans
 from mapmaker.model.decomposition import chunk_layout, decompose
-from mapmaker.solve.local_data import build_local_data
 from mapmaker.model.noise import NoiseModel
+from mapmaker.parallel.commodel import figures_from_plans
 from mapmaker.parallel.overlap import plan_from_pixel_sets
 from mapmaker.parallel.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets, relative_error
+from mapmaker.solve.local_data import build_local_data
 
 FIELDS = ("n_local", "shared", "neighbours", "butterfly", "light_shared", "light_neighbours", "heavy_pixels", "thresholds")
 

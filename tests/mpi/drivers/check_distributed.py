@@ -66,7 +66,7 @@ def main() -> None:
         rows = np.column_stack([mine * 2.0, -mine * 1.0])
         received = []
 
-        def receive(ids, piece):
+        def receive(ids, piece, received=received, buffer_pixels=buffer_pixels):
             assert len(ids) == len(piece) <= buffer_pixels
             received.append((ids.copy(), piece.copy()))
 
