@@ -22,7 +22,8 @@ before it, and :mod:`schemas` (tests/unit/test_mapmaker_layers.py checks):
                 communicator: set-up, solve, gather)
 ``programs/``   the commands: ``cli`` (the parser of ``python -m mapmaker``), ``commands`` (one
                 ``run_<name>`` each), ``realize`` (products and result.json of one realisation),
-                ``preprocess``, ``calibrate``, ``bench``, ``products`` (the product folder)
+                ``preprocess``, ``calibrate``, ``bench``, ``products`` (the product folder),
+                ``versions`` (the software a run records)
 ``data/``       the fiducial C_l and the script that made it
 """
 

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from mpi4py import MPI
 
 from mapmaker.parallel import commodel
-from mapmaker.parallel.overlap import butterfly_schedule
+from mapmaker.parallel.overlap import OverlapPlan, butterfly_schedule
 
 VALUE_BYTES = 8
 
@@ -81,7 +81,7 @@ class PixelReduction(ABC):
 
     name: ClassVar[str]
     bytes_counted: ClassVar[str]
-    selection: Any = None  # commodel.Selection when chosen by auto (or tau by the model, for hybrid)
+    selection: commodel.Selection | None = None  # when chosen by auto (or tau by the model, for hybrid)
     details: dict[str, float] | None = None
 
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray):
@@ -185,7 +185,7 @@ class AlltoallvReduction(PixelReduction):
         "messages: the non-empty blocks it sends (one per neighbour and round)"
     )
 
-    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, exchanged: np.ndarray | None = None,
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, exchanged: np.ndarray | None = None,
                  max_elements: int = MAX_ELEMENTS):
         super().__init__(comm, local_pixels)
         size = comm.Get_size()
@@ -264,7 +264,7 @@ class ButterflyReduction(PixelReduction):
     # largest tag every MPI must accept (MPI_TAG_UB is 2^21 - 1 on Cray MPICH, 2^19 - 1 on Intel MPI 2021).
     FOLD, UNFOLD, STEP = 1, 2, 16
 
-    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, max_elements: int = MAX_ELEMENTS):
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, max_elements: int = MAX_ELEMENTS):
         super().__init__(comm, local_pixels)
         self.schedule = butterfly_schedule(plan)
         self.max_elements = int(max_elements)
@@ -342,7 +342,7 @@ class HybridReduction(PixelReduction):
         "2 ceil(log2 p) messages per buffer) plus the exact bytes and blocks of the Alltoallv of the light ones"
     )
 
-    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, threshold: int, buffer_pixels: int,
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, threshold: int, buffer_pixels: int,
                  max_elements: int = MAX_ELEMENTS):
         super().__init__(comm, local_pixels)
         self.threshold = int(threshold)
@@ -412,9 +412,9 @@ def make_reduction(
     *,
     npix: int,
     buffer_pixels: int,
-    plan: Any = None,
-    machine: Any = None,
-    workload: Any = None,
+    plan: OverlapPlan | None = None,
+    machine: commodel.Machine | None = None,
+    workload: commodel.Workload | None = None,
     max_elements: int = MAX_ELEMENTS,
     hybrid_threshold: int | None = None,
 ) -> PixelReduction:

@@ -29,6 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from mapmaker.parallel.overlap import OverlapSifter
+from mapmaker.programs.versions import mpi_library
 from schemas.calibration import OperationFit, SiteCalibration
 
 P2P_BYTES = (8, 64, 512, 4096, 32768, 262144, 2097152)
@@ -161,7 +162,7 @@ def run_calibration(comm, *, repeat: int = 7, site: str = "local", progress=None
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         host=socket.gethostname(),
         ranks=size,
-        mpi=MPI.Get_library_version().splitlines()[0].strip(),
+        mpi=mpi_library(),
         load_average=load,
         p2p=fit(p2p, 1.0, 1.0, "alpha + n beta (half the ping-pong round trip, n bytes)"),
         allreduce=fit(allreduce, 2 * lg, 1.0, "2 ceil(log2 p) alpha + 2 n (p - 1) / p beta (n bytes)"),

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ from mapmaker.model.decomposition import chunk_layout, decompose, decomposition_
 from mapmaker.model.noise import NoiseModel
 from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan, butterfly_schedule, multiplicity_histogram_pairs
 from mapmaker.parallel.planfile import PLAN_FORMAT_VERSION, PlanIdentity, write_plan
+from mapmaker.programs.versions import mapcampaign_version
 from mapmaker.solve.local_data import build_local_data
 from schemas.files import atomic_write_json, sha256_file
 from schemas.plan import OverlapStatistics, PlanPhases, PlanReport, RankSpread
@@ -120,7 +120,7 @@ def run_preprocess(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "observed_pixels": statistics.observed_pixels,
         "total_local_pixels": statistics.total_local_pixels,
-        "mapmaker": _version(),
+        "mapmaker": mapcampaign_version(),
     }
     document = write_plan(comm, out, plan, identity, extra)
     write_s = time.perf_counter() - tick
@@ -163,10 +163,3 @@ def run_preprocess(
         return None
     say(f"plan: {out} ({report.size_bytes} bytes, sha256 {report.checksum[:16]}...) in {build_time:.2f} s")
     return report
-
-
-def _version() -> str:
-    try:
-        return metadata.version("mapcampaign")
-    except metadata.PackageNotFoundError:
-        return "unknown"

@@ -9,15 +9,9 @@ into a product folder that appears whole or not at all
 from __future__ import annotations
 
 import math
-import platform
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import healpy as hp
-import mpi4py
-import numpy as np
-import scipy
 from mpi4py import MPI
 
 from mapmaker.kernels import implementation
@@ -30,6 +24,7 @@ from mapmaker.parallel.commodel import Machine, Selection
 from mapmaker.parallel.overlap import OverlapPlan
 from mapmaker.programs import products
 from mapmaker.programs.products import ProductFolder
+from mapmaker.programs.versions import package_versions
 from mapmaker.solve.realization import Progress, SolveOutcome, run_realization
 from mapmaker.solve.timing import Timers, peak_memory_mib
 from schemas.result import ProductFile, RealizationResult
@@ -209,23 +204,6 @@ def rng_stream_records(spec: CampaignSpec, realization: int, cap: int = 64) -> t
                 key = rng.noise_key(spec.seed, realization, chunk.detector, interval)
                 records.append({"stream": "noise", "key": list(key), "detector": names[chunk.detector], "interval": interval})
     return records, total
-
-
-def package_versions() -> dict[str, str]:
-    """Versions of Python, the numerical packages, the MPI library and mapcampaign itself."""
-    versions = {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "scipy": scipy.__version__,
-        "healpy": hp.__version__,
-        "mpi4py": mpi4py.__version__,
-        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
-    }
-    try:
-        versions["mapcampaign"] = metadata.version("mapcampaign")
-    except metadata.PackageNotFoundError:
-        versions["mapcampaign"] = "unknown"
-    return versions
 
 
 def selection_record(selection: Selection) -> dict[str, Any]:

@@ -18,8 +18,8 @@ The TOD is never cached: it is simulated chunk by chunk to form
 ``b = P^T N^-1 d`` and dropped, and the fast PCG operator
 (:mod:`mapmaker.kernels.operator_fast`) applies ``P^T N^-1 P`` in batches
 of intervals through a per-thread buffer, so no TOD-sized scratch exists
-during the solve either (the numpy reference keeps one, 8 bytes per
-sample). Peak memory per rank is therefore about 28 bytes per local
+during the solve either (the numpy reference makes one per application,
+8 bytes per sample). Peak memory per rank is therefore about 28 bytes per local
 sample plus a few full-map arrays, whatever the total number of samples
 (per-sample weights for the preconditioner are made per slab of intervals).
 
