@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from mapmaker.kernels.noise_fast import CirculantFilter, balanced_split
+from mapmaker.kernels.noise_fast import FOUR_STEP_MIN_SAMPLES, CirculantFilter, balanced_split
 from mapmaker.programs.bench import fft_flops, interleaved_rounds
 
 DEFAULT_LENGTHS = (36_000, 72_000, 131_072, 200_000, 262_144, 360_000, 720_000)
@@ -88,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--lengths: the four-step needs even lengths of at least 4, got {bad}")
     if args.samples < 1 or args.rounds < 1:
         parser.error("--samples and --rounds must be at least 1")
-
-    from mapmaker.kernels.noise_fast import FOUR_STEP_MIN_SAMPLES
 
     results = []
     if not args.json:

@@ -29,11 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psycopg
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.support.databases import create_pg_database, drop_pg_database
+from tests.support.live_service import start_live_service
 from tests.support.service_helpers import result_for, spec_data
 
 
@@ -200,8 +203,6 @@ def run_load(
 
 def check_database(database_url: str, report: LoadReport) -> list[str]:
     """Problems in the stored state: a lost or doubled result (empty when all is well)."""
-    import psycopg
-
     problems = []
     with psycopg.connect(database_url, autocommit=True) as connection:
         stored = {
@@ -231,9 +232,6 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--realizations", type=int, default=20_000, help="queued at the start, over 4 campaigns")
     options = parser.parse_args()
-
-    from tests.support.databases import create_pg_database, drop_pg_database
-    from tests.support.live_service import start_live_service
 
     pg_url = create_pg_database("mapcampaign_load")
     try:
