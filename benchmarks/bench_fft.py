@@ -9,7 +9,7 @@ one half-length complex FFT (``four_step_from`` out of reach), once through the 
 n/2 (``four_step_from=0``). The intervals are far apart in a fresh array, so each one comes from
 memory as in a PCG iteration. The two take turns for ``--rounds`` rounds (order reversed every round,
 so a slow spell of a shared machine falls on both); printed per length: each one's median seconds per
-round, the FFT flop rate of that median (``mapmaker.bench.fft_flops``: 2 x 2.5 n log2 n per interval)
+round, the FFT flop rate of that median (``mapmaker.programs.bench.fft_flops``: 2 x 2.5 n log2 n per interval)
 and the median and range of the per-round ratio one-FFT / four-step (> 1: the four-step is faster).
 Wall clock; one thread.
 """
@@ -26,8 +26,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from mapmaker.bench import fft_flops, interleaved_rounds
-from mapmaker.kernels.noise_fast import CirculantFilter, balanced_split
+from mapmaker.kernels.noise_fast import FOUR_STEP_MIN_SAMPLES, CirculantFilter, balanced_split
+from mapmaker.programs.bench import fft_flops, interleaved_rounds
 
 DEFAULT_LENGTHS = (36_000, 72_000, 131_072, 200_000, 262_144, 360_000, 720_000)
 
@@ -88,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--lengths: the four-step needs even lengths of at least 4, got {bad}")
     if args.samples < 1 or args.rounds < 1:
         parser.error("--samples and --rounds must be at least 1")
-
-    from mapmaker.kernels.noise_fast import FOUR_STEP_MIN_SAMPLES
 
     results = []
     if not args.json:

@@ -29,12 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psycopg
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.support.service_helpers import result_for, spec_data  # noqa: E402
+from tests.support.databases import create_pg_database, drop_pg_database
+from tests.support.live_service import start_live_service
+from tests.support.service_helpers import result_for, spec_data
 
 
 @dataclass
@@ -62,15 +65,23 @@ class LoadReport:
             return f"p50 {statistics.median(ordered) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
 
         return [
-            f"{self.clients} reading clients + {self.workers} protocol-level workers for {self.duration_s:.0f} s "
-            "against PostgreSQL on loopback",
+            (
+                f"{self.clients} reading clients + {self.workers} protocol-level workers for {self.duration_s:.0f} s "
+                "against PostgreSQL on loopback"
+            ),
             f"requests: {self.requests} ({self.requests / self.duration_s:.0f}/s), errors: {len(self.errors)}",
-            f"reads (status + realisation list): {len(self.read_latencies_s)} "
-            f"({len(self.read_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.read_latencies_s)}",
-            f"worker calls (claim/started/report): {len(self.worker_latencies_s)} "
-            f"({len(self.worker_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.worker_latencies_s)}",
-            f"claims: {self.claims}, realisations reported succeeded: {len(self.reported_successes)}, "
-            f"503 busy answers retried: {self.busy}",
+            (
+                f"reads (status + realisation list): {len(self.read_latencies_s)} "
+                f"({len(self.read_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.read_latencies_s)}"
+            ),
+            (
+                f"worker calls (claim/started/report): {len(self.worker_latencies_s)} "
+                f"({len(self.worker_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.worker_latencies_s)}"
+            ),
+            (
+                f"claims: {self.claims}, realisations reported succeeded: {len(self.reported_successes)}, "
+                f"503 busy answers retried: {self.busy}"
+            ),
         ]
 
 
@@ -192,8 +203,6 @@ def run_load(
 
 def check_database(database_url: str, report: LoadReport) -> list[str]:
     """Problems in the stored state: a lost or doubled result (empty when all is well)."""
-    import psycopg
-
     problems = []
     with psycopg.connect(database_url, autocommit=True) as connection:
         stored = {
@@ -223,9 +232,6 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--realizations", type=int, default=20_000, help="queued at the start, over 4 campaigns")
     options = parser.parse_args()
-
-    from tests.support.databases import create_pg_database, drop_pg_database
-    from tests.support.live_service import start_live_service
 
     pg_url = create_pg_database("mapcampaign_load")
     try:

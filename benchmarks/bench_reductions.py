@@ -26,18 +26,33 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from mapmaker.parallel import commodel
+from mapmaker.parallel.overlap import build_overlap_plan
+from mapmaker.parallel.overlap_model import (
+    chunk_sets,
+    overlap_figures,
+    rank_pixel_sets,
+    relative_error,
+)
+from mapmaker.parallel.reduction import make_reduction
+from mapmaker.programs.preprocess import overlap_statistics, rank_local_pixels
+from schemas.io import load_spec
+
 STRATEGIES = ("allreduce", "alltoallv", "butterfly", "hybrid")
 PROJECTION_SPEC = REPO / "benchmarks" / "specs" / "projection.toml"
 
 
 def scan_specs(nside: int) -> dict[str, dict]:
     """The two benchmark scans at ``nside``: the bundled satellite (1 day) and ground (12 h) geometries."""
-    import tomllib
-
     specs = {}
     for kind in ("satellite", "ground"):
         data = tomllib.loads((REPO / "schemas" / "examples" / f"{kind}.toml").read_text())
@@ -52,15 +67,6 @@ def scan_specs(nside: int) -> dict[str, dict]:
 
 def worker(spec_path: str, repeat: int, calibration: str | None) -> None:
     """Under mpiexec: plan, then time every strategy; rank 0 prints one JSON line."""
-    import numpy as np
-    from mpi4py import MPI
-
-    from mapmaker import commodel
-    from mapmaker.overlap import build_overlap_plan
-    from mapmaker.preprocess import overlap_statistics, rank_local_pixels
-    from mapmaker.reduction import make_reduction
-    from schemas.io import load_spec
-
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     spec = load_spec(spec_path)
@@ -153,10 +159,6 @@ def measure(nsides: list[int], rank_counts: list[int], repeat: int, calibration:
 
 def project(rank_counts: list[int], machines: dict, time_step: int) -> dict:
     """The projection spec's figures at each rank count, evaluated for every machine."""
-    from mapmaker import commodel
-    from mapmaker.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets
-    from schemas.io import load_spec
-
     spec = load_spec(PROJECTION_SPEC)
     workload = commodel.Workload.of_spec(spec)
     started = time.perf_counter()
@@ -195,10 +197,6 @@ def project(rank_counts: list[int], machines: dict, time_step: int) -> dict:
 
 def subsampling_error(rank_counts: list[int], steps: list[int]) -> list[dict]:
     """Error of the model with --time-step N against the exact one (projection spec, small rank counts)."""
-    from mapmaker import commodel
-    from mapmaker.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets, relative_error
-    from schemas.io import load_spec
-
     spec = load_spec(PROJECTION_SPEC)
     npix = spec.pixelization.npix
     exact_sets = chunk_sets(spec, 1)
@@ -270,8 +268,6 @@ def main() -> int:
     if args.worker:
         worker(args.worker, args.repeat, args.calibration)
         return 0
-
-    from mapmaker import commodel
 
     load = os.getloadavg()
     calibration = args.calibration

@@ -28,9 +28,9 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.databases import create_pg_database, drop_pg_database  # noqa: E402
-from tests.support.live_service import start_live_service  # noqa: E402
-from tests.support.service_helpers import spec_data  # noqa: E402
+from tests.support.databases import create_pg_database, drop_pg_database
+from tests.support.live_service import start_live_service
+from tests.support.service_helpers import spec_data
 
 
 def claimer(args: tuple[str, str, str]) -> list[int]:

@@ -3,29 +3,28 @@
 Numerics and MPI only: parameters arrive as :mod:`schemas` models, nothing is
 read from the environment, and no web or database code is imported.
 
-Module map
-==========
-``kernels/``        pure numpy kernels (pointing, P, P^T, N^-1, 3x3 blocks); never see ``comm``
-``scan``            spec -> boresight quaternions per chunk, detector rotations
-``decomposition``   chunks (detector x time) and their contiguous assignment to ranks; fingerprint
-``noise``           noise model of a spec: intervals, PSDs, filters, simulation per chunk
-``rng``             Philox keys derived from (seed, realisation, detector, interval, stream)
-``sky``             input sky: synfast from the fiducial C_l, or a user FITS map
-``local_data``      one rank's cached pointing (local pixel index, weights) and interval layout
-``overlap``         the overlap plan: allgather + sift of pixel ids, shared lists, butterfly schedule
-``planfile``        the plan file format: versioned, checksummed, one section per rank (MPI-IO)
-``preprocess``      ``preprocess`` command: pixels of each rank -> plan -> file + report
-``reduction``       the pixel reductions: allreduce, alltoallv, butterfly, hybrid, auto (MPI)
-``commodel``        alpha-beta model of the reductions and the preprocessing; auto's choice
-``overlap_model``   serial simulation of every rank's pixels at large p: the ``model`` command
-``calibrate``       ``calibrate`` command: alpha and beta per operation, sift speed
-``distributed``     distributed pixel vectors: owners, dot products, gather, broadcast (MPI)
-``solver``          preconditioned conjugate gradients, independent of MPI
-``realize``         one realisation end to end on a communicator (MPI)
-``products``        FITS maps and result.json, written atomically
-``timing``          calc / comm / io wall-clock split and peak memory of a rank
-``cli``             ``python -m mapmaker realize | preprocess | calibrate | model | bench``
-``bench``           throughput of the kernels and of one PCG iteration
+Wings, lowest first; a module imports from its own wing, the wings listed
+before it, and :mod:`schemas` (tests/unit/test_mapmaker_layers.py checks):
+
+``kernels/``    pure kernels on flat arrays, each with its numpy twin, and the registry of both
+                implementations (``implementation``); never see ``comm``, a spec or a file
+``model/``      the observation as pure models, no MPI: ``scan`` (boresight and detector pointing
+                per chunk), ``decomposition`` (chunks and their ranks; fingerprint), ``noise``
+                (intervals, PSDs, simulation), ``rng`` (Philox keys), ``sky`` (synfast or a FITS
+                map), ``spectra`` (mask, pseudo-spectra, bandpowers)
+``parallel/``   the MPI layer and its model: ``distributed`` (pixel owners, dot products, gather,
+                broadcast), ``overlap`` (the overlap plan), ``planfile`` (its file, MPI-IO),
+                ``reduction`` (allreduce, alltoallv, butterfly, hybrid, auto), ``commodel``
+                (alpha-beta costs; auto's choice), ``overlap_model`` (serial projection to large p)
+``solve/``      the solve of one realisation: ``local_data`` (one rank's cached pointing and
+                interval layout; P, N^-1 and the operator through the registry), ``solver``
+                (PCG), ``timing`` (calc / comm / io split), ``realization`` (the stages on a
+                communicator: set-up, solve, gather)
+``programs/``   the commands: ``cli`` (the parser of ``python -m mapmaker``), ``commands`` (one
+                ``run_<name>`` each), ``realize`` (products and result.json of one realisation),
+                ``preprocess``, ``calibrate``, ``bench``, ``products`` (the product folder),
+                ``versions`` (the software a run records)
+``data/``       the fiducial C_l and the script that made it
 """
 
 __all__: list[str] = []

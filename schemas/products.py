@@ -7,7 +7,7 @@ of one realisation; the uncertainty of a mean is ``std / sqrt(n)``. Values
 that do not exist (a standard deviation before two realisations, F_l where
 the input spectrum is 0) are null.
 
-Definitions (``mapmaker.spectra`` for the mask and the pseudo-spectra):
+Definitions (``mapmaker.model.spectra`` for the mask and the pseudo-spectra):
 
 * ``w2 = mean over the sphere of mask^2`` of the apodised analysis mask;
 * noise bias (noise-only campaigns): ``N_l = <C~_l> / w2``, the mean

@@ -34,7 +34,7 @@ class TimingSplit(ResultModel):
 
 
 class ModeledStrategy(ResultModel):
-    """The alpha-beta model's figures for one strategy (mapmaker.commodel), slowest rank."""
+    """The alpha-beta model's figures for one strategy (mapmaker.parallel.commodel), slowest rank."""
 
     bytes_per_iteration: float
     messages_per_iteration: float
@@ -98,7 +98,7 @@ SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")
 
 
 class BinnedSpectra(ResultModel):
-    """Pseudo power spectra of one realisation's masked map, binned in ell (``mapmaker.spectra``).
+    """Pseudo power spectra of one realisation's masked map, binned in ell (``mapmaker.model.spectra``).
 
     ``cl`` and ``model`` map each of TT, EE, BB, TE, EB, TB to one value per
     bin (K^2, the plain mean over the bin's multipoles, full float precision).
@@ -148,7 +148,7 @@ class RealizationResult(ResultModel):
         None, description="Streams the run drew; rng_streams lists the first ones (keys derive from rng_scheme)"
     )
     decomposition: str | None = Field(
-        None, description="Fingerprint of which chunks each rank owned (mapmaker.decomposition)"
+        None, description="Fingerprint of which chunks each rank owned (mapmaker.model.decomposition)"
     )
     excluded_samples: int | None = Field(None, description="Samples left out of the solve (in cut pixels)")
     plan_checksum: str | None = None

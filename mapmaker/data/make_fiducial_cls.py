@@ -13,8 +13,8 @@ import camb
 import numpy as np
 
 LMAX = 6000
-PARAMS = dict(H0=67.32, ombh2=0.02238, omch2=0.1201, mnu=0.06, omk=0.0,
-              tau=0.0543, As=2.1e-9, ns=0.9660, r=0.0)
+PARAMS = {"H0": 67.32, "ombh2": 0.02238, "omch2": 0.1201, "mnu": 0.06, "omk": 0.0,
+              "tau": 0.0543, "As": 2.1e-9, "ns": 0.9660, "r": 0.0}
 
 
 def main() -> None:

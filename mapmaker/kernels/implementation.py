@@ -1,9 +1,12 @@
-"""The kernel switch: ``"fast"`` (numba + ducc0, the default) or ``"numpy"`` (the reference).
+"""The kernel registry: every kernel family in its two implementations, ``"fast"`` and ``"numpy"``.
 
-Both implementations take the same arguments and give the same results --
-pixels exactly, everything else to 1e-10 relative (tests/unit/test_mapmaker_fast_kernels.py
-checks every kernel and a whole solve). The numpy modules never import numba
-or ducc0, so ``"numpy"`` runs without JIT compilation.
+``"fast"`` (numba + ducc0, the default) and ``"numpy"`` (the reference) take
+the same arguments and give the same results -- pixels exactly, everything
+else to 1e-10 relative (tests/unit/test_mapmaker_fast_kernels.py checks
+every kernel and a whole solve). Callers hold a :class:`Kernels` from
+:func:`get` and call its families; nothing else looks at an implementation's
+name. The numpy modules never import numba or ducc0, so ``"numpy"`` runs
+without JIT compilation.
 
 The fast kernels are compiled by numba on first use and cached on disk
 (``cache=True``, in ``__pycache__`` beside the sources): the first process on
@@ -15,6 +18,7 @@ says how long it took.
 """
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -24,43 +28,57 @@ import numpy as np
 NAMES = ("fast", "numpy")
 DEFAULT = "fast"
 
+# family -> module of mapmaker.kernels per implementation. What each family's module provides:
+#   boresight   satellite(times_s, **angles), ground(times_s, **angles) -> quaternions [n, 4]
+#   pointing    detector_pointing(q_boresight, q_detector, nside) -> pixels [n], weights [n, 3]
+#   projection  P: project_map_to_tod; P^T: accumulate_tod_to_map; first_visit_order (pixel rows)
+#   blocks      3x3 blocks: accumulate_blocks, apply (the preconditioner)
+#   noise       N^-1 per stationary interval: inverse_noise_filters, apply_inverse_noise, apply_inverse_white
+#   operator    the PCG operator P^T N^-1 P: apply_inverse_noise_operator, apply_white_operator
+FAMILIES: dict[str, dict[str, str]] = {
+    "boresight": {"numpy": "boresight", "fast": "pointing_fast"},
+    "pointing": {"numpy": "pointing", "fast": "pointing_fast"},
+    "projection": {"numpy": "projection", "fast": "projection_fast"},
+    "blocks": {"numpy": "preconditioner", "fast": "preconditioner_fast"},
+    "noise": {"numpy": "noise", "fast": "noise_fast"},
+    "operator": {"numpy": "operator", "fast": "operator_fast"},
+}
+COMPILED = {"numpy": False, "fast": True}
+
 
 @dataclass(frozen=True)
 class Kernels:
-    """One implementation's kernels, looked up once per run."""
+    """One implementation's kernels, looked up once per run (the families of :data:`FAMILIES`)."""
 
     name: str
-    boresight: ModuleType  # satellite(times_s, **angles), ground(times_s, **angles) -> [n, 4]
-    pointing: ModuleType  # detector_pointing(q_boresight, q_detector, nside)
-    projection: ModuleType  # project_map_to_tod, accumulate_tod_to_map
-    blocks: ModuleType  # accumulate_blocks, apply
-
-    @property
-    def fast(self) -> bool:
-        return self.name == "fast"
+    compiled: bool  # numba: numba's threads apply, warm_up compiles, visit-order pixel rows pay
+    boresight: ModuleType
+    pointing: ModuleType
+    projection: ModuleType
+    blocks: ModuleType
+    noise: ModuleType
+    operator: ModuleType
 
 
 def get(name: str = DEFAULT) -> Kernels:
     """The kernels called ``name`` (``"fast"`` or ``"numpy"``)."""
-    if name == "numpy":
-        from mapmaker.kernels import boresight, pointing, preconditioner, projection
-
-        return Kernels("numpy", boresight, pointing, projection, preconditioner)
-    if name == "fast":
-        from mapmaker.kernels import pointing_fast, preconditioner_fast, projection_fast
-
-        return Kernels("fast", pointing_fast, pointing_fast, projection_fast, preconditioner_fast)
-    raise ValueError(f"unknown kernels {name!r}; choose one of {', '.join(NAMES)}")
+    if name not in NAMES:
+        raise ValueError(f"unknown kernels {name!r}; choose one of {', '.join(NAMES)}")
+    # Imported by name, on demand: the fast modules import numba (~0.5 s and ~30 MiB per process),
+    # which a "numpy" run never pays.
+    modules = {
+        family: importlib.import_module(f"mapmaker.kernels.{implementations[name]}")
+        for family, implementations in FAMILIES.items()
+    }
+    return Kernels(name=name, compiled=COMPILED[name], **modules)
 
 
 def warm_up(name: str = DEFAULT) -> float:
     """Compile (or load from the cache) every kernel of ``name`` on tiny inputs; returns the seconds it took."""
     started = time.perf_counter()
-    if name != "fast":
-        return 0.0
-    from mapmaker.kernels import noise_fast, operator_fast
-
     kernels = get(name)
+    if not kernels.compiled:
+        return 0.0
     times = np.arange(4, dtype=np.float64)
     q = kernels.boresight.satellite(times, start_longitude=0.0, drift_rate=1e-7, precession_rate=1e-3,
                                     precession_angle=0.7, spin_rate=0.1, spin_angle=0.8)
@@ -70,21 +88,20 @@ def warm_up(name: str = DEFAULT) -> float:
     kernels.pointing.vec2pix(1, weights[:, 0], weights[:, 1], weights[:, 2])
     local_map = np.ones((12, 3))
     starts, lengths = np.array([0], dtype=np.int64), np.array([4], dtype=np.int64)
-    for index in (pixels.astype(np.int32),):  # the cache's index type (see mapmaker.local_data)
-        kernels.projection.first_visit_order(index.copy(), 12)
-        tod = kernels.projection.project_map_to_tod(local_map, index, weights)
-        kernels.projection.accumulate_tod_to_map(tod, index, weights, 12)
-        blocks = kernels.blocks.accumulate_blocks(index, weights, 12)
-        kernels.blocks.accumulate_blocks(index, weights, 12, np.ones(4))
-        kernels.blocks.apply(np.ones((12, 3, 3)), local_map)
-        circulant = [noise_fast.CirculantFilter(np.ones(3), 4), noise_fast.CirculantFilter(np.ones(3), 5)]
-        noise_fast.CirculantFilter(np.ones(5), 8, four_step_from=0).apply(np.ones(8))  # the four-step kernels
-        noise_fast.apply_inverse_noise(tod, starts, lengths, np.zeros(1, dtype=np.int64), circulant)
-        noise_fast.apply_inverse_noise(np.ones(5), starts, lengths + 1, np.ones(1, dtype=np.int64), circulant)
-        operator_fast.apply_inverse_noise_operator(local_map, index, weights, starts, lengths,
-                                                   np.zeros(1, dtype=np.int64), circulant)
-        operator_fast.apply_white_operator(local_map, index, weights, starts, lengths, np.ones(1))
-    del blocks
+    index = pixels.astype(np.int32)  # the pointing cache's index type (see mapmaker.kernels.pixels)
+    kernels.projection.first_visit_order(index.copy(), 12)
+    tod = kernels.projection.project_map_to_tod(local_map, index, weights)
+    kernels.projection.accumulate_tod_to_map(tod, index, weights, 12)
+    kernels.blocks.accumulate_blocks(index, weights, 12)
+    kernels.blocks.accumulate_blocks(index, weights, 12, np.ones(4))
+    kernels.blocks.apply(np.ones((12, 3, 3)), local_map)
+    filters = kernels.noise.inverse_noise_filters([np.ones(3), np.ones(3)], {0: 4, 1: 5})
+    kernels.noise.CirculantFilter(np.ones(5), 8, four_step_from=0).apply(np.ones(8))  # the four-step kernels
+    kernels.noise.apply_inverse_noise(tod, starts, lengths, np.zeros(1, dtype=np.int64), filters)
+    kernels.noise.apply_inverse_noise(np.ones(5), starts, lengths + 1, np.ones(1, dtype=np.int64), filters)
+    kernels.operator.apply_inverse_noise_operator(local_map, index, weights, starts, lengths,
+                                                  np.zeros(1, dtype=np.int64), filters)
+    kernels.operator.apply_white_operator(local_map, index, weights, starts, lengths, np.ones(1))
     return time.perf_counter() - started
 
 

@@ -71,20 +71,30 @@ def inverse_noise_diagonal(inverse_psd: np.ndarray, n: int) -> float:
     return float(total / n)
 
 
+def inverse_noise_filters(inverse_psds: list[np.ndarray], lengths: dict[int, int]) -> list[np.ndarray]:
+    """The N^-1 filters :func:`apply_inverse_noise` takes: the inverse PSDs [length // 2 + 1] (K^-2) themselves.
+
+    ``lengths`` maps each filter in use to its intervals' length (the fast
+    kernels' filters are planned for it; here it is not needed).
+    """
+    return list(inverse_psds)
+
+
 def apply_inverse_noise(
     tod: np.ndarray,
     interval_starts: np.ndarray,
     interval_lengths: np.ndarray,
     filter_index: np.ndarray,
     inverse_psds: list[np.ndarray],
-    workers: int = 1,
+    threads: int = 1,
 ) -> np.ndarray:
     """N^-1 in place: each interval filtered by ``1 / S(f_k)`` in Fourier space.
 
     tod [n_samp] float64 (K), interval_starts / interval_lengths / filter_index
     [n_int] int64 (the intervals must not overlap), inverse_psds: list of
     [length // 2 + 1] float64 arrays (K^-2), one per filter, each used only
-    by intervals of one length. Returns ``tod`` (now K^-1).
+    by intervals of one length (:func:`inverse_noise_filters`); ``threads``
+    FFT workers. Returns ``tod`` (now K^-1).
 
     Intervals sharing a filter are transformed together as the rows of a 2D
     block (a reshaped view when they lie back to back, which is the usual
@@ -103,10 +113,10 @@ def apply_inverse_noise(
             starts = interval_starts[chosen[first : first + batch]]
             if len(starts) == 1 or np.all(np.diff(starts) == length):
                 view = tod[starts[0] : starts[0] + length * len(starts)].reshape(len(starts), length)
-                view[:] = _filter_rows(view, inverse, length, workers)
+                view[:] = _filter_rows(view, inverse, length, threads)
             else:
                 rows = starts[:, None] + np.arange(length)
-                tod[rows] = _filter_rows(tod[rows], inverse, length, workers)
+                tod[rows] = _filter_rows(tod[rows], inverse, length, threads)
     return tod
 
 

@@ -27,7 +27,7 @@ filters an interval *in place* with no allocation:
 
 Either way the same circulant filter in double precision: results agree
 with the reference to ~1e-15 of the TOD's norm. ducc0 releases the GIL,
-so intervals run concurrently in the thread pool of :mod:`mapmaker.threads`
+so intervals run concurrently in the thread pool of :mod:`mapmaker.kernels.threads`
 (contiguous groups of intervals balanced by sample count, one per thread).
 """
 from __future__ import annotations
@@ -39,7 +39,8 @@ import ducc0
 import numpy as np
 from numba import njit
 
-from mapmaker import threads as threading
+from mapmaker.kernels import noise as reference
+from mapmaker.kernels import threads as threading
 
 # Even intervals this long (and longer) filter through the four-step transform. `benchmarks/bench_fft.py`
 # (12M samples of intervals fresh from memory, medians of 5 interleaved rounds), four-step against one
@@ -358,6 +359,14 @@ def filter_in_place(segment: np.ndarray, circulant: CirculantFilter) -> None:
     circulant.apply(segment)
 
 
+def inverse_noise_filters(inverse_psds: list[np.ndarray], lengths: dict[int, int]) -> list[CirculantFilter | None]:
+    """One :class:`CirculantFilter` per filter in use, planned for its intervals' length ``lengths[f]``; None
+    for the filters no interval uses. inverse_psds: [length // 2 + 1] float64 arrays (K^-2)."""
+    return [
+        CirculantFilter(inverse, lengths[f]) if f in lengths else None for f, inverse in enumerate(inverse_psds)
+    ]
+
+
 def apply_inverse_noise(
     tod: np.ndarray,
     interval_starts: np.ndarray,
@@ -389,3 +398,11 @@ def apply_inverse_noise(
     else:
         list(threading.pool(len(groups)).map(run, groups))
     return tod
+
+
+def apply_inverse_white(
+    tod: np.ndarray, interval_starts: np.ndarray, interval_lengths: np.ndarray, inverse_variance: np.ndarray
+) -> np.ndarray:
+    """N^-1 of white noise in place, as :func:`.noise.apply_inverse_white`: one scale per interval,
+    nothing to transform or compile, so both implementations run the reference loop."""
+    return reference.apply_inverse_white(tod, interval_starts, interval_lengths, inverse_variance)

@@ -21,7 +21,7 @@ memory per sample: the pointing cache twice (``local_index`` 4 bytes +
 written by the FFTs, read).
 
 Threads: contiguous groups of intervals balanced by sample count, one per
-thread of the pool in :mod:`mapmaker.threads`; each group scatters into its
+thread of the pool in :mod:`mapmaker.kernels.threads`; each group scatters into its
 own private map (the first group straight into the result), added up at the
 end -- no two threads ever write the same map entry. The numba parts release
 the GIL, and so do ducc0's FFTs.
@@ -35,7 +35,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from mapmaker import threads as threading
+from mapmaker.kernels import threads as threading
 from mapmaker.kernels.noise_fast import CirculantFilter
 from mapmaker.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row_for_read, prefetch_row_for_write
 from mapmaker.kernels.projection_fast import add_partial_maps, scatter_samples

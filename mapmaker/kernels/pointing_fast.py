@@ -13,7 +13,7 @@ by an ulp between numpy's SIMD routines and the C library.
 pixel for every vector, including the poles, the cap/equator boundary
 ``|z| = 2/3``, the polar switch ``|z| > 0.99`` and ``phi = 0 / 2 pi``.
 
-All loops are ``prange`` loops (numba threads, see :mod:`mapmaker.threads`)
+All loops are ``prange`` loops (numba threads, see :mod:`mapmaker.kernels.threads`)
 and release the GIL.
 """
 from __future__ import annotations

@@ -44,3 +44,20 @@ def accumulate_tod_to_map(
         else:
             out[:, k] = column
     return out
+
+
+def first_visit_order(local_index: np.ndarray, n_local: int) -> tuple[np.ndarray, np.ndarray]:
+    """Renumber local pixels in the order the samples first visit them, in place; returns ``(order, position)``.
+
+    local_index [n_samp] int32/int64 (positions in the sorted local pixels,
+    every one of ``n_local`` used) becomes positions in visit order;
+    order [n_local] int64 gives the sorted row of each visit-order row and
+    position [n_local] int64 the inverse (see
+    :func:`mapmaker.kernels.projection_fast.first_visit_order` for why).
+    """
+    _, first_sample = np.unique(local_index, return_index=True)
+    order = np.argsort(first_sample, kind="stable").astype(np.int64)
+    position = np.empty(n_local, dtype=np.int64)
+    position[order] = np.arange(n_local, dtype=np.int64)
+    local_index[:] = position[local_index]
+    return order, position

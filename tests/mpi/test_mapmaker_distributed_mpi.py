@@ -1,6 +1,5 @@
 """The pixel reduction and the distributed pixel vectors on real ranks."""
 import pytest
-
 from mpi_support import DRIVERS, run_ranks
 
 pytestmark = pytest.mark.mpi

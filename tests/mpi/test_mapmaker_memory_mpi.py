@@ -1,6 +1,6 @@
 """Peak memory per rank scales with the samples *per rank*, not with the total (fast kernels).
 
-The bound stated in README ("Memory") and mapmaker/local_data.py:
+The bound stated in README ("Memory") and mapmaker/solve/local_data.py:
 
     peak RSS per rank <= baseline + 48 bytes x samples per rank + 32 MiB
 

@@ -1,6 +1,6 @@
 """Monte Carlo products of real campaigns mapped under ``mpiexec -n 2``: noise bias and transfer function.
 
-Each campaign's realisations run through ``mapmaker.realize.realize_to_folder``
+Each campaign's realisations run through ``mapmaker.programs.realize.realize_to_folder``
 (what ``python -m mapmaker realize`` runs) in one ``mpiexec`` job
 (``drivers/run_realizations.py``), and are added to the aggregates with the
 service's own update (``service.products.aggregates.include_realization``),

@@ -8,7 +8,7 @@ import pytest
 from mpi_support import DRIVERS, realize, run_ranks
 from overlap_support import preprocess, write_spec
 
-from mapmaker.planfile import ENTRY, HEADER
+from mapmaker.parallel.planfile import ENTRY, HEADER
 from schemas.plan import PlanReport
 from schemas.result import RealizationResult
 

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from mapmaker import commodel
-from mapmaker.commodel import FRANKLIN, Machine, Workload, figures_from_plans, select_strategy, strategy_costs
-from mapmaker.overlap import plan_from_pixel_sets
+from mapmaker.parallel import commodel
+from mapmaker.parallel.commodel import FRANKLIN, Machine, Workload, figures_from_plans, select_strategy, strategy_costs
+from mapmaker.parallel.overlap import plan_from_pixel_sets
 
 
 def figures_of(sets, npix):

@@ -7,11 +7,12 @@ signal+noise map is the signal-only map plus the noise-only map to round-off.
 
 import healpy as hp
 import numpy as np
+from mapmaker_cases import COLOCATED_QUAD, make_spec
 from mpi4py import MPI
 
-from mapmaker.realize import run_realization, rng_stream_records
-from mapmaker.sky import build_sky
-from mapmaker_cases import COLOCATED_QUAD, make_spec
+from mapmaker.model.sky import build_sky
+from mapmaker.programs.realize import rng_stream_records
+from mapmaker.solve.realization import run_realization
 
 CHANGES = {"focal_plane.detectors": COLOCATED_QUAD, "solver.tol": 1e-12}
 

@@ -1,9 +1,9 @@
 """Chunks in time-major order, assigned contiguously and balanced; the fingerprint."""
 import numpy as np
 import pytest
-
-from mapmaker.decomposition import ChunkLayout, chunk_layout, decompose, decomposition_fingerprint
 from mapmaker_cases import make_spec
+
+from mapmaker.model.decomposition import ChunkLayout, chunk_layout, decompose, decomposition_fingerprint
 
 
 def test_layout_is_time_major_with_a_short_last_chunk():

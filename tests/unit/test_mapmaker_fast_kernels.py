@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mapmaker import local_data, threads
 from mapmaker.kernels import (
     boresight,
     implementation,
@@ -23,7 +22,9 @@ from mapmaker.kernels import (
     pointing_fast,
     preconditioner,
     projection,
+    threads,
 )
+from mapmaker.solve import local_data
 from tests.unit.mapmaker_cases import make_spec
 
 IMPLEMENTATIONS = [implementation.DEFAULT, "numpy"]
@@ -301,15 +302,63 @@ def test_batches_take_back_to_back_intervals():
     assert operator_fast.batches(starts, lengths, range(0), 100) == []
 
 
-def test_first_visit_order_renumbers_in_place(rng):
-    from mapmaker.kernels.projection_fast import first_visit_order
-
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_first_visit_order_renumbers_in_place(impl):
+    first_visit_order = implementation.get(impl).projection.first_visit_order
     sorted_index = np.array([5, 5, 2, 7, 2, 0, 7, 1, 3, 4, 6, 0], dtype=np.int32)
     index = sorted_index.copy()
     order, position = first_visit_order(index, 8)
     np.testing.assert_array_equal(index, [0, 0, 1, 2, 1, 3, 2, 4, 5, 6, 7, 3])
     np.testing.assert_array_equal(order[index], sorted_index)  # compute row -> sorted row
     np.testing.assert_array_equal(position[order], np.arange(8))
+
+
+# What each family of the registry offers, in both implementations alike.
+FAMILY_FUNCTIONS = {
+    "boresight": ["satellite", "ground"],
+    "pointing": ["detector_pointing"],
+    "projection": ["project_map_to_tod", "accumulate_tod_to_map", "first_visit_order"],
+    "blocks": ["accumulate_blocks", "apply"],
+    "noise": ["inverse_noise_filters", "apply_inverse_noise", "apply_inverse_white"],
+    "operator": ["apply_inverse_noise_operator", "apply_white_operator"],
+}
+
+
+def test_the_registry_offers_every_family_in_both_implementations():
+    assert set(implementation.FAMILIES) == set(FAMILY_FUNCTIONS)
+    for name in implementation.NAMES:
+        kernels = implementation.get(name)
+        for family, functions in FAMILY_FUNCTIONS.items():
+            module = getattr(kernels, family)
+            assert all(callable(getattr(module, function, None)) for function in functions), (name, family)
+    assert implementation.get("fast").compiled and not implementation.get("numpy").compiled
+    with pytest.raises(ValueError, match="unknown kernels"):
+        implementation.get("fortran")
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_the_registry_operator_matches_p_n_pt(impl, thread_count, rng):
+    kernels = implementation.get(impl)
+    starts, lengths, filter_index, inverse_psds, _ = interval_layout(rng)
+    filters = kernels.noise.inverse_noise_filters(
+        inverse_psds, {int(f): int(n) for f, n in zip(filter_index, lengths, strict=True)}
+    )
+    local_index, weights = smooth_pointing(rng, n_samp=int(lengths.sum()), n_local=700)
+    local_map = rng.standard_normal((700, 3))
+    tod = projection.project_map_to_tod(local_map, local_index, weights)
+    noise.apply_inverse_noise(tod, starts, lengths, filter_index, inverse_psds)
+    reference = projection.accumulate_tod_to_map(tod, local_index, weights, 700)
+    out = np.full((700, 3), np.nan)
+    product = kernels.operator.apply_inverse_noise_operator(
+        local_map, local_index, weights, starts, lengths, filter_index, filters, threads=thread_count, out=out
+    )
+    assert product is out
+    assert_close(product, reference)
+    again = kernels.noise.apply_inverse_noise(
+        projection.project_map_to_tod(local_map, local_index, weights), starts, lengths, filter_index, filters,
+        threads=thread_count,
+    )
+    assert_close(again, tod)
 
 
 def test_balanced_groups_cover_every_item_once():
@@ -334,7 +383,7 @@ def test_whole_solve_matches_the_reference(changes, thread_count, monkeypatch):
                          solver={"tol": 1e-10, "max_iter": 40, "rcond_min": 0.01})
     else:
         spec = make_spec(changes, solver={"tol": 1e-10, "max_iter": 40, "rcond_min": 0.01})
-    from mapmaker.realize import run_realization
+    from mapmaker.solve.realization import run_realization
 
     reference = run_realization(spec, 1, MPI.COMM_SELF, kernels="numpy", threads=thread_count)
     for pixel_order in ("sorted", "visit"):
@@ -358,7 +407,7 @@ def test_the_numpy_path_runs_without_numba():
         "import sys\n"
         "from mpi4py import MPI\n"
         "from tests.unit.mapmaker_cases import make_spec\n"
-        "from mapmaker.realize import run_realization\n"
+        "from mapmaker.solve.realization import run_realization\n"
         "run_realization(make_spec({'noise.f_knee_hz': 0.05}), 0, MPI.COMM_SELF, kernels='numpy')\n"
         "print('numba' in sys.modules, 'ducc0' in sys.modules)\n"
     )

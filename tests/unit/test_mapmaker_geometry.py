@@ -49,10 +49,10 @@ def test_axis_columns_match_rotation():
 
 # ----------------------------------------------------------------------------- satellite
 
-SATELLITE = dict(
-    start_longitude=0.3, drift_rate=2 * math.pi / (365.25 * 86400), precession_rate=2 * math.pi / 3600,
-    precession_angle=45 * DEG, spin_rate=2 * math.pi / 60, spin_angle=50 * DEG,
-)
+SATELLITE = {
+    "start_longitude": 0.3, "drift_rate": 2 * math.pi / (365.25 * 86400), "precession_rate": 2 * math.pi / 3600,
+    "precession_angle": 45 * DEG, "spin_rate": 2 * math.pi / 60, "spin_angle": 50 * DEG,
+}
 TIMES = np.linspace(0.0, 86_400.0, 20_001)
 
 
@@ -80,17 +80,17 @@ def test_without_spin_and_precession_the_boresight_is_the_anti_sun_direction():
 
 def test_spin_period_brings_the_boresight_back_relative_to_the_spin_axis():
     # With precession and drift frozen, the boresight repeats after one spin period.
-    frozen = dict(precession_rate=0.0, drift_rate=0.0)
+    frozen = {"precession_rate": 0.0, "drift_rate": 0.0}
     start, later = satellite_direction(np.array([10.0]), **frozen), satellite_direction(np.array([70.0]), **frozen)
     np.testing.assert_allclose(later, start, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- ground
 
-GROUND = dict(
-    site_latitude=-22.96 * DEG, elevation=50 * DEG, azimuth_min=-30 * DEG, azimuth_max=60 * DEG,
-    azimuth_rate=1.0 * DEG, start_lst=40 * DEG, earth_rotation=True,
-)
+GROUND = {
+    "site_latitude": -22.96 * DEG, "elevation": 50 * DEG, "azimuth_min": -30 * DEG, "azimuth_max": 60 * DEG,
+    "azimuth_rate": 1.0 * DEG, "start_lst": 40 * DEG, "earth_rotation": True,
+}
 
 
 def horizontal_from_equatorial(ra, dec, lst, latitude):

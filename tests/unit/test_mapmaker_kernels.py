@@ -1,9 +1,12 @@
 """Kernels against known answers: P / P^T adjointness, N^-1, 3x3 blocks and the rcond cut."""
+import tracemalloc
+
 import numpy as np
 import pytest
 import scipy.fft
 
 from mapmaker.kernels import noise, preconditioner, projection
+from mapmaker.kernels import pixels as pixels_kernels
 
 
 @pytest.fixture
@@ -118,7 +121,7 @@ def test_batched_and_scattered_intervals_match_one_by_one(rng, monkeypatch):
     monkeypatch.setattr(noise, "BATCH_SAMPLES", 100)  # force several batches
     np.testing.assert_allclose(noise.apply_inverse_noise(tod.copy(), starts, lengths, filter_index, filters), expected, rtol=1e-12)
     np.testing.assert_allclose(
-        noise.apply_inverse_noise(tod.copy(), starts, lengths, filter_index, filters, workers=2), expected, rtol=1e-12
+        noise.apply_inverse_noise(tod.copy(), starts, lengths, filter_index, filters, threads=2), expected, rtol=1e-12
     )
 
 
@@ -184,12 +187,10 @@ def test_rcond_cut_selects_the_ill_conditioned_pixels():
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("npix", [50, 10**6])  # lookup table, sparse blocks
 def test_observed_pixels_both_ways(npix, dtype, rng, monkeypatch):
-    from mapmaker import local_data
-
-    monkeypatch.setattr(local_data, "OBSERVED_PIXELS_BLOCK", 64)  # several blocks, the last one short
+    monkeypatch.setattr(pixels_kernels, "OBSERVED_PIXELS_BLOCK", 64)  # several blocks, the last one short
     pixels = rng.choice(npix, size=300).astype(dtype)
     original = pixels.copy()
-    local_pixels, local_index = local_data.observed_pixels(pixels, npix)
+    local_pixels, local_index = pixels_kernels.observed_pixels(pixels, npix)
     np.testing.assert_array_equal(local_pixels, np.unique(original))
     np.testing.assert_array_equal(local_pixels[local_index], original)
     assert local_pixels.dtype == np.int64
@@ -204,21 +205,17 @@ def test_observed_pixels_sparse_path_memory(rng):
     Worst case for it: random pixel ids (no two samples share a pixel, mostly).
     Measured with tracemalloc, which sees numpy's allocations.
     """
-    import tracemalloc
-
-    from mapmaker.local_data import OBSERVED_PIXELS_BLOCK, observed_pixels
-
     npix, n = 12 * 2048**2, 4_000_000
     pixels = rng.choice(npix, size=n).astype(np.int32)
     original = pixels.copy()
     tracemalloc.start()
     try:
         before, _ = tracemalloc.get_traced_memory()
-        local_pixels, local_index = observed_pixels(pixels, npix)
+        local_pixels, local_index = pixels_kernels.observed_pixels(pixels, npix)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     np.testing.assert_array_equal(local_pixels[local_index], original)
     # The blocks' unique ids and their union (4 + 4), the int64 result (8), and one block's
     # sort and search (argsort int64, sorted ids, int64 positions: 20 per block sample).
-    assert peak - before <= 17 * n + 24 * OBSERVED_PIXELS_BLOCK
+    assert peak - before <= 17 * n + 24 * pixels_kernels.OBSERVED_PIXELS_BLOCK

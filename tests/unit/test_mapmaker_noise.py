@@ -1,11 +1,11 @@
 """Simulated noise: its spectrum, its keys, and bit-identical reproduction."""
 import numpy as np
 import pytest
-
-from mapmaker import rng
-from mapmaker.decomposition import chunk_layout, decompose
-from mapmaker.noise import NoiseModel
 from mapmaker_cases import make_spec
+
+from mapmaker.model import rng
+from mapmaker.model.decomposition import chunk_layout, decompose
+from mapmaker.model.noise import NoiseModel
 
 
 def noise_spec(**changes):

@@ -4,9 +4,9 @@ import os
 import healpy as hp
 import numpy as np
 import pytest
-
-from mapmaker import sky
 from mapmaker_cases import make_spec
+
+from mapmaker.model import sky
 
 
 def test_cmb_draw_is_deterministic_and_varies_with_the_realisation():

@@ -6,16 +6,16 @@ max|b|`` over the solved pixels, unless a per-pixel rtol is named.
 import healpy as hp
 import numpy as np
 import pytest
+from mapmaker_cases import COLOCATED_QUAD, make_spec
 from mpi4py import MPI
 
-from mapmaker.decomposition import chunk_layout, decompose
 from mapmaker.kernels import preconditioner as blocks
 from mapmaker.kernels import projection
-from mapmaker.local_data import build_local_data
-from mapmaker.noise import NoiseModel
-from mapmaker.realize import run_realization
-from mapmaker.sky import build_sky
-from mapmaker_cases import COLOCATED_QUAD, make_spec
+from mapmaker.model.decomposition import chunk_layout, decompose
+from mapmaker.model.noise import NoiseModel
+from mapmaker.model.sky import build_sky
+from mapmaker.solve.local_data import build_local_data
+from mapmaker.solve.realization import run_realization
 
 
 def solved_mask(outcome):
@@ -172,8 +172,8 @@ def test_gathered_maps_are_typed_full_sky_arrays_built_without_a_dense_copy():
     """
     import tracemalloc
 
-    from mapmaker.distributed import DistributedPixels
-    from mapmaker.realize import gather_maps
+    from mapmaker.parallel.distributed import DistributedPixels
+    from mapmaker.solve.realization import gather_maps
 
     nside = 128
     npix = hp.nside2npix(nside)

@@ -1,7 +1,7 @@
 """PCG against a direct solve."""
 import numpy as np
 
-from mapmaker.solver import pcg
+from mapmaker.solve.solver import pcg
 
 
 def _diagonally_dominant_system(seed: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

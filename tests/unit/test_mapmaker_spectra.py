@@ -1,4 +1,4 @@
-"""mapmaker.spectra: the analysis mask and its taper, bins, pseudo-spectra normalisation, the sky model."""
+"""mapmaker.model.spectra: the analysis mask and its taper, bins, pseudo-spectra normalisation, the sky model."""
 
 import math
 
@@ -6,8 +6,8 @@ import healpy as hp
 import numpy as np
 import pytest
 
-from mapmaker import spectra
-from mapmaker.sky import load_fiducial_cls, synthesize_cmb
+from mapmaker.model import spectra
+from mapmaker.model.sky import load_fiducial_cls, synthesize_cmb
 
 
 def polar_cap_mask(nside: int, colatitude_deg: float) -> np.ndarray:

@@ -4,12 +4,12 @@ import pytest
 from mapmaker_cases import make_spec
 from overlap_cases import random_sets
 
-from mapmaker.commodel import figures_from_plans
-from mapmaker.decomposition import chunk_layout, decompose
-from mapmaker.local_data import build_local_data
-from mapmaker.noise import NoiseModel
-from mapmaker.overlap import plan_from_pixel_sets
-from mapmaker.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets, relative_error
+from mapmaker.model.decomposition import chunk_layout, decompose
+from mapmaker.model.noise import NoiseModel
+from mapmaker.parallel.commodel import figures_from_plans
+from mapmaker.parallel.overlap import plan_from_pixel_sets
+from mapmaker.parallel.overlap_model import chunk_sets, overlap_figures, rank_pixel_sets, relative_error
+from mapmaker.solve.local_data import build_local_data
 
 FIELDS = ("n_local", "shared", "neighbours", "butterfly", "light_shared", "light_neighbours", "heavy_pixels", "thresholds")
 
@@ -19,7 +19,7 @@ FIELDS = ("n_local", "shared", "neighbours", "butterfly", "light_shared", "light
 def test_model_figures_equal_the_plans_figures(size, dense, monkeypatch):
     """Exact equality; ``dense``: the butterfly counts of every shared pixel through the dense (BLAS) path."""
     if dense:
-        monkeypatch.setattr("mapmaker.overlap_model.DENSE_MULTIPLICITY", 2)
+        monkeypatch.setattr("mapmaker.parallel.overlap_model.DENSE_MULTIPLICITY", 2)
     npix = 800
     sets = random_sets(size, npix, seed=7 * size, empty=(1,) if size > 4 else ())
     expected = figures_from_plans([plan_from_pixel_sets(r, sets, npix, 301) for r in range(size)])

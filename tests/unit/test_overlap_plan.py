@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from overlap_cases import random_sets
 
-from mapmaker.overlap import (
+from mapmaker.parallel.overlap import (
     OWN_FOLDED,
     butterfly_schedule,
     butterfly_shape,
@@ -99,7 +99,7 @@ def test_bit_helpers():
 def test_flat_positions_are_kept_only_for_the_pcg_columns():
     """The one-off 12-column reduction (hit and preconditioner blocks) must not leave its index arrays
     behind for the whole solve (found by review: ~300 bytes per local pixel on the butterfly)."""
-    from mapmaker.reduction import FlatCache, flat_rows
+    from mapmaker.parallel.reduction import FlatCache, flat_rows
 
     cache = FlatCache()
     rows = np.array([0, 2, 5])
@@ -113,7 +113,7 @@ def test_butterfly_message_tags_fit_every_mpi():
     """Found by review: tags of 2^20 to 3 * 2^20 (+ step and piece) exceed MPI_TAG_UB on Cray MPICH
     (2^21 - 1) and Intel MPI 2021 (2^19 - 1); the standard only promises 32767. The pieces of a
     message now share its tag (MPI keeps their order), and steps number at most log2 of the ranks."""
-    from mapmaker.reduction import ButterflyReduction
+    from mapmaker.parallel.reduction import ButterflyReduction
 
     most_steps = 64
     tags = [ButterflyReduction.FOLD, ButterflyReduction.UNFOLD]

@@ -10,8 +10,8 @@ import math
 import numpy as np
 from mpi4py import MPI
 
-from mapmaker.distributed import DistributedPixels
-from mapmaker.reduction import make_reduction
+from mapmaker.parallel.distributed import DistributedPixels
+from mapmaker.parallel.reduction import make_reduction
 
 NPIX = 1000
 
@@ -66,7 +66,7 @@ def main() -> None:
         rows = np.column_stack([mine * 2.0, -mine * 1.0])
         received = []
 
-        def receive(ids, piece):
+        def receive(ids, piece, received=received, buffer_pixels=buffer_pixels):
             assert len(ids) == len(piece) <= buffer_pixels
             received.append((ids.copy(), piece.copy()))
 

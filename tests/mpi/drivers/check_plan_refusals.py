@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from mapmaker.planfile import ENTRY, HEADER, PlanIdentity, PlanRefused, load_plan
+from mapmaker.parallel.planfile import ENTRY, HEADER, PlanIdentity, PlanRefused, load_plan
 from schemas.plan import PlanReport
 
 

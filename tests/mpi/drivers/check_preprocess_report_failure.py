@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from mapmaker import preprocess
+from mapmaker.programs import preprocess
 from schemas.io import load_spec
 
 
@@ -18,10 +18,10 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     spec_path, folder = Path(sys.argv[1]), Path(sys.argv[2])
 
-    def disk_full(path, document):
+    def disk_full(path, data, *, indent=1):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    preprocess.write_json_atomically = disk_full
+    preprocess.atomic_write_json = disk_full
     try:
         preprocess.run_preprocess(load_spec(spec_path), folder / "plan.bin", comm, report_path=folder / "report.json")
     except OSError as error:

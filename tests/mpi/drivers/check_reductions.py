@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from mapmaker import commodel
-from mapmaker.overlap import PLAN_ARRAYS, build_overlap_plan, plan_from_pixel_sets
-from mapmaker.planfile import PlanIdentity, load_plan, write_plan
-from mapmaker.reduction import make_reduction
+from mapmaker.parallel import commodel
+from mapmaker.parallel.overlap import PLAN_ARRAYS, build_overlap_plan, plan_from_pixel_sets
+from mapmaker.parallel.planfile import PlanIdentity, load_plan, write_plan
+from mapmaker.parallel.reduction import make_reduction
 
 NPIX = 3000
 BUFFER = 700

@@ -2,7 +2,7 @@
 
     mpiexec -n 2 python -m mpi4py tests/mpi/drivers/run_realizations.py SPEC OUT FIRST LAST
 
-Each realisation goes through ``mapmaker.realize.realize_to_folder``, exactly
+Each realisation goes through ``mapmaker.programs.realize.realize_to_folder``, exactly
 what ``python -m mapmaker realize`` runs, into ``OUT/rNNNN``; one process
 start serves a whole Monte Carlo set (the interpreter and library start-up
 would otherwise cost more than these tiny solves).
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from mapmaker.realize import realize_to_folder
+from mapmaker.programs.realize import realize_to_folder
 from schemas.io import load_spec
 
 

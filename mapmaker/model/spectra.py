@@ -34,7 +34,7 @@ Definitions (all spectra in K^2, HEALPix RING, ``npix = 12 nside^2``):
   fiducial C_l times the Gaussian beam the sky was smoothed with (T, E, B
   beams of ``healpy.gauss_beam(pol=True)``; TE takes B_T B_E), zero above the
   sky's band limit, binned the same way. No pixel window: the simulated sky
-  is the band-limited field evaluated at pixel centres (:mod:`mapmaker.sky`),
+  is the band-limited field evaluated at pixel centres (:mod:`mapmaker.model.sky`),
   and each TOD sample reads its pixel's value, so the map holds point samples
   of the beam-smoothed field, not pixel averages. Its spectrum is that of the
   ``synfast``-at-nside sky, whose window is 1; dividing by the HEALPix pixel
@@ -48,6 +48,9 @@ from dataclasses import dataclass
 import healpy as hp
 import numpy as np
 from scipy.spatial import cKDTree
+
+from mapmaker.model.sky import ARCMIN, load_fiducial_cls
+from schemas.spec import CampaignSpec, CmbSky, MapSky
 
 SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")  # healpy.anafast order for (I, Q, U)
 FIRST_ELL = 2  # monopole and dipole are left out of every bin
@@ -155,9 +158,9 @@ def sky_model_spectra(cls_in: np.ndarray, fwhm_rad: float, sky_lmax: int, lmax: 
     """Expected full-sky spectra [6, lmax + 1] of the simulated sky: ``C_l^in B_l^2`` (TT, EE, BB, TE; EB = TB = 0).
 
     ``cls_in [>= sky_lmax + 1, 4]`` holds TT, EE, BB, TE (K^2) per ell, as
-    :func:`mapmaker.sky.load_fiducial_cls` gives them; multipoles above the
+    :func:`mapmaker.model.sky.load_fiducial_cls` gives them; multipoles above the
     sky's band limit ``sky_lmax`` are 0. The beams are those
-    :func:`mapmaker.sky.synthesize_cmb` applies. No pixel window (module doc).
+    :func:`mapmaker.model.sky.synthesize_cmb` applies. No pixel window (module doc).
     """
     model = np.zeros((6, lmax + 1))
     top = min(sky_lmax, lmax)
@@ -232,15 +235,12 @@ def realization_spectra(
     )
 
 
-def for_campaign(spec, iqu: np.ndarray, hits: np.ndarray) -> RealizationSpectra:
+def for_campaign(spec: CampaignSpec, iqu: np.ndarray, hits: np.ndarray) -> RealizationSpectra:
     """:func:`realization_spectra` with the settings of a :class:`schemas.spec.CampaignSpec`.
 
     ``lmax`` defaults to 2 nside; the sky model exists for CMB skies that the
     campaign simulates (``signal-only`` and ``signal+noise``).
     """
-    from mapmaker.sky import ARCMIN, load_fiducial_cls
-    from schemas.spec import CmbSky
-
     nside = spec.pixelization.nside
     products = spec.products
     lmax = products.lmax or 2 * nside
@@ -250,7 +250,7 @@ def for_campaign(spec, iqu: np.ndarray, hits: np.ndarray) -> RealizationSpectra:
         model = {
             "model_cls": cls_in,
             "model_fwhm_rad": spec.sky.fwhm_arcmin * ARCMIN,
-            "model_sky_lmax": min(spec.sky.lmax or 3 * nside - 1, len(cls_in) - 1),  # as mapmaker.sky.build_sky
+            "model_sky_lmax": min(spec.sky.lmax or 3 * nside - 1, len(cls_in) - 1),  # as mapmaker.model.sky.build_sky
         }
     return realization_spectra(
         iqu,
@@ -263,10 +263,8 @@ def for_campaign(spec, iqu: np.ndarray, hits: np.ndarray) -> RealizationSpectra:
     )
 
 
-def result_record(spec, measured: RealizationSpectra) -> dict:
+def result_record(spec: CampaignSpec, measured: RealizationSpectra) -> dict:
     """The compact record of :class:`schemas.result.BinnedSpectra` (as plain data)."""
-    from schemas.spec import CmbSky, MapSky
-
     def by_name(rows: np.ndarray) -> dict[str, list[float]]:
         return {name: [float(value) for value in row] for name, row in zip(SPECTRA, rows, strict=True)}
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mapmaker import rng
-from mapmaker.decomposition import Chunk, ChunkLayout
 from mapmaker.kernels import noise as noise_kernels
+from mapmaker.model import rng
+from mapmaker.model.decomposition import Chunk, ChunkLayout
 from schemas.spec import CampaignSpec
 
 
@@ -33,7 +33,7 @@ class NoiseModel:
         self.f_min_hz = noise.f_min_hz
         per_interval = layout.samples_per_chunk
         if noise.interval_s is not None:
-            per_interval = min(per_interval, max(1, int(round(noise.interval_s * self.sample_rate_hz))))
+            per_interval = min(per_interval, max(1, round(noise.interval_s * self.sample_rate_hz)))
         self.samples_per_interval = per_interval
         self.intervals_per_chunk = -(-layout.samples_per_chunk // per_interval)
 

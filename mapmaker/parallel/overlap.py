@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from mpi4py import MPI
 
 WIRE_DTYPE = np.int32  # pixel ids on the wire: npix < 2**31 for nside <= 8192
 DEFAULT_MAX_IDS = 1 << 24  # received ids held at a time by the allgather (64 MiB of int32)
@@ -354,8 +355,6 @@ def build_overlap_plan(comm, local_pixels: np.ndarray, npix: int, buffer_pixels:
     result holds the seconds of this rank's ``allgather``, ``sift`` and
     ``index`` phases.
     """
-    from mpi4py import MPI
-
     rank, size = comm.Get_rank(), comm.Get_size()
     local_pixels = np.asarray(local_pixels, dtype=np.int64)
     if npix >= 2**31:

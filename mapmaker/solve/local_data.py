@@ -18,8 +18,8 @@ The TOD is never cached: it is simulated chunk by chunk to form
 ``b = P^T N^-1 d`` and dropped, and the fast PCG operator
 (:mod:`mapmaker.kernels.operator_fast`) applies ``P^T N^-1 P`` in batches
 of intervals through a per-thread buffer, so no TOD-sized scratch exists
-during the solve either (the numpy reference keeps one, 8 bytes per
-sample). Peak memory per rank is therefore about 28 bytes per local
+during the solve either (the numpy reference makes one per application,
+8 bytes per sample). Peak memory per rank is therefore about 28 bytes per local
 sample plus a few full-map arrays, whatever the total number of samples
 (per-sample weights for the preconditioner are made per slab of intervals).
 
@@ -45,11 +45,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mapmaker.decomposition import Chunk, ChunkLayout
+from mapmaker.kernels import implementation
 from mapmaker.kernels import noise as noise_kernels
-from mapmaker.kernels.implementation import DEFAULT as DEFAULT_KERNELS
-from mapmaker.noise import NoiseModel
-from mapmaker.scan import ChunkPointing
+from mapmaker.kernels.implementation import Kernels
+from mapmaker.kernels.pixels import index_dtype, observed_pixels
+from mapmaker.model.decomposition import Chunk, ChunkLayout
+from mapmaker.model.noise import NoiseModel
+from mapmaker.model.scan import ChunkPointing
 from schemas.spec import CampaignSpec
 
 SLAB_SAMPLES = 1 << 22  # samples whose per-sample N^-1 diagonal exists at once (32 MiB)
@@ -66,9 +68,9 @@ class LocalData:
     permuted by ``order`` [n_local] int64 (compute row -> sorted row; None:
     the identity) whose inverse is ``position``; weights [n_samp, 3] float64
     (rows of cut samples are zero); cut [n_local] bool, compute order
-    (pixels left out of the solve); kernels:
-    ``"fast"`` or ``"numpy"`` (:mod:`mapmaker.kernels.implementation`) for
-    N^-1 and the PCG operator; intervals: starts / lengths /
+    (pixels left out of the solve); kernels: the implementation
+    (:mod:`mapmaker.kernels.implementation`) of P, P^T, the blocks, N^-1
+    and the PCG operator; intervals: starts / lengths /
     detector / global index [n_int] int64, filter_index [n_int] into
     ``inverse_psds`` (K^-2, one per (white level, length); empty for white
     weighting), inverse_variance [n_int] (1 / sigma^2, K^-2) and
@@ -94,9 +96,8 @@ class LocalData:
     order: np.ndarray | None = None
     position: np.ndarray | None = None
     cut: np.ndarray | None = None
-    kernels: str = DEFAULT_KERNELS
-    _circulant: list | None = field(default=None, repr=False)
-    _scratch_tod: np.ndarray | None = field(default=None, repr=False)
+    kernels: Kernels = field(default_factory=implementation.get)
+    _filters: list | None = field(default=None, repr=False)
 
     @property
     def n_samples(self) -> int:
@@ -118,12 +119,6 @@ class LocalData:
         """Pixel rows [n_local, ...] from compute order back to sorted order."""
         return rows if self.position is None else rows[self.position]
 
-    @property
-    def _kernels(self):
-        from mapmaker.kernels.implementation import get
-
-        return get(self.kernels)
-
     def accumulate_blocks(self, noise_weighted: bool) -> np.ndarray:
         """Packed 3x3 blocks [n_local, 6], sorted order: geometric, or weighted by the diagonal of N^-1.
 
@@ -131,7 +126,7 @@ class LocalData:
         ``SLAB_SAMPLES`` samples, so that the per-sample weights exist for
         one slab at a time (8 bytes per slab sample, not per rank sample).
         """
-        accumulate = self._kernels.blocks.accumulate_blocks
+        accumulate = self.kernels.blocks.accumulate_blocks
         if not noise_weighted:
             return self.to_sorted(accumulate(self.local_index, self.weights, self.n_local))
         blocks = np.zeros((self.n_local, 6))
@@ -155,13 +150,13 @@ class LocalData:
 
     def project(self, local_map: np.ndarray, samples: slice, out: np.ndarray) -> np.ndarray:
         """P on the samples ``samples``: local_map [n_local, 3] in *compute* order -> out [n]."""
-        return self._kernels.projection.project_map_to_tod(
+        return self.kernels.projection.project_map_to_tod(
             local_map, self.local_index[samples], self.weights[samples], out=out
         )
 
     def accumulate(self, tod: np.ndarray, samples: slice, out: np.ndarray) -> np.ndarray:
         """P^T of the samples ``samples`` added into out [n_local, 3], *compute* order."""
-        return self._kernels.projection.accumulate_tod_to_map(
+        return self.kernels.projection.accumulate_tod_to_map(
             tod, self.local_index[samples], self.weights[samples], self.n_local, out=out
         )
 
@@ -189,20 +184,15 @@ class LocalData:
         return self.excluded_in(slice(None))
 
     @property
-    def circulant_filters(self) -> list:
-        """The fast kernels' N^-1 filters (:class:`~mapmaker.kernels.noise_fast.CirculantFilter`), made once.
+    def noise_filters(self) -> list:
+        """The N^-1 filters of the kernels in use (:func:`inverse_noise_filters` of their noise family), made once.
 
         One per filter in use (each filter serves one interval length); ``None`` for filters no interval uses.
         """
-        if self._circulant is None:
-            from mapmaker.kernels.noise_fast import CirculantFilter
-
+        if self._filters is None:
             lengths = {int(f): int(n) for f, n in zip(self.filter_index.tolist(), self.interval_lengths.tolist(), strict=True)}
-            self._circulant = [
-                CirculantFilter(inverse, lengths[f]) if f in lengths else None
-                for f, inverse in enumerate(self.inverse_psds)
-            ]
-        return self._circulant
+            self._filters = self.kernels.noise.inverse_noise_filters(self.inverse_psds, lengths)
+        return self._filters
 
     def apply_inverse_noise(self, tod: np.ndarray, workers: int = 1) -> np.ndarray:
         """N^-1 in place on the rank's whole flat TOD [n_samp]; ``workers`` threads."""
@@ -217,116 +207,36 @@ class LocalData:
         starts = self.interval_starts[intervals] - offset
         lengths = self.interval_lengths[intervals]
         if self.white:
-            return noise_kernels.apply_inverse_white(tod, starts, lengths, self.inverse_variance[intervals])
-        if self.kernels == "fast":
-            from mapmaker.kernels import noise_fast
-
-            return noise_fast.apply_inverse_noise(
-                tod, starts, lengths, self.filter_index[intervals], self.circulant_filters, threads=workers
-            )
-        return noise_kernels.apply_inverse_noise(
-            tod, starts, lengths, self.filter_index[intervals], self.inverse_psds, workers=workers
+            return self.kernels.noise.apply_inverse_white(tod, starts, lengths, self.inverse_variance[intervals])
+        return self.kernels.noise.apply_inverse_noise(
+            tod, starts, lengths, self.filter_index[intervals], self.noise_filters, threads=workers
         )
 
     def apply_operator(self, local_map: np.ndarray, workers: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         """The PCG operator ``P^T N^-1 P`` on a local map [n_local, 3] -> [n_local, 3], sorted order.
 
-        Fast kernels: fused per interval (:mod:`mapmaker.kernels.operator_fast`),
-        no TOD-sized scratch, in compute order between two row permutations.
-        Numpy: P, N^-1 and P^T one after the other through a TOD scratch
-        array [n_samp] kept between calls. ``out`` (sorted order) is overwritten.
+        The kernels' operator family: fused per interval with the fast
+        kernels (:mod:`mapmaker.kernels.operator_fast`, no TOD-sized scratch),
+        P, N^-1 and P^T one after the other with numpy; in compute order
+        between two row permutations. ``out`` (sorted order) is overwritten.
         """
-        if self.kernels == "fast":
-            from mapmaker.kernels import operator_fast
-
-            compute_map = self.to_compute(local_map)
-            straight_into_out = out if self.position is None else None  # no permutation after: write out directly
-            if self.white:
-                product = operator_fast.apply_white_operator(
-                    compute_map, self.local_index, self.weights, self.interval_starts, self.interval_lengths,
-                    self.inverse_variance, out=straight_into_out,
-                )
-            else:
-                product = operator_fast.apply_inverse_noise_operator(
-                    compute_map, self.local_index, self.weights, self.interval_starts, self.interval_lengths,
-                    self.filter_index, self.circulant_filters, threads=workers, out=straight_into_out,
-                )
-            if out is None:
-                return self.to_sorted(product)
-            if product is not out:
-                out[:] = self.to_sorted(product)
-            return out
-        from mapmaker.kernels import projection
-
-        if self._scratch_tod is None:
-            self._scratch_tod = np.empty(self.n_samples)
-        tod = projection.project_map_to_tod(local_map, self.local_index, self.weights, out=self._scratch_tod)
-        self.apply_inverse_noise(tod, workers)
+        compute_map = self.to_compute(local_map)
+        straight_into_out = out if self.position is None else None  # no permutation after: write out directly
+        if self.white:
+            product = self.kernels.operator.apply_white_operator(
+                compute_map, self.local_index, self.weights, self.interval_starts, self.interval_lengths,
+                self.inverse_variance, out=straight_into_out,
+            )
+        else:
+            product = self.kernels.operator.apply_inverse_noise_operator(
+                compute_map, self.local_index, self.weights, self.interval_starts, self.interval_lengths,
+                self.filter_index, self.noise_filters, threads=workers, out=straight_into_out,
+            )
         if out is None:
-            return projection.accumulate_tod_to_map(tod, self.local_index, self.weights, self.n_local)
-        out[:] = 0.0
-        return projection.accumulate_tod_to_map(tod, self.local_index, self.weights, self.n_local, out=out)
-
-
-def index_dtype(n: int) -> type:
-    """int32 while ``n`` values fit, int64 beyond."""
-    return np.int32 if n < 2**31 - 1 else np.int64
-
-
-OBSERVED_PIXELS_BLOCK = 1 << 20  # samples per block of observed_pixels' sparse path
-
-
-def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique(values)`` by one sort: numpy 2.4's ``np.unique`` without ``return_inverse``
-    hashes, then sorts the distinct values: 28x slower on 1M int32 pixel ids of 12M (measured)."""
-    ordered = np.sort(values)
-    if len(ordered) == 0:
-        return ordered
-    keep = np.empty(len(ordered), dtype=bool)
-    keep[0] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
-    return ordered[keep]
-
-
-def observed_pixels(pixels: np.ndarray, npix: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique pixel ids [n_local] int64 and each sample's position among them [n_samp].
-
-    The positions are int32 (int64 beyond 2^31 local pixels), written over
-    ``pixels`` when that is an int32 array (no sample-sized temporary). A
-    lookup table over the whole map (5 bytes per pixel) when the map is not
-    much larger than the samples -- ten times faster than sorting them.
-    Otherwise (high nside, few samples per rank) block by block: the unique
-    pixels of each block of samples, then of their union, then each block's
-    positions by binary search (the block sorted first). That holds the
-    blocks' unique ids (at most one per sample, in ``pixels``' dtype) instead
-    of ``np.unique(..., return_inverse=True)``'s ~36 bytes per sample (a sort
-    permutation, a sorted copy and an int64 inverse).
-    """
-    if npix <= 4 * len(pixels):
-        seen = np.zeros(npix, dtype=bool)
-        seen[pixels] = True
-        local_pixels = np.flatnonzero(seen).astype(np.int64)
-        del seen
-        dtype = index_dtype(len(local_pixels))
-        lookup = np.empty(npix, dtype=dtype)
-        lookup[local_pixels] = np.arange(len(local_pixels), dtype=dtype)
-        out = pixels if pixels.dtype == dtype else np.empty(len(pixels), dtype=dtype)
-        step = 1 << 20
-        for first in range(0, len(pixels), step):
-            out[first : first + step] = lookup[pixels[first : first + step]]
-        return local_pixels, out
-    step = OBSERVED_PIXELS_BLOCK
-    blocks = [sorted_unique(pixels[first : first + step]) for first in range(0, len(pixels), step)]
-    local_pixels = sorted_unique(np.concatenate(blocks)) if blocks else np.zeros(0, dtype=pixels.dtype)
-    del blocks
-    dtype = index_dtype(len(local_pixels))
-    out = pixels if pixels.dtype == dtype else np.empty(len(pixels), dtype=dtype)
-    for first in range(0, len(pixels), step):
-        block = pixels[first : first + step]
-        order = np.argsort(block, kind="stable")
-        # Needles in increasing order let the binary search start from the previous answer.
-        out[first : first + step][order] = np.searchsorted(local_pixels, block[order])
-    return local_pixels.astype(np.int64, copy=False), out
+            return self.to_sorted(product)
+        if product is not out:
+            out[:] = self.to_sorted(product)
+        return out
 
 
 # Samples per local pixel above which the fast path renumbers pixels in visit order (see the module docstring).
@@ -338,14 +248,15 @@ def build_local_data(
     layout: ChunkLayout,
     chunks: list[Chunk],
     noise: NoiseModel,
-    kernels: str = DEFAULT_KERNELS,
+    kernels: str = implementation.DEFAULT,
     pixel_order: str = "auto",
 ) -> LocalData:
     """Pointing of ``chunks`` (computed here, chunk by chunk, with ``kernels``) and their stationary intervals.
 
-    ``pixel_order``: ``"sorted"``, ``"visit"`` (fast kernels only) or
-    ``"auto"`` (visit order above VISIT_ORDER_SAMPLES_PER_PIXEL samples per
-    local pixel with the fast kernels).
+    ``kernels``: an implementation name of :mod:`mapmaker.kernels.implementation`.
+    ``pixel_order``: ``"sorted"``, ``"visit"`` or ``"auto"`` (visit order
+    above VISIT_ORDER_SAMPLES_PER_PIXEL samples per local pixel with compiled
+    kernels; the numpy reference's gathers gain nothing from it).
 
     Memory: the global pixel of each sample is written as int32 (nside <= 8192)
     and turned into the local index in place, so the build peaks at the
@@ -356,7 +267,8 @@ def build_local_data(
     n_samples = int(chunk_offsets[-1])
     pixels = np.empty(n_samples, dtype=index_dtype(spec.pixelization.npix))
     weights = np.empty((n_samples, 3), dtype=np.float64)
-    pointer = ChunkPointing(spec, layout, kernels)
+    kernel_set = implementation.get(kernels)
+    pointer = ChunkPointing(spec, layout, kernel_set)
     for chunk, start in zip(chunks, chunk_offsets[:-1].tolist(), strict=True):
         pixels[start : start + chunk.n_samples], weights[start : start + chunk.n_samples] = pointer(
             chunk.time_chunk, chunk.detector
@@ -366,11 +278,9 @@ def build_local_data(
     order = position = None
     if pixel_order == "auto":
         many = len(local_index) >= VISIT_ORDER_SAMPLES_PER_PIXEL * len(local_pixels)
-        pixel_order = "visit" if kernels == "fast" and many else "sorted"
+        pixel_order = "visit" if kernel_set.compiled and many else "sorted"
     if pixel_order == "visit":
-        from mapmaker.kernels.projection_fast import first_visit_order
-
-        order, position = first_visit_order(local_index, len(local_pixels))
+        order, position = kernel_set.projection.first_visit_order(local_index, len(local_pixels))
 
     starts, lengths, detectors, indices, interval_offsets = [], [], [], [], [0]
     for chunk, offset in zip(chunks, chunk_offsets[:-1].tolist(), strict=True):
@@ -419,5 +329,5 @@ def build_local_data(
         white=noise.white_weighting,
         order=order,
         position=position,
-        kernels=kernels,
+        kernels=kernel_set,
     )

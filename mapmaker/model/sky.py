@@ -19,7 +19,7 @@ Which sky a realisation sees (``CampaignKind``):
 * ``noise-only``: no sky.
 * A user map (``sky.kind = "map"``) is the same in every realisation.
 
-A CMB draw uses its own Philox stream (:func:`mapmaker.rng.sky_key`):
+A CMB draw uses its own Philox stream (:func:`mapmaker.model.rng.sky_key`):
 ``3 * n_alm * 2`` standard normals in the order (T, E, B) x (healpy a_lm
 index) x (real, imaginary); for m = 0 the imaginary deviate is unused.
 """
@@ -31,10 +31,10 @@ from pathlib import Path
 import healpy as hp
 import numpy as np
 
-from mapmaker import rng
+from mapmaker.model import rng
 from schemas.spec import CampaignSpec, CmbSky, MapSky
 
-FIDUCIAL_CLS = Path(__file__).with_name("data") / "fiducial_cls.txt"
+FIDUCIAL_CLS = Path(__file__).parent.parent / "data" / "fiducial_cls.txt"
 ARCMIN = math.pi / (180.0 * 60.0)
 
 
@@ -105,7 +105,7 @@ def read_sky_map(path: Path, nside: int, fwhm_rad: float) -> np.ndarray:
     """A user IQU map [3, npix] at ``nside`` (RING), re-gridded with ud_grade and smoothed if asked."""
     try:
         maps = np.asarray(hp.read_map(path, field=(0, 1, 2), dtype=np.float64))
-    except Exception as error:  # healpy/astropy raise many kinds for a bad file
+    except Exception as error:  # noqa: BLE001 - healpy/astropy raise many kinds for a bad file
         raise SkyError(f"cannot read an IQU map (3 columns) from {path.name!r}: {error}") from None
     if maps.ndim != 2 or maps.shape[0] != 3:
         raise SkyError(f"{path.name!r} is not an IQU map (3 columns)")

@@ -15,7 +15,7 @@ Layout (format version 1; little-endian; offsets in bytes)::
     data   (64-byte aligned) one section per rank, 64-byte aligned each:
              magic "MCOVRANK" | rank u32 | number of arrays u32 |
              element count u64 per array |
-             the arrays of :data:`mapmaker.overlap.PLAN_ARRAYS`, in that order,
+             the arrays of :data:`mapmaker.parallel.overlap.PLAN_ARRAYS`, in that order,
              each padded to 8 bytes
 
 The header sha256 covers the fixed header (with the checksum field zeroed)
@@ -40,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
-from mapmaker.overlap import PLAN_ARRAYS, OverlapPlan
+from mapmaker.parallel.overlap import PLAN_ARRAYS, OverlapPlan
+from schemas.files import fsync_path
 
 PLAN_FORMAT_VERSION = 1
 MAGIC = b"MCOVPLAN"
@@ -130,8 +132,6 @@ def write_plan(comm, path: str | Path, plan: OverlapPlan, identity: PlanIdentity
     Returns the JSON header (with ``header_sha256``) on every rank. An
     existing ``path`` is replaced only once the new file is complete.
     """
-    from mpi4py import MPI
-
     rank, size = comm.Get_rank(), comm.Get_size()
     path = Path(path)
     section = section_bytes(plan)
@@ -195,22 +195,14 @@ def write_plan(comm, path: str | Path, plan: OverlapPlan, identity: PlanIdentity
         if failed:
             Path(temp_name).unlink(missing_ok=True)
         else:
-            _fsync(temp_name)
+            fsync_path(temp_name)
             os.chmod(temp_name, 0o644)
             os.replace(temp_name, path)
-            _fsync(path.parent)
+            fsync_path(path.parent)
     if failed:
         raise OSError(f"writing the plan file {str(path)!r} failed on some rank")
     comm.Barrier()
     return comm.bcast(header_json[0] if rank == 0 else None, root=0)
-
-
-def _fsync(path: str | Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 # --------------------------------------------------------------------------- reading (per rank)
@@ -316,11 +308,3 @@ def load_plan(comm, path: str | Path, identity: PlanIdentity) -> tuple[OverlapPl
         if message is not None:
             raise PlanRefused(message)
     return plan, document
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

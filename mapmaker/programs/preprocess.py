@@ -4,30 +4,31 @@ Steps (collective; every rank):
 
 1. the decomposition of the spec into ``comm.size`` ranks and each rank's
    sorted unique pixels, from its own chunks' pointing -- the same code as
-   ``realize`` (:func:`mapmaker.local_data.build_local_data`);
+   ``realize`` (:func:`mapmaker.solve.local_data.build_local_data`);
 2. the plan: buffered Allgatherv of pixel ids, sift, index set-up
-   (:func:`mapmaker.overlap.build_overlap_plan`);
+   (:func:`mapmaker.parallel.overlap.build_overlap_plan`);
 3. the plan file, written with MPI-IO into a temporary sibling and renamed
-   into place (:func:`mapmaker.planfile.write_plan`);
+   into place (:func:`mapmaker.parallel.planfile.write_plan`);
 4. on rank 0: the sha256 of the file and the report
    (:class:`schemas.plan.PlanReport`), written atomically when asked for.
 """
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from mpi4py import MPI
 
-from mapmaker.decomposition import chunk_layout, decompose, decomposition_fingerprint
-from mapmaker.local_data import build_local_data
-from mapmaker.noise import NoiseModel
-from mapmaker.overlap import OverlapPlan, build_overlap_plan, multiplicity_histogram_pairs
-from mapmaker.planfile import PLAN_FORMAT_VERSION, PlanIdentity, file_sha256, write_plan
+from mapmaker.model.decomposition import chunk_layout, decompose, decomposition_fingerprint
+from mapmaker.model.noise import NoiseModel
+from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan, butterfly_schedule, multiplicity_histogram_pairs
+from mapmaker.parallel.planfile import PLAN_FORMAT_VERSION, PlanIdentity, write_plan
+from mapmaker.programs.versions import mapcampaign_version
+from mapmaker.solve.local_data import build_local_data
+from schemas.files import atomic_write_json, sha256_file
 from schemas.plan import OverlapStatistics, PlanPhases, PlanReport, RankSpread
 from schemas.spec import CampaignSpec, scan_key
 
@@ -53,8 +54,6 @@ def rank_local_pixels(spec: CampaignSpec, comm) -> np.ndarray:
 
 def overlap_statistics(comm, plan: OverlapPlan) -> OverlapStatistics:
     """Collective: the overlap figures of the whole decomposition (every rank gets them)."""
-    from mapmaker.overlap import butterfly_schedule
-
     schedule = butterfly_schedule(plan)
     working = len(schedule.fold_local) if schedule.is_extra else schedule.n_work
     row = np.array([plan.n_local, plan.n_shared, len(plan.neighbours), working], dtype=np.float64)
@@ -89,8 +88,6 @@ def run_preprocess(
     progress: Progress | None = None,
 ) -> PlanReport | None:
     """Build and write the plan of ``spec`` for ``comm``'s rank count; the report on rank 0, None elsewhere."""
-    from mpi4py import MPI
-
     rank, size = comm.Get_rank(), comm.Get_size()
     say = progress if (progress is not None and rank == 0) else (lambda message: None)
     comm.Barrier()
@@ -123,7 +120,7 @@ def run_preprocess(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "observed_pixels": statistics.observed_pixels,
         "total_local_pixels": statistics.total_local_pixels,
-        "mapmaker": _version(),
+        "mapmaker": mapcampaign_version(),
     }
     document = write_plan(comm, out, plan, identity, extra)
     write_s = time.perf_counter() - tick
@@ -140,7 +137,7 @@ def run_preprocess(
         try:
             report = PlanReport(
                 path=str(out),
-                checksum=file_sha256(out),
+                checksum=sha256_file(out),
                 size_bytes=out.stat().st_size,
                 build_time_s=build_time,
                 header_checksum=document["header_sha256"],
@@ -156,7 +153,7 @@ def run_preprocess(
                 overlap=statistics,
             )
             if report_path is not None:
-                write_json_atomically(report_path, json.loads(report.model_dump_json()))
+                atomic_write_json(report_path, json.loads(report.model_dump_json()), indent=2)
         except OSError as error:
             problem = error
     problem = comm.bcast(problem, root=0)
@@ -166,30 +163,3 @@ def run_preprocess(
         return None
     say(f"plan: {out} ({report.size_bytes} bytes, sha256 {report.checksum[:16]}...) in {build_time:.2f} s")
     return report
-
-
-def write_json_atomically(path: str | Path, document) -> None:
-    """Write ``document`` as JSON into ``path`` through a temporary sibling and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(document, stream, indent=2)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-
-
-def _version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("mapcampaign")
-    except metadata.PackageNotFoundError:
-        return "unknown"

@@ -20,6 +20,8 @@ from __future__ import annotations
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 
+from threadpoolctl import threadpool_limits
+
 _pools: dict[int, ThreadPoolExecutor] = {}
 _limits = None
 _configured = 1
@@ -32,12 +34,10 @@ def configure(threads: int, numba_threads: bool = True) -> int:
     takes ~30 MiB), for the numpy kernels.
     """
     global _limits, _configured
-    from threadpoolctl import threadpool_limits
-
     threads = max(1, int(threads))
     set_for_numba = 0
     if numba_threads:
-        import numba
+        import numba  # deferred: ~0.5 s and ~30 MiB (-X importtime), which numpy-kernel runs never pay
 
         set_for_numba = min(threads, numba.config.NUMBA_NUM_THREADS)
         numba.set_num_threads(set_for_numba)

@@ -13,12 +13,12 @@ ranks that observe that pixel. Strategies differ only in how the sums travel:
 * ``butterfly`` -- sparse recursive doubling in log2 p' exchanges, any p
   (ranks above the largest power of two p' fold into partners); each step
   carries only the pixels the partner's remaining subtree observes
-  (:func:`mapmaker.overlap.butterfly_schedule`).
+  (:func:`mapmaker.parallel.overlap.butterfly_schedule`).
 * ``hybrid`` -- the paper's suggested improvement: pixels observed by at
   least tau ranks are summed by one compact buffered Allreduce, the rest by
-  the Alltoallv; tau chosen by the alpha-beta model (:mod:`mapmaker.commodel`).
+  the Alltoallv; tau chosen by the alpha-beta model (:mod:`mapmaker.parallel.commodel`).
 * ``auto`` -- the strategy with the lowest modeled campaign cost for this
-  plan (:func:`mapmaker.commodel.select_strategy`); one rank: ``allreduce``.
+  plan (:func:`mapmaker.parallel.commodel.select_strategy`); one rank: ``allreduce``.
 
 Counters are kept per call so that the result can report bytes and messages
 per rank per iteration; how bytes are counted is stated by ``bytes_counted``:
@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from mpi4py import MPI
+
+from mapmaker.parallel import commodel
+from mapmaker.parallel.overlap import OverlapPlan, butterfly_schedule
 
 VALUE_BYTES = 8
 
@@ -78,7 +81,7 @@ class PixelReduction(ABC):
 
     name: ClassVar[str]
     bytes_counted: ClassVar[str]
-    selection: Any = None  # commodel.Selection when chosen by auto (or tau by the model, for hybrid)
+    selection: commodel.Selection | None = None  # when chosen by auto (or tau by the model, for hybrid)
     details: dict[str, float] | None = None
 
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray):
@@ -182,7 +185,7 @@ class AlltoallvReduction(PixelReduction):
         "messages: the non-empty blocks it sends (one per neighbour and round)"
     )
 
-    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, exchanged: np.ndarray | None = None,
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, exchanged: np.ndarray | None = None,
                  max_elements: int = MAX_ELEMENTS):
         super().__init__(comm, local_pixels)
         size = comm.Get_size()
@@ -242,7 +245,7 @@ class AlltoallvReduction(PixelReduction):
 
 
 class ButterflyReduction(PixelReduction):
-    """Sparse recursive doubling, log2 p' exchanges for any p (:func:`mapmaker.overlap.butterfly_schedule`).
+    """Sparse recursive doubling, log2 p' exchanges for any p (:func:`mapmaker.parallel.overlap.butterfly_schedule`).
 
     Ranks e >= p' (the largest power of two) send the pixels they share to
     e - p' first and get the sums back last; the p' others keep a working
@@ -261,9 +264,7 @@ class ButterflyReduction(PixelReduction):
     # largest tag every MPI must accept (MPI_TAG_UB is 2^21 - 1 on Cray MPICH, 2^19 - 1 on Intel MPI 2021).
     FOLD, UNFOLD, STEP = 1, 2, 16
 
-    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, max_elements: int = MAX_ELEMENTS):
-        from mapmaker.overlap import butterfly_schedule
-
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, max_elements: int = MAX_ELEMENTS):
         super().__init__(comm, local_pixels)
         self.schedule = butterfly_schedule(plan)
         self.max_elements = int(max_elements)
@@ -341,7 +342,7 @@ class HybridReduction(PixelReduction):
         "2 ceil(log2 p) messages per buffer) plus the exact bytes and blocks of the Alltoallv of the light ones"
     )
 
-    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan, *, threshold: int, buffer_pixels: int,
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, threshold: int, buffer_pixels: int,
                  max_elements: int = MAX_ELEMENTS):
         super().__init__(comm, local_pixels)
         self.threshold = int(threshold)
@@ -411,24 +412,22 @@ def make_reduction(
     *,
     npix: int,
     buffer_pixels: int,
-    plan: Any = None,
-    machine: Any = None,
-    workload: Any = None,
+    plan: OverlapPlan | None = None,
+    machine: commodel.Machine | None = None,
+    workload: commodel.Workload | None = None,
     max_elements: int = MAX_ELEMENTS,
     hybrid_threshold: int | None = None,
 ) -> PixelReduction:
     """Build the reduction ``name`` for this rank's pixels (collective).
 
-    ``plan`` (this rank's :class:`mapmaker.overlap.OverlapPlan`) is needed by
+    ``plan`` (this rank's :class:`mapmaker.parallel.overlap.OverlapPlan`) is needed by
     the plan-based strategies; ``auto`` chooses with it (and falls back to
     ``allreduce`` without one);
-    ``machine`` (:class:`mapmaker.commodel.Machine`, default the paper's
-    Franklin figures) and ``workload`` (:class:`mapmaker.commodel.Workload`)
+    ``machine`` (:class:`mapmaker.parallel.commodel.Machine`, default the paper's
+    Franklin figures) and ``workload`` (:class:`mapmaker.parallel.commodel.Workload`)
     drive ``auto`` and the threshold of ``hybrid`` (``hybrid_threshold``
     forces one). ``max_elements`` caps the doubles per MPI message.
     """
-    from mapmaker import commodel
-
     requested = resolve_strategy(name)
     size = comm.Get_size()
     if not needs_plan(requested, size):

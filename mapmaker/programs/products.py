@@ -10,7 +10,7 @@ Files (HEALPix RING, full sky, readable with ``healpy.read_map``):
 * ``hits.fits``    -- samples per pixel (int64; 0 where unobserved);
 * ``rcond.fits``   -- reciprocal condition number of the geometric 3x3
   hit matrix; UNSEEN where unobserved;
-* ``mask.fits``    -- the apodised analysis mask of the spectra (``mapmaker.spectra``);
+* ``mask.fits``    -- the apodised analysis mask of the spectra (``mapmaker.model.spectra``);
   it depends on the pointing only, so it is the same in every realisation;
 * ``spectra.npz``  -- pseudo-spectra: ``cl`` [6, lmax + 1] and ``cl_binned``
   [6, n_bins] (K^2, rows TT, EE, BB, TE, EB, TB), ``ell_min``/``ell_max`` of
@@ -20,7 +20,6 @@ Files (HEALPix RING, full sky, readable with ``healpy.read_map``):
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -29,11 +28,10 @@ from pathlib import Path
 import healpy as hp
 import numpy as np
 
+from mapmaker.model.spectra import SPECTRA, RealizationSpectra
+from schemas.files import fsync_path, sha256_file
+from schemas.programs import MAP_FILES, RESULT_FILE, SPECTRA_FILES
 from schemas.result import ProductFile, RealizationResult
-
-MAP_FILES = {"iqu": "map_iqu.fits", "hits": "hits.fits", "rcond": "rcond.fits"}
-SPECTRA_FILES = {"mask": "mask.fits", "spectra": "spectra.npz"}
-RESULT_FILE = "result.json"
 
 
 class OutputExists(FileExistsError):
@@ -83,31 +81,20 @@ class ProductFolder:
 
     def commit(self) -> Path:
         for item in self.path.iterdir():
-            _fsync(item)
-        _fsync(self.path)
+            fsync_path(item)
+        fsync_path(self.path)
         refuse_existing(self.out)  # rename() would silently replace an empty folder made meanwhile
         os.rename(self.path, self.out)
-        _fsync(self.out.parent)
+        fsync_path(self.out.parent)
         return self.out
 
     def discard(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def file_record(name: str, path: Path, folder: Path) -> ProductFile:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return ProductFile(name=name, path=str(path.relative_to(folder)), sha256=digest.hexdigest(), size_bytes=path.stat().st_size)
+    """The record of a product file: its role ``name``, path relative to ``folder``, sha256 and size."""
+    return ProductFile(name=name, path=str(path.relative_to(folder)), sha256=sha256_file(path), size_bytes=path.stat().st_size)
 
 
 def write_maps(
@@ -130,10 +117,10 @@ def write_maps(
     return [file_record(role, path, folder.path) for role, path in paths.items()]
 
 
-def write_spectra(folder: ProductFolder, measured, header: list[tuple[str, object]], coord: str) -> list[ProductFile]:
-    """Write the mask (FITS) and the spectra (npz) of a :class:`mapmaker.spectra.RealizationSpectra`; return their records."""
-    from mapmaker.spectra import SPECTRA
-
+def write_spectra(
+    folder: ProductFolder, measured: RealizationSpectra, header: list[tuple[str, object]], coord: str
+) -> list[ProductFile]:
+    """Write the mask (FITS) and the spectra (npz) of a realisation; return their records."""
     paths = {role: folder.file(name) for role, name in SPECTRA_FILES.items()}
     # The mask depends on the pointing only: without the realisation in its header, every
     # realisation of a campaign writes the same bytes (the service checks the checksums agree).
@@ -159,4 +146,5 @@ def write_spectra(folder: ProductFolder, measured, header: list[tuple[str, objec
 
 
 def write_result(folder: ProductFolder, result: RealizationResult) -> None:
+    """``result.json`` into the folder (made durable with the rest by :meth:`ProductFolder.commit`)."""
     folder.file(RESULT_FILE).write_text(result.model_dump_json(indent=2) + "\n")

@@ -4,7 +4,7 @@
 256 ... 16384 ranks the way the paper does, without that many ranks:
 
 1. the pixels of every chunk, from the real pointing code
-   (:class:`mapmaker.scan.ChunkPointing`), once: detectors at the same
+   (:class:`mapmaker.model.scan.ChunkPointing`), once: detectors at the same
    focal-plane offset see the same pixels (the polarisation angle only turns
    psi), so one detector per offset is pointed -- exact; ``time_step`` > 1
    keeps every n-th sample only -- an approximation whose error is measured
@@ -13,7 +13,7 @@
    each rank its chunks, hence its sorted pixel set (the union of its
    chunks' sets) -- exactly the ``local_pixels`` a run on p ranks has;
 3. the exact per-rank figures of every strategy (:class:`OverlapFigures`,
-   the same numbers :func:`mapmaker.commodel.figures_from_plan` gathers at
+   the same numbers :func:`mapmaker.parallel.commodel.figures_from_plan` gathers at
    run time), computed globally rather than rank by rank:
    multiplicities by ``bincount``; neighbour counts from the observer pairs
    of each pixel (exact within ``pair_budget`` pairs, else sampled ranks for
@@ -28,12 +28,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import sparse
 
-from mapmaker.commodel import OverlapFigures, hybrid_thresholds
-from mapmaker.decomposition import ChunkLayout, chunk_layout, decompose
-from mapmaker.local_data import sorted_unique
-from mapmaker.overlap import butterfly_shape
-from mapmaker.scan import ChunkPointing
+from mapmaker.kernels.pixels import sorted_unique
+from mapmaker.model.decomposition import ChunkLayout, chunk_layout, decompose
+from mapmaker.model.scan import ChunkPointing
+from mapmaker.parallel.commodel import (
+    OverlapFigures,
+    Workload,
+    hybrid_thresholds,
+    preprocessing_cost,
+    select_strategy,
+    strategy_costs,
+)
+from mapmaker.parallel.overlap import butterfly_shape
 from schemas.spec import CampaignSpec, scan_key
 
 Progress = Callable[[str], None]
@@ -101,7 +109,7 @@ def overlap_figures(rank_sets: list[np.ndarray], npix: int, *, pair_budget: int 
                     seed: int = 0) -> OverlapFigures:
     """Step 3: the exact per-rank figures of every strategy for these pixel sets.
 
-    Equal to :func:`mapmaker.commodel.figures_from_plans` of the plans of the
+    Equal to :func:`mapmaker.parallel.commodel.figures_from_plans` of the plans of the
     same sets (a unit test checks it), but without building p plans.
     """
     size = len(rank_sets)
@@ -285,8 +293,6 @@ def _butterfly_rows(ranks, pixels, multiplicity, size) -> np.ndarray:
 
 def _indicator(rows: np.ndarray, columns: np.ndarray, n_rows: int, n_columns: int):
     """Sparse 0/1 matrix with a 1 at every (row, column) given, duplicates allowed."""
-    from scipy import sparse
-
     matrix = sparse.csr_matrix((np.ones(len(rows), dtype=np.float64), (rows, columns)), shape=(n_rows, n_columns))
     matrix.sum_duplicates()
     matrix.data[:] = 1.0
@@ -314,8 +320,6 @@ def relative_error(exact: OverlapFigures, approximate: OverlapFigures) -> dict[s
 def project(spec: CampaignSpec, rank_counts: list[int], machine, *, time_step: int = 1,
             progress: Progress | None = None, pair_budget: int = DEFAULT_PAIR_BUDGET) -> dict:
     """The model command's figures: for each rank count, the overlap and every strategy's modeled cost."""
-    from mapmaker.commodel import Workload, preprocessing_cost, select_strategy, strategy_costs
-
     say = progress or (lambda message: None)
     sets = chunk_sets(spec, time_step, progress)
     say(f"pointing: {sets.layout.n_chunks} chunks in {sets.seconds:.1f} s (time step {time_step})")

@@ -23,7 +23,7 @@ RNG_SCHEME = (
     "interval_index = chunk * intervals_per_chunk + interval within the chunk, one stream per "
     "(detector, interval) whose n deviates fill the rfft coefficients of that interval; "
     'sky: ["sky", campaign_seed, sky_seed, realization], realization = -1 when the sky is '
-    "the same in every realisation; the deviates fill the a_lm (see mapmaker.sky)."
+    "the same in every realisation; the deviates fill the a_lm (see mapmaker.model.sky)."
 )
 
 

@@ -10,8 +10,9 @@ from types import ModuleType
 
 import numpy as np
 
-from mapmaker.decomposition import ChunkLayout
 from mapmaker.kernels import boresight, implementation, pointing
+from mapmaker.kernels.implementation import Kernels
+from mapmaker.model.decomposition import ChunkLayout
 from schemas.spec import CampaignSpec, FocalPlane, GroundScan, SatelliteScan
 
 DEG = math.pi / 180.0
@@ -66,11 +67,12 @@ class ChunkPointing:
 
     Chunks are visited in time-major order, so consecutive calls mostly share
     a time chunk and its boresight is computed once for all its detectors.
-    ``kernels``: ``"fast"`` (numba, the default) or ``"numpy"`` (the reference; same pixels).
+    ``kernels``: the implementation from :func:`mapmaker.kernels.implementation.get` (default: its
+    default, the fast kernels; the numpy reference gives the same pixels).
     """
 
-    def __init__(self, spec: CampaignSpec, layout: ChunkLayout, kernels: str = implementation.DEFAULT):
-        self._kernels = implementation.get(kernels)
+    def __init__(self, spec: CampaignSpec, layout: ChunkLayout, kernels: Kernels | None = None):
+        self._kernels = kernels if kernels is not None else implementation.get()
         self._scan = spec.scan
         self._rate = spec.focal_plane.sample_rate_hz
         self._nside = spec.pixelization.nside

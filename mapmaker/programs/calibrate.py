@@ -10,7 +10,7 @@ Under ``mpiexec -n P`` (P >= 2), each measurement is the median over
 3. ``Alltoallv`` with n doubles to every other rank: fitted to
    (p - 1) alpha + 8 n (p - 1) beta, the model's per-rank form;
 4. ``Allgatherv`` of n int32 pixel ids per rank: lg p alpha + 4 n (p - 1) beta;
-5. the sift: seconds per received id of :class:`mapmaker.overlap.OverlapSifter`.
+5. the sift: seconds per received id of :class:`mapmaker.parallel.overlap.OverlapSifter`.
 
 The fits are least squares of the relative residuals (weights 1/t, so that
 the small messages that fix alpha count as much as the large ones that fix
@@ -26,7 +26,10 @@ import statistics
 import time
 
 import numpy as np
+from mpi4py import MPI
 
+from mapmaker.parallel.overlap import OverlapSifter
+from mapmaker.programs.versions import mpi_library
 from schemas.calibration import OperationFit, SiteCalibration
 
 P2P_BYTES = (8, 64, 512, 4096, 32768, 262144, 2097152)
@@ -35,8 +38,6 @@ COLLECTIVE_DOUBLES = (1, 64, 1024, 16384, 131072, 524288)
 
 def _timed(comm, call, repeat: int, inner: int) -> float:
     """Median over ``repeat`` trials of the mean seconds per call (slowest rank's view, via a barrier)."""
-    from mpi4py import MPI
-
     call()
     trials = []
     for _ in range(repeat):
@@ -75,8 +76,6 @@ def fit(points: list[tuple[float, float]], latency_factor: float, bandwidth_fact
 
 def measure_sift(seconds: float = 0.5) -> float:
     """Seconds per received id of the preprocessing sift (a 2**16-pixel range, 8 sources)."""
-    from mapmaker.overlap import OverlapSifter
-
     rng = np.random.default_rng(0)
     npix, size = 1 << 16, 8
     local = np.unique(rng.integers(0, npix, npix // 4)).astype(np.int64)
@@ -95,8 +94,6 @@ def measure_sift(seconds: float = 0.5) -> float:
 
 def run_calibration(comm, *, repeat: int = 7, site: str = "local", progress=None) -> SiteCalibration | None:
     """Collective: every measurement and fit; the calibration on rank 0, None elsewhere."""
-    from mpi4py import MPI
-
     rank, size = comm.Get_rank(), comm.Get_size()
     say = progress if (progress is not None and rank == 0) else (lambda message: None)
     if size < 2:
@@ -165,7 +162,7 @@ def run_calibration(comm, *, repeat: int = 7, site: str = "local", progress=None
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         host=socket.gethostname(),
         ranks=size,
-        mpi=MPI.Get_library_version().splitlines()[0].strip(),
+        mpi=mpi_library(),
         load_average=load,
         p2p=fit(p2p, 1.0, 1.0, "alpha + n beta (half the ping-pong round trip, n bytes)"),
         allreduce=fit(allreduce, 2 * lg, 1.0, "2 ceil(log2 p) alpha + 2 n (p - 1) / p beta (n bytes)"),

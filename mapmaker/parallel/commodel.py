@@ -21,16 +21,18 @@ per pixel on p ranks (``ceil(log2 p)`` written lg p; 8-byte values):
 
 The figures per rank (:class:`OverlapFigures`) are exact: at run time they
 come from the plan (:func:`figures_from_plan`, collective), for projections
-from a serial simulation (:mod:`mapmaker.overlap_model`). Bytes and messages
-follow the counting of :mod:`mapmaker.reduction` to the byte.
+from a serial simulation (:mod:`mapmaker.parallel.overlap_model`). Bytes and messages
+follow the counting of :mod:`mapmaker.parallel.reduction` to the byte.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from mapmaker.parallel.overlap import butterfly_schedule, butterfly_shape
 from schemas.calibration import SiteCalibration
 
 VALUE_BYTES = 8
@@ -91,8 +93,6 @@ DEFAULT_MACHINE = FRANKLIN
 
 def load_machine(path) -> Machine:
     """The :class:`Machine` of a calibration file (``calibrate --out``)."""
-    from pathlib import Path
-
     return Machine.from_calibration(SiteCalibration.model_validate_json(Path(path).read_text()))
 
 
@@ -141,8 +141,6 @@ class OverlapFigures:
 
 def figure_row(plan) -> np.ndarray:
     """One rank's figures from its plan, as the int64 row that :func:`figures_from_rows` assembles."""
-    from mapmaker.overlap import butterfly_schedule, butterfly_shape
-
     thresholds = hybrid_thresholds(plan.size)
     schedule = butterfly_schedule(plan)
     butterfly = np.zeros(butterfly_shape(plan.size)[1] + 1, dtype=np.int64)
@@ -167,8 +165,6 @@ def figure_row(plan) -> np.ndarray:
 
 def figures_from_rows(rows: np.ndarray, npix: int) -> OverlapFigures:
     """:class:`OverlapFigures` from every rank's :func:`figure_row`, [p, width]."""
-    from mapmaker.overlap import butterfly_shape
-
     size = len(rows)
     thresholds = hybrid_thresholds(size)
     t = len(thresholds)
@@ -220,7 +216,7 @@ class StrategyCost:
 def allreduce_traffic(n_pixels: int, buffer_pixels: int, k: int, size: int) -> tuple[int, int, int]:
     """(bytes, messages, pieces) one rank is counted for a buffered Allreduce of n_pixels x k values.
 
-    Exactly the counting of :class:`mapmaker.reduction.AllreduceReduction`.
+    Exactly the counting of :class:`mapmaker.parallel.reduction.AllreduceReduction`.
     """
     if n_pixels <= 0 or size <= 1:
         pieces = -(-n_pixels // max(1, min(buffer_pixels, n_pixels))) if n_pixels > 0 else 0

@@ -72,7 +72,7 @@ class ChunkLayout:
 
 def chunk_layout(spec: CampaignSpec) -> ChunkLayout:
     rate = spec.focal_plane.sample_rate_hz
-    samples_per_chunk = max(1, int(round(spec.scan.chunk_s * rate)))
+    samples_per_chunk = max(1, round(spec.scan.chunk_s * rate))
     return ChunkLayout(
         n_detectors=len(spec.focal_plane.detectors),
         samples_per_detector=spec.samples_per_detector,

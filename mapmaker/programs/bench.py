@@ -55,6 +55,7 @@ This is a benchmark, not a test: nothing here asserts on time.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -63,6 +64,22 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from mapmaker.kernels import implementation
+from mapmaker.kernels import preconditioner as reference_blocks
+from mapmaker.kernels import threads as threading
+from mapmaker.model.decomposition import chunk_layout, decompose
+from mapmaker.model.noise import NoiseModel
+from mapmaker.model.scan import ChunkPointing
+from mapmaker.parallel.distributed import DistributedPixels
+from mapmaker.parallel.reduction import make_reduction
+from mapmaker.solve.local_data import build_local_data
+from mapmaker.solve.solver import pcg
+from schemas.io import load_spec
+from schemas.spec import CampaignSpec
 
 SAMPLE_RATE_HZ = 100.0
 DETECTORS = 4
@@ -78,9 +95,7 @@ BYTES_PER_SAMPLE = {
 }
 
 
-def bench_spec(total_samples: int, nside: int):
-    from schemas.spec import CampaignSpec
-
+def bench_spec(total_samples: int, nside: int) -> CampaignSpec:
     duration = max(2.0, total_samples / (SAMPLE_RATE_HZ * DETECTORS))
     detectors = [
         {"name": f"D{i}", "offset_x_deg": (-1.0) ** (i // 2), "pol_angle_deg": 45.0 * i} for i in range(DETECTORS)
@@ -107,8 +122,6 @@ clock = time.perf_counter
 
 def _best_of(comm, repeat: int, operation: Callable[[], object]) -> float:
     """Best over ``repeat`` runs of the slowest rank's time (s) on ``clock``."""
-    from mpi4py import MPI
-
     best = float("inf")
     for _ in range(repeat):
         comm.Barrier()
@@ -121,8 +134,8 @@ def _best_of(comm, repeat: int, operation: Callable[[], object]) -> float:
 
 def stream_triad(comm, repeat: int, elements: int = STREAM_ELEMENTS) -> float:
     """Bandwidth (bytes/s) one rank gets for ``a = b + s c`` with its threads while every rank runs it."""
-    import numpy as np
-
+    # Deferred: the yardsticks are numba kernels (numba ~0.5 s to import, -X importtime), and every
+    # command of the map-maker imports this module (mapmaker.programs.commands).
     from mapmaker.kernels.projection_fast import triad
 
     a = np.zeros(elements)
@@ -135,16 +148,12 @@ def stream_triad(comm, repeat: int, elements: int = STREAM_ELEMENTS) -> float:
 
 def fft_flops(interval_lengths) -> float:
     """Flops of one N^-1 application: forward and inverse real FFT of each interval, 2.5 n log2 n each."""
-    import math
-
     return sum(2 * 2.5 * n * math.log2(n) for n in interval_lengths if n > 1)
 
 
 def fma_rate(comm, repeat: int) -> float:
     """Double-precision flop/s of one core on an L1-resident vectorised FMA loop (the compute yardstick)."""
-    import numpy as np
-
-    from mapmaker.kernels.projection_fast import polynomial
+    from mapmaker.kernels.projection_fast import polynomial  # deferred: see stream_triad
 
     values = np.random.default_rng(0).uniform(-1, 1, 512)
     out = np.empty_like(values)
@@ -155,10 +164,10 @@ def fma_rate(comm, repeat: int) -> float:
 
 
 def _pointing_rate_setup(spec, layout, chunks, kernels: str) -> Callable[[], None]:
-    from mapmaker.scan import ChunkPointing
+    kernel_set = implementation.get(kernels)
 
     def generate() -> None:
-        pointer = ChunkPointing(spec, layout, kernels)
+        pointer = ChunkPointing(spec, layout, kernel_set)
         for chunk in chunks:
             pointer(chunk.time_chunk, chunk.detector)
 
@@ -167,11 +176,6 @@ def _pointing_rate_setup(spec, layout, chunks, kernels: str) -> Callable[[], Non
 
 def _measure(comm, kernels: str, spec, layout, chunks, noise, repeat: int, threads: int) -> tuple[dict, PCGBlock]:
     """Seconds per call of each kernel with one implementation, and its PCG solve ready to be timed."""
-    import numpy as np
-
-    from mapmaker.kernels import implementation
-    from mapmaker.local_data import build_local_data
-
     kernel_set = implementation.get(kernels)
     implementation.warm_up(kernels)
     seconds: dict[str, float] = {}
@@ -210,12 +214,6 @@ class PCGBlock:
     """
 
     def __init__(self, comm, kernel_set, spec, local, tod, threads: int):
-        import numpy as np
-
-        from mapmaker.distributed import DistributedPixels
-        from mapmaker.kernels import preconditioner as reference_blocks
-        from mapmaker.reduction import make_reduction
-
         npix = spec.pixelization.npix
         self.comm, self.kernel_set, self.local, self.threads = comm, kernel_set, local, threads
         self.pixels = DistributedPixels(comm, local.local_pixels, npix, spec.solver.allreduce_buffer_pixels)
@@ -234,10 +232,6 @@ class PCGBlock:
 
     def run(self) -> tuple[float, dict[str, float]]:
         """Seconds per iteration (slowest rank) and the calc/comm seconds per iteration (max over ranks)."""
-        from mpi4py import MPI
-
-        from mapmaker.solver import pcg
-
         split = {"calc": 0.0, "comm": 0.0}
 
         def timed(kind: str, operation: Callable[[], object]):
@@ -286,20 +280,11 @@ def run_bench(
     spec_path: str | None = None, clock_name: str = "wall", rounds: int = 5,
 ) -> int:
     global clock
-    import numpy as np
-    from mpi4py import MPI
-
-    from mapmaker import threads as threading
-    from mapmaker.decomposition import chunk_layout, decompose
-    from mapmaker.noise import NoiseModel
-
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     clock = CLOCKS[clock_name]
     threading.configure(threads)
     if spec_path is not None:  # a campaign's own scan, focal plane, pixels and noise, split over the ranks
-        from schemas.io import load_spec
-
         spec = load_spec(spec_path)
         nside = spec.pixelization.nside
     else:

@@ -1,0 +1,409 @@
+"""One realisation's solve on a communicator, in three stages: set-up, solve, gather.
+
+Every rank runs every stage; collectives come in the same order on all.
+
+:func:`set_up_realization`
+    1. root builds the input sky (synfast or the user map) and tells everyone
+       whether that worked;
+    2. each rank computes the pointing of its own chunks (time-major,
+       contiguous, balanced) and caches local pixel indices and weights;
+    3. the pixel distribution (owners) and the reduction;
+    4. 3x3 blocks per pixel, summed over ranks: the geometric (unit-weight)
+       hit matrix gives the hits and the rcond cut, which depends on the
+       pointing only; the N^-1-diagonal-weighted matrix gives the preconditioner;
+    5. the sky is broadcast piecewise and each rank keeps its pixels.
+:func:`solve_realization`
+    6. ``b = P^T N^-1 d`` with d simulated chunk by chunk and dropped;
+    7. PCG on ``P^T N^-1 P m = b``.
+:func:`gather_realization`
+    8. map, hits, rcond gathered on root.
+
+Nothing here writes a file: the products (maps, spectra, ``result.json``)
+are the ``realize`` program's (:mod:`mapmaker.programs.realize`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import healpy as hp
+import numpy as np
+from mpi4py import MPI
+
+from mapmaker.kernels import implementation
+from mapmaker.kernels import preconditioner as blocks
+from mapmaker.kernels import threads as threading
+from mapmaker.kernels.implementation import Kernels
+from mapmaker.model.decomposition import chunk_layout, decompose, decomposition_fingerprint
+from mapmaker.model.noise import NoiseModel
+from mapmaker.model.sky import SkyError, build_sky
+from mapmaker.parallel.commodel import Machine, Selection, Workload
+from mapmaker.parallel.distributed import DistributedPixels
+from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan
+from mapmaker.parallel.planfile import PlanRefused
+from mapmaker.parallel.reduction import PixelReduction, make_reduction, needs_plan, resolve_strategy
+from mapmaker.solve.local_data import LocalData, build_local_data
+from mapmaker.solve.solver import PCGResult, pcg
+from mapmaker.solve.timing import Timers
+from schemas.spec import CampaignSpec, MapSky
+
+Progress = Callable[[str], None]
+
+SINGULAR_RCOND = 1e-12  # blocks below this are cut even when solver.rcond_min is 0
+
+
+@dataclass
+class RankStats:
+    """Per-rank figures the result summarises over ranks."""
+
+    samples: int = 0
+    local_pixels: int = 0
+    reduce_bytes: int = 0  # one PCG-iteration reduction ([n_local, 3])
+    reduce_messages: int = 0
+    reduce_seconds_in_solve: float = 0.0
+    reductions: int = 0
+
+
+class NothingToSolve(ValueError):
+    """No observed pixel passes the rcond cut: the realisation would be an empty map (exit 2)."""
+
+
+@dataclass
+class RealizationSetUp:
+    """What the set-up leaves for the solve: one rank's share of the system, and the global figures.
+
+    Pixel arrays are this rank's rows in sorted order: hits, pixel_rcond [n_local],
+    cut [n_local] bool, inverse_blocks [n_local, 3, 3] (K^2; zero where cut),
+    sky_local [n_local, 3] (K) or None for a sky-less run.
+    """
+
+    spec: CampaignSpec
+    realization: int
+    kernels: Kernels
+    threads: int
+    local: LocalData
+    noise: NoiseModel
+    pixels: DistributedPixels
+    reduction: PixelReduction
+    requested: str
+    fingerprint: str
+    hits: np.ndarray
+    pixel_rcond: np.ndarray
+    cut: np.ndarray
+    inverse_blocks: np.ndarray
+    cut_pixels: int
+    excluded_samples: int
+    sky_local: np.ndarray | None
+    plan_source: str | None  # "file", "memory" or None
+    plan_build_s: float | None
+
+
+@dataclass
+class SolveOutcome:
+    """What one realisation produced. Maps are on root only (None elsewhere)."""
+
+    pcg: PCGResult
+    strategy: str
+    requested: str
+    bytes_counted: str
+    fingerprint: str
+    samples: int
+    observed_pixels: int
+    cut_pixels: int
+    excluded_samples: int
+    stats: RankStats
+    timers: Timers
+    selection: Selection | None = None  # behind auto / hybrid's threshold
+    details: dict | None = None
+    plan_source: str | None = None  # "file", "memory" or None
+    plan_build_s: float | None = None
+    iqu: np.ndarray | None = None  # [3, npix], UNSEEN outside the solved pixels
+    hits: np.ndarray | None = None  # [npix] int64
+    rcond: np.ndarray | None = None  # [npix], UNSEEN where unobserved
+    local_map: np.ndarray | None = field(default=None, repr=False)  # [n_local, 3] this rank's rows
+
+
+def run_realization(
+    spec: CampaignSpec,
+    realization: int,
+    comm: MPI.Comm,
+    *,
+    sky_root: str | Path | None = None,
+    threads: int = 1,
+    progress: Progress | None = None,
+    timers: Timers | None = None,
+    plan: OverlapPlan | None = None,
+    machine: Machine | None = None,
+    kernels: str = implementation.DEFAULT,
+) -> SolveOutcome:
+    """Simulate and solve realisation ``realization`` of ``spec`` on ``comm``: the three stages.
+
+    ``plan`` is this rank's overlap plan (from ``realize --plan``): it gives
+    the owners of shared pixels and drives the plan-based reductions; without
+    one they (and ``auto``) build it in memory, with the same code as
+    ``preprocess``. ``machine`` is what ``auto`` models with. ``threads`` per
+    rank (numba, FFT pool, BLAS: :mod:`mapmaker.kernels.threads`); ``kernels``
+    an implementation name of :mod:`mapmaker.kernels.implementation`.
+    Raises :class:`mapmaker.model.sky.SkyError` (on every rank) when the sky
+    cannot be built, and :class:`mapmaker.parallel.reduction.ReductionUnavailable`
+    for a reduction this version lacks -- both before any heavy work --,
+    :class:`mapmaker.parallel.planfile.PlanRefused` (on every rank) when the
+    plan's pixels are not the ones this run observes, and :class:`NothingToSolve`
+    (on every rank) when the rcond cut leaves no pixel.
+    """
+    timers = timers or Timers()
+    say = progress if (progress is not None and comm.Get_rank() == 0) else (lambda message: None)
+    setup = set_up_realization(
+        spec, realization, comm, sky_root=sky_root, threads=threads, kernels=implementation.get(kernels),
+        plan=plan, machine=machine, timers=timers, say=say,
+    )
+    result, stats = solve_realization(setup, timers=timers, say=say)
+    return gather_realization(setup, result, stats, timers=timers)
+
+
+def set_up_realization(
+    spec: CampaignSpec,
+    realization: int,
+    comm: MPI.Comm,
+    *,
+    sky_root: str | Path | None,
+    threads: int,
+    kernels: Kernels,
+    plan: OverlapPlan | None,
+    machine: Machine | None,
+    timers: Timers,
+    say: Progress,
+) -> RealizationSetUp:
+    """Collective: steps 1-5 (sky, pointing, distribution and reduction, blocks and cut, local sky)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    requested = resolve_strategy(spec.solver.reduction)
+    npix = spec.pixelization.npix
+    threading.configure(threads, numba_threads=kernels.compiled)
+    with timers("calc"):
+        compile_seconds = implementation.warm_up(kernels.name)
+    if kernels.compiled:
+        say(f"kernels: {kernels.name} (numba, {threads} thread(s) per rank), ready in {compile_seconds:.1f} s"
+            + (" -- compiled now; later runs load them from the cache" if compile_seconds > 10 else ""))
+
+    # 1. the sky, on root; every rank learns whether it exists before going on.
+    sky_full, sky_problem = None, None
+    if rank == 0:
+        try:
+            with timers("io" if isinstance(spec.sky, MapSky) else "calc"):
+                sky_full = build_sky(spec, realization, sky_root)
+        except SkyError as error:
+            sky_problem = str(error)
+    with timers("comm"):
+        sky_problem, has_sky = comm.bcast((sky_problem, sky_full is not None), root=0)
+    if sky_problem is not None:
+        raise SkyError(sky_problem)
+
+    # 2. pointing of this rank's chunks.
+    layout = chunk_layout(spec)
+    decomposition = decompose(layout, size)
+    noise = NoiseModel(spec, layout)
+    with timers("calc"):
+        local = build_local_data(spec, layout, decomposition.chunks_of(rank), noise, kernels.name)
+    say(
+        f"pointing: {spec.total_samples} samples in {layout.n_chunks} chunks on {size} ranks "
+        f"({local.n_samples} samples, {local.n_local} pixels on rank 0)"
+    )
+
+    # 3. pixel distribution and reduction (the overlap plan built here when needed and not given).
+    buffer_pixels = spec.solver.allreduce_buffer_pixels
+    plan_source, plan_build_s = ("file" if plan is not None else None), None
+    if plan is not None:
+        check_plan_pixels(comm, plan, local.local_pixels)
+    elif needs_plan(requested, size):
+        with timers("comm"):
+            started = MPI.Wtime()
+            plan = build_overlap_plan(comm, local.local_pixels, npix, buffer_pixels)
+            plan_source, plan_build_s = "memory", MPI.Wtime() - started
+    with timers("comm"):
+        pixels = DistributedPixels(
+            comm, local.local_pixels, npix, buffer_pixels, owner=None if plan is None else plan.owner
+        )
+        reduction = make_reduction(
+            requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan,
+            machine=machine, workload=Workload.of_spec(spec),
+        )
+
+    # 4. hit matrices, rcond cut, preconditioner.
+    with timers("calc"):
+        both = np.empty((local.n_local, 12))
+        both[:, :6] = local.accumulate_blocks(noise_weighted=False)
+        both[:, 6:] = local.accumulate_blocks(noise_weighted=True)
+    with timers("comm"):
+        reduction.reduce(both)
+    with timers("calc"):
+        geometric, weighted = both[:, :6], both[:, 6:]
+        hits = geometric[:, 0]
+        pixel_rcond = blocks.rcond(geometric)
+        # A singular block (rcond 0) cannot be solved whatever rcond_min says.
+        cut = pixel_rcond < max(spec.solver.rcond_min, SINGULAR_RCOND)
+        excluded_local = local.exclude_pixels(cut)
+        inverse_blocks = blocks.invert(weighted, ~cut)
+        del both, geometric, weighted
+    with timers("comm"):
+        cut_pixels = round(pixels.sum_owned(cut.astype(np.float64)))
+        excluded_samples = int(comm.allreduce(excluded_local, op=MPI.SUM))
+    say(f"pixels: {pixels.n_observed} observed, {cut_pixels} cut by rcond < {spec.solver.rcond_min:g}")
+    if cut_pixels >= pixels.n_observed:  # global figures: every rank raises alike
+        raise NothingToSolve(
+            f"all {pixels.n_observed} observed pixels are cut by rcond < {spec.solver.rcond_min:g}: the scan "
+            "and the detectors' polarisation angles do not separate I, Q and U in any pixel (observe longer, "
+            "add detectors at other angles, or lower solver.rcond_min)"
+        )
+
+    # 5. the sky at this rank's pixels.
+    sky_local = None
+    if has_sky:
+        with timers("comm"):
+            sky_local = pixels.broadcast_from_root(sky_full.T if rank == 0 else None, 3)
+        del sky_full
+
+    return RealizationSetUp(
+        spec=spec, realization=realization, kernels=kernels, threads=threads, local=local, noise=noise,
+        pixels=pixels, reduction=reduction, requested=requested,
+        fingerprint=decomposition_fingerprint(decomposition), hits=hits, pixel_rcond=pixel_rcond, cut=cut,
+        inverse_blocks=inverse_blocks, cut_pixels=cut_pixels, excluded_samples=excluded_samples,
+        sky_local=sky_local, plan_source=plan_source, plan_build_s=plan_build_s,
+    )
+
+
+def right_hand_side(setup: RealizationSetUp, timers: Timers) -> np.ndarray:
+    """Collective: step 6, ``b = P^T N^-1 d`` [n_local, 3] (K^-1), sorted order, summed over ranks.
+
+    d (K) is simulated one chunk at a time (sky through P, plus noise) and dropped.
+    """
+    spec, local, noise = setup.spec, setup.local, setup.noise
+    with timers("calc"):
+        b = np.zeros((local.n_local, 3))  # compute order until the loop ends
+        sky_compute = local.to_compute(setup.sky_local) if setup.sky_local is not None else None
+        for i, chunk in enumerate(local.chunks):
+            samples = slice(int(local.chunk_offsets[i]), int(local.chunk_offsets[i + 1]))
+            tod = np.zeros(chunk.n_samples)
+            if sky_compute is not None:
+                local.project(sky_compute, samples, out=tod)
+            if noise.simulated:
+                tod += noise.simulate_chunk(chunk, spec.seed, setup.realization)
+            tod[local.excluded_in(samples)] = 0.0
+            local.apply_inverse_noise_chunk(i, tod, workers=setup.threads)
+            local.accumulate(tod, samples, out=b)
+            del tod
+        b = local.to_sorted(b)
+        del sky_compute
+    with timers("comm"):
+        setup.reduction.reduce(b)
+    return b
+
+
+def solve_realization(setup: RealizationSetUp, *, timers: Timers, say: Progress) -> tuple[PCGResult, RankStats]:
+    """Collective: steps 6-7, the right-hand side and PCG; the solution is this rank's rows [n_local, 3] (K)."""
+    spec, local, reduction, threads = setup.spec, setup.local, setup.reduction, setup.threads
+    b = right_hand_side(setup, timers)
+    stats = RankStats(samples=local.n_samples, local_pixels=local.n_local)
+    # The solver is done with each result before the next call: one buffer each, no pages faulted per iteration.
+    product_buffer, preconditioned_buffer = np.empty_like(b), np.empty_like(b)
+
+    def apply_matrix(direction: np.ndarray) -> np.ndarray:
+        with timers("calc"):
+            product = local.apply_operator(direction, workers=threads, out=product_buffer)
+        with timers("comm"):
+            started = MPI.Wtime()
+            reduction.reduce(product)
+            stats.reduce_seconds_in_solve += MPI.Wtime() - started
+        return product
+
+    def apply_preconditioner(residual: np.ndarray) -> np.ndarray:
+        with timers("calc"):
+            return setup.kernels.blocks.apply(setup.inverse_blocks, residual, out=preconditioned_buffer)
+
+    def dot(u: np.ndarray, v: np.ndarray) -> float:
+        with timers("comm"):
+            return setup.pixels.dot(u, v)
+
+    say(f"solve: PCG to ||r||/||b|| < {spec.solver.tol:g}, reduction {reduction.name} (requested {setup.requested})")
+    result = pcg(
+        apply_matrix,
+        apply_preconditioner,
+        dot,
+        b,
+        tol=spec.solver.tol,
+        max_iter=spec.solver.max_iter,
+        on_iteration=lambda k, residual: say(f"iteration {k:4d}  residual {residual:.3e}"),
+    )
+    stats.reduce_bytes, stats.reduce_messages = reduction.bytes_sent, reduction.messages_sent
+    stats.reductions = reduction.calls
+    return result, stats
+
+
+def gather_realization(setup: RealizationSetUp, result: PCGResult, stats: RankStats, *, timers: Timers) -> SolveOutcome:
+    """Collective: step 8, the full-sky maps on root, and the outcome of the run on every rank."""
+    with timers("comm"):
+        maps = gather_maps(setup.pixels, result.solution, setup.hits, setup.pixel_rcond, setup.cut)
+    reduction = setup.reduction
+    outcome = SolveOutcome(
+        pcg=result,
+        strategy=reduction.name,
+        requested=setup.requested,
+        bytes_counted=reduction.bytes_counted,
+        fingerprint=setup.fingerprint,
+        samples=setup.spec.total_samples,
+        observed_pixels=setup.pixels.n_observed,
+        cut_pixels=setup.cut_pixels,
+        excluded_samples=setup.excluded_samples,
+        stats=stats,
+        timers=timers,
+        selection=reduction.selection,
+        details=reduction.details,
+        plan_source=setup.plan_source,
+        plan_build_s=setup.plan_build_s,
+        local_map=result.solution,
+    )
+    if maps is not None:
+        outcome.iqu, outcome.hits, outcome.rcond = maps
+    return outcome
+
+
+def gather_maps(
+    pixels: DistributedPixels, solution: np.ndarray, hits: np.ndarray, rcond: np.ndarray, cut: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Collective: the full-sky product maps on rank 0, None elsewhere.
+
+    solution [n_local, 3] (K), hits [n_local], rcond [n_local], cut
+    [n_local] bool: this rank's rows, consistent across ranks. Returns IQU
+    [3, npix] float64 (UNSEEN where unobserved or cut), hits [npix] int64 (0
+    where unobserved) and rcond [npix] float64 (UNSEEN where unobserved).
+    Rank 0 fills these typed arrays (40 bytes per sky pixel) piece by piece
+    as the owners' rows arrive, and holds no other full-sky array.
+    """
+    rows = np.column_stack([solution, hits, rcond, cut.astype(np.float64)])
+    if pixels.rank != 0:
+        pixels.gather_owned_rows(rows, None)
+        return None
+    iqu = np.full((3, pixels.npix), hp.UNSEEN)
+    hit_map = np.zeros(pixels.npix, dtype=np.int64)
+    rcond_map = np.full(pixels.npix, hp.UNSEEN)
+
+    def place(ids: np.ndarray, piece: np.ndarray) -> None:
+        solved = piece[:, 5] == 0.0
+        iqu[:, ids[solved]] = piece[solved, :3].T
+        hit_map[ids] = np.rint(piece[:, 3])
+        rcond_map[ids] = piece[:, 4]
+
+    pixels.gather_owned_rows(rows, place)
+    return iqu, hit_map, rcond_map
+
+
+def check_plan_pixels(comm: MPI.Comm, plan: OverlapPlan, local_pixels: np.ndarray) -> None:
+    """Collective: refuse (PlanRefused on every rank) a plan whose pixels are not the ones each rank observes."""
+    wrong = int(not np.array_equal(plan.local_pixels, local_pixels))
+    wrong_ranks = comm.allgather(wrong)
+    if any(wrong_ranks):
+        first = wrong_ranks.index(1)
+        raise PlanRefused(
+            f"the plan's pixels of rank {first} are not the pixels this run observes there "
+            "(built from other pointing code or data); rebuild it with 'preprocess'"
+        )
