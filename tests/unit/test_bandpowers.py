@@ -9,6 +9,7 @@ Realisations are drawn from fixed seeds with the campaigns' own sky generator.
 from __future__ import annotations
 
 import io
+import json
 import math
 
 import healpy as hp
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+from benchmarks import bench_bandpowers
 from mapmaker.model import bandpowers as bp
 from mapmaker.sky import load_fiducial_cls, synthesize_cmb
 from schemas.files import atomic_write
@@ -89,7 +91,9 @@ def test_analysis_mask_is_zero_outside_one_deep_inside_and_tapered_at_the_edge()
         return x - np.sin(2 * np.pi * x) / (2 * np.pi)
 
     low, high = c2(depth[tapered] - 1.5 * resolution_deg), c2(depth[tapered] + 1.5 * resolution_deg)
-    assert np.all((low <= mask[tapered]) & (mask[tapered] <= high)), "the taper is pspy's C2 of the distance to the edge"
+    assert np.all((low <= mask[tapered]) & (mask[tapered] <= high)), (
+        "the taper is pspy's C2 of the distance to the edge"
+    )
     assert bp.analysis_mask(hits, apodisation_deg=10.0, min_hits=11).sum() == 0.0
     np.testing.assert_array_equal(bp.analysis_mask(hits, apodisation_deg=0.0), (hits >= 1).astype(float))
     solved = np.ones(mask.size, dtype=bool)
@@ -114,7 +118,7 @@ def test_binning_edges_follow_pspy_lmax_convention():
 
 
 def test_decoupled_tt_ee_te_agree_with_the_input_through_the_windows(half_sky):
-    """20 beam-smoothed CMB skies on fsky 0.5: the transfer function of TT, EE and TE is 1."""
+    """20 beam-smoothed CMB skies on fsky 0.5, pure coupling: the transfer function of TT, EE, BB and TE is 1."""
     coupling, binning = half_sky["pure"], half_sky["binning"]
     cls = fiducial_cls()
     maps = cmb_maps(cls, NSIDE, 20, seed=11, fwhm_arcmin=BEAM_FWHM_ARCMIN)
@@ -129,6 +133,10 @@ def test_decoupled_tt_ee_te_agree_with_the_input_through_the_windows(half_sky):
         assert np.all(s < 0.05 / 2), f"{name}: the MC error {s} must be well below the 5% tolerance to judge it"
         assert np.all(np.abs(f - 1) < 0.05), f"{name}: F_b = {f} not within 5% of 1 (MC error {s}, 20 skies)"
         assert np.all(np.abs(f - 1) < 3 * s), f"{name}: F_b = {f} not within 3 MC sigma {3 * s} of 1"
+    # BB (purified, lensed, 100x below EE): judged on its MC error (~1%); the purified E -> B leakage is < 0.4% of it
+    bb = bp.SPECTRA.index("BB")
+    f, s = transfer[bb, judged], sigma[bb, judged]
+    assert np.all(np.abs(f - 1) < 3 * s), f"BB: F_b = {f} not within 3 MC sigma {3 * s} of 1"
     # TE crosses zero, so F_b is judged by the pull of the mean on the model only
     te = bp.SPECTRA.index("TE")
     mean, error = bp.mean_and_error(cb[:, te, judged])
@@ -154,7 +162,9 @@ def test_pure_b_leakage_of_a_pure_e_sky_is_ten_times_below_the_naive_estimator(h
     ratio = naive[judged] / pure[judged]
     assert np.all(ratio >= 10.0), f"naive / pure BB leakage {ratio} at ell_hi {binning.ell_hi[judged]}: must be >= 10"
     lensing_bb = bp.model_bandpowers(half_sky["pure"], cls)[bp.SPECTRA.index("BB"), judged]
-    assert np.all(pure[judged][2:] < 0.05 * lensing_bb[2:]), "purified leakage above ell 32 must stay below 5% of lensing BB"
+    assert np.all(pure[judged][2:] < 0.05 * lensing_bb[2:]), (
+        "purified leakage above ell 32 must stay below 5% of lensing BB"
+    )
 
 
 def test_white_noise_bias_is_the_analytic_level(half_sky):
@@ -168,11 +178,17 @@ def test_white_noise_bias_is_the_analytic_level(half_sky):
     sigma_t = 50e-6
     generator = np.random.default_rng(13)
     per_field = np.array([sigma_t, math.sqrt(2) * sigma_t, math.sqrt(2) * sigma_t])[:, None]
-    cb = np.array([bp.decoupled_bandpowers(generator.standard_normal((3, npix)) * per_field, coupling).cb for _ in range(16)])
+    cb = np.array(
+        [bp.decoupled_bandpowers(generator.standard_normal((3, npix)) * per_field, coupling).cb for _ in range(16)]
+    )
     bias, sigma = bp.noise_bias(cb)
     pixel_area = 4 * math.pi / npix
     judged = judged_bins(binning)
-    for name, level in (("TT", sigma_t**2 * pixel_area), ("EE", 2 * sigma_t**2 * pixel_area), ("BB", 2 * sigma_t**2 * pixel_area)):
+    for name, level in (
+        ("TT", sigma_t**2 * pixel_area),
+        ("EE", 2 * sigma_t**2 * pixel_area),
+        ("BB", 2 * sigma_t**2 * pixel_area),
+    ):
         row = bp.SPECTRA.index(name)
         ratio, error = bias[row, judged] / level, sigma[row, judged] / level
         assert np.all(error < 0.05 / 2), f"{name}: MC error {error} must be well below the 5% tolerance"
@@ -207,7 +223,9 @@ def test_signal_plus_noise_variance_follows_knox_on_a_near_full_sky():
     generator = np.random.default_rng(14)
     per_field = np.array([sigma_t, math.sqrt(2) * sigma_t, math.sqrt(2) * sigma_t])[:, None]
     skies = cmb_maps(cls, nside, 200, seed=15)
-    cb = np.array([bp.decoupled_bandpowers(sky + generator.standard_normal((3, npix)) * per_field, coupling).cb for sky in skies])
+    cb = np.array(
+        [bp.decoupled_bandpowers(sky + generator.standard_normal((3, npix)) * per_field, coupling).cb for sky in skies]
+    )
     total = bp.model_bandpowers(coupling, cls + noise_cls)
     n_modes = (2 * binning.ell_centre + 1) * (binning.ell_hi - binning.ell_lo + 1) * fsky
     judged = judged_bins(binning)
@@ -218,7 +236,9 @@ def test_signal_plus_noise_variance_follows_knox_on_a_near_full_sky():
     for row, name in enumerate(("TT", "EE", "BB")):
         knox = 2 * total[row] ** 2 / n_modes
         ratio = (variance[row] / knox)[judged]
-        assert abs(ratio.mean() - 1) < 0.2, f"{name}: MC variance / Knox = {ratio} (mean {ratio.mean():.3f}, MC error 0.045)"
+        assert abs(ratio.mean() - 1) < 0.2, (
+            f"{name}: MC variance / Knox = {ratio} (mean {ratio.mean():.3f}, MC error 0.045)"
+        )
 
 
 def test_monopole_and_dipole_are_recovered_and_leave_tt_unchanged():
@@ -255,7 +275,9 @@ def test_monopole_and_dipole_are_recovered_and_leave_tt_unchanged():
     cosmic_variance = np.sqrt(2 / ((2 * binning.ell_centre + 1) * binning.bin_width * bp.effective_fsky(mask)))
     change = np.abs(after / reference - 1)[judged]
     tolerance = 0.25 * cosmic_variance[judged]
-    assert np.all(change < tolerance), f"TT after removal differs from the clean sky's by {change}, tolerance {tolerance}"
+    assert np.all(change < tolerance), (
+        f"TT after removal differs from the clean sky's by {change}, tolerance {tolerance}"
+    )
     assert np.any(np.abs(before / reference - 1) > 0.1), "the offset and dipole must pollute TT when left in"
 
 
@@ -267,12 +289,20 @@ def test_model_bandpowers_apply_the_beam_per_field():
     beam = hp.gauss_beam(math.radians(5.0), lmax=n_ell - 1, pol=True)
     smoothed = cls[:, :n_ell] * np.array([beam[:, 0] ** 2, beam[:, 1] ** 2, beam[:, 2] ** 2, beam[:, 0] * beam[:, 1]])
     np.testing.assert_allclose(
-        bp.model_bandpowers(coupling, cls, beam_fwhm_arcmin=300.0), bp.model_bandpowers(coupling, smoothed), rtol=1e-12, atol=0
+        bp.model_bandpowers(coupling, cls, beam_fwhm_arcmin=300.0),
+        bp.model_bandpowers(coupling, smoothed),
+        rtol=1e-12,
+        atol=0,
     )
     pixel_window = np.vstack([np.linspace(1, 0.5, n_ell), np.linspace(1, 0.4, n_ell)])
-    windowed = cls[:, :n_ell] * np.array([pixel_window[0] ** 2, pixel_window[1] ** 2, pixel_window[1] ** 2, pixel_window[0] * pixel_window[1]])
+    windowed = cls[:, :n_ell] * np.array(
+        [pixel_window[0] ** 2, pixel_window[1] ** 2, pixel_window[1] ** 2, pixel_window[0] * pixel_window[1]]
+    )
     np.testing.assert_allclose(
-        bp.model_bandpowers(coupling, cls, pixel_window=pixel_window), bp.model_bandpowers(coupling, windowed), rtol=1e-12, atol=0
+        bp.model_bandpowers(coupling, cls, pixel_window=pixel_window),
+        bp.model_bandpowers(coupling, windowed),
+        rtol=1e-12,
+        atol=0,
     )
     # on the full sky the windows are the plain bin average of C_l
     binning = coupling.binning
@@ -299,7 +329,10 @@ def test_coupling_round_trips_through_npz_and_refuses_another_mask(tmp_path):
     np.testing.assert_array_equal(bp.decoupled_bandpowers(sky, loaded).cb, bp.decoupled_bandpowers(sky, coupling).cb)
 
     other_mask = bp.analysis_mask(cap_hits(nside, 60.0), apodisation_deg=15.0)
-    with pytest.raises(bp.CouplingMismatch, match=f"built for the mask with sha256 {coupling.mask_sha256}, not {bp.mask_checksum(other_mask)}"):
+    with pytest.raises(
+        bp.CouplingMismatch,
+        match=f"built for the mask with sha256 {coupling.mask_sha256}, not {bp.mask_checksum(other_mask)}",
+    ):
         bp.Coupling.read_npz(path, mask_sha256=bp.mask_checksum(other_mask))
     with pytest.raises(bp.CouplingMismatch, match="bin_width=8.*not.*bin_width=4"):
         bp.Coupling.read_npz(path, binning=bp.Binning.for_nside(nside, 4))
@@ -353,3 +386,20 @@ def test_transfer_noise_covariance_and_debiasing_on_known_numbers():
     np.testing.assert_allclose(debiased[:4], model[:4] * 0.8 / transfer[:4], rtol=1e-12)
     np.testing.assert_allclose(errors[:4], 0.2 / np.abs(transfer[:4]), rtol=1e-12)
     assert bp.debiased_bandpowers(data, noise_bias_cb=bias, transfer_b=transfer)[1] is None
+
+
+def test_benchmark_runs_on_a_tiny_sky_and_writes_its_json(tmp_path, capsys):
+    output = tmp_path / "bandpowers.json"
+    assert (
+        bench_bandpowers.main(["--nsides", "8", "--realisations", "2", "--bin-width", "4", "--json", str(output)]) == 0
+    )
+    report = json.loads(output.read_text())
+    (result,) = report["nsides"]
+    assert result["nside"] == 8 and result["lmax"] == 23 and result["n_bins"] == 6
+    assert set(result["coupling_seconds"]) == {"pure", "naive"} and result["coupling_npz_bytes"]["pure"] > 8 * 768
+    timing = result["realisation_seconds"]["pure"]
+    assert 0 < timing["min"] <= timing["median"] <= timing["max"]
+    assert "per map s" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        bench_bandpowers.main(["--nsides", "12"])
+    assert exit_info.value.code == 2
