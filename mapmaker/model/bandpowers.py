@@ -83,13 +83,12 @@ def analysis_mask(
     taper of the distance to the nearest unobserved pixel centre. It depends on the pointing only.
     ``apodisation_deg = 0``, a full sky or an empty one give the binary mask.
     """
-    hits = np.asarray(hits)
-    observed = hits >= min_hits
+    if apodisation_deg < 0:
+        raise ValueError(f"apodisation_deg = {apodisation_deg}: must be >= 0")
+    observed = np.asarray(hits) >= min_hits
     if solved is not None:
         observed &= np.asarray(solved, dtype=bool)
     binary = healpix_map(observed.astype(np.float64))
-    if apodisation_deg < 0:
-        raise ValueError(f"apodisation_deg = {apodisation_deg}: must be >= 0")
     if apodisation_deg == 0 or observed.all() or not observed.any():
         return binary.data
     return np.asarray(so_window.create_apodization(binary, APODISATION_TYPE, apodisation_deg).data, dtype=np.float64)
@@ -125,7 +124,7 @@ def remove_monopole_dipole(i_map: np.ndarray, mask: np.ndarray) -> tuple[np.ndar
     """Fit and subtract the monopole and dipole of ``i_map [npix]`` (K) over the observed pixels.
 
     Returns ``(cleaned [npix], monopole K, dipole [3] K)``; the dipole is the vector ``d`` of
-    ``d . n`` (n the unit vector of a pixel centre, equatorial x y z of the map's frame). The fit is
+    ``d . n`` (n the unit vector of a pixel centre, healpy's ``pix2vec`` in the map's frame). The fit is
     healpy's ``remove_dipole``: unweighted least squares of ``(1, x, y, z)`` over the pixels where
     ``mask > 0``. Unweighted so the recorded values are the map's own, independent of the
     apodisation; an exact offset plus dipole is removed exactly with any weights. Pixels outside
