@@ -168,7 +168,7 @@ def test_pure_b_leakage_of_a_pure_e_sky_is_ten_times_below_the_naive_estimator(h
 
 
 def test_white_noise_bias_is_the_analytic_level(half_sky):
-    """16 white-noise maps (sigma_T per pixel, sigma_P = sqrt(2) sigma_T) on fsky 0.5, pure coupling.
+    """24 white-noise maps (sigma_T per pixel, sigma_P = sqrt(2) sigma_T) on fsky 0.5, pure coupling.
 
     The analytic level is sigma^2 times the pixel area, flat in ell: white pixel noise carries no
     pixel window, and the bandpowers deconvolve none, so nothing is divided on either side.
@@ -179,7 +179,7 @@ def test_white_noise_bias_is_the_analytic_level(half_sky):
     generator = np.random.default_rng(13)
     per_field = np.array([sigma_t, math.sqrt(2) * sigma_t, math.sqrt(2) * sigma_t])[:, None]
     cb = np.array(
-        [bp.decoupled_bandpowers(generator.standard_normal((3, npix)) * per_field, coupling).cb for _ in range(16)]
+        [bp.decoupled_bandpowers(generator.standard_normal((3, npix)) * per_field, coupling).cb for _ in range(24)]
     )
     bias, sigma = bp.noise_bias(cb)
     pixel_area = 4 * math.pi / npix
