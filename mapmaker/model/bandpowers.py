@@ -1,0 +1,534 @@
+"""Decoupled (MASTER) bandpowers of HEALPix maps on a masked sky, and the Monte Carlo products built on them.
+
+Pure functions on full-sky HEALPix RING arrays; nothing here sees ``comm`` or touches a file by name.
+The mode coupling, the pure-B harmonic transforms, the binning and the apodisation are the Simons
+Observatory's ``pspy`` (``so_mcm``, ``sph_tools``, ``so_spectra``, ``so_window``; its own tests
+compare it with NaMaster); this module chooses their inputs and names their outputs.
+
+Conventions (the known answers are in ``tests/unit/test_bandpowers.py``):
+
+* **Maps**: ``iqu [3, npix]`` in K, I Q U in the HEALPix polarisation convention (healpy's).
+  Pixels where the mask is 0 may hold anything (``UNSEEN``): they are zeroed before any transform.
+* **Spectra**: rows :data:`SPECTRA` = TT EE BB TE EB TB (healpy's order), C_l in K^2 (not D_l).
+* **Multipoles** (pspy's ``lmax`` convention): the harmonic transforms run to ``lmax``; bandpowers
+  use the multipoles ``2 .. lmax - 1``; the mode-coupling matrix, and hence the bandpower windows,
+  run over ``2 .. lmax + 1``. Windows here start at ell 0, so a model C_l array from ell 0 applies
+  to them directly: ``windows [6, n_bins, 6, lmax + 2]``.
+* **Default lmax** ``= 3 nside - 1``, the largest pspy allows on a HEALPix map: the whole band a
+  HEALPix map carries enters the coupling, so the power between 2 nside and 3 nside is decoupled
+  instead of leaking, unmodelled, into the bins below. (With lmax = 2 nside + 2 at nside 32, the
+  last bin below 2 nside read TT 7% and EE 18% high over 30 skies; with 3 nside - 1, within its
+  Monte Carlo error.) HEALPix quadrature is approximate above about 2 nside (TT and EE read 4-5%
+  low there at nside 64), so those bins are the decoupling's buffer and
+  :attr:`Binning.reliable_bins` marks the bins that end at or below ``2 nside``.
+* **Bandpowers** ``C_b``: mean of C_l over the bin's multipoles, decoupled with the inverse of the
+  binned coupling matrix (``type="Cl"`` in pspy). Their expectation is exactly
+  ``sum_l W_bl C_l`` with the windows of :attr:`Coupling.bandpower_windows`, whatever the shape
+  of C_l inside a bin.
+* **Beam and pixel window** are *not* deconvolved: ``C_b`` estimates ``W (b_X b_Y p_X p_Y C^XY)``,
+  and :func:`model_bandpowers` applies the beam and pixel window to the model. The coupling then
+  depends on the mask and the binning only (built once per scan pattern), and MASTER's
+  ``<C_b> = F_b B_b^2 C_b^in`` reads ``<C_b> = F_b model_bandpowers(C^in, beam, pixel window)``.
+  pspy applies no HEALPix pixel window, and healpy's ``pixwin`` downloads its tables, so the
+  caller passes one when its map needs it.
+* **B purification** (``purify_b=True``): pspy's pure estimator (Smith 2006; Grain et al. 2009),
+  which purifies E as well as B (pure E costs E modes near the edge: more EE variance at low ell
+  than the standard estimator). The window must be smooth at the edge: pspy's "C2" taper (which
+  NaMaster calls "C1"), over several pixels (10 deg at nside 64 leaves E -> B below 0.5% of
+  the lensing BB up to 1.5 nside; at nside 32 the same 10 deg leaves 10-20%).
+* **Threads**: pspy's and healpy's OpenMP threads spin-wait; hold them to the caller's share of
+  the cores (``threadpoolctl.threadpool_limits(n, user_api="openmp")``), or a busy machine runs
+  them ten times slower.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import IO
+
+import healpy as hp
+import numpy as np
+from pspy import so_map, so_mcm, so_spectra, so_window, sph_tools
+
+SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")  # rows of every [6, ...] array here (healpy's order)
+FIELD_OF_SPECTRUM = {"TT": (0, 0), "EE": (1, 1), "BB": (2, 2), "TE": (0, 1), "EB": (1, 2), "TB": (0, 2)}  # T E B
+PSPY_SPECTRA = ["TT", "TE", "TB", "ET", "BT", "EE", "EB", "BE", "BB"]  # pspy's names for one spin-0 + spin-2 field
+HARMONIC_ITERATIONS = 3  # Jacobi iterations of every map2alm (healpy's default): the window's a_lm and the map's
+APODISATION_TYPE = "C2"  # pspy's C2 = x - sin(2 pi x) / (2 pi): zero slope and curvature at the edge (pure B needs it)
+COUPLING_FORMAT = 1  # version of the npz layout written by Coupling.write_npz
+
+
+class CouplingMismatch(ValueError):
+    """A stored coupling was built for another mask, binning or purification than the one asked for."""
+
+
+# --------------------------------------------------------------------------- mask
+
+
+def analysis_mask(
+    hits: np.ndarray,
+    *,
+    apodisation_deg: float,
+    min_hits: int = 1,
+    solved: np.ndarray | None = None,
+) -> np.ndarray:
+    """The apodised analysis mask [npix] float64 in [0, 1] of a scan's hit map.
+
+    ``hits [npix]`` (RING) counts samples per pixel; a pixel is observed when ``hits >= min_hits``
+    and, when given, ``solved [npix] bool`` (not cut by the solver). Inside the observed region the
+    weight rises from 0 at the edge to 1 at ``apodisation_deg`` (degrees) from it, with pspy's C2
+    taper of the distance to the nearest unobserved pixel centre. It depends on the pointing only.
+    ``apodisation_deg = 0``, a full sky or an empty one give the binary mask.
+    """
+    if apodisation_deg < 0:
+        raise ValueError(f"apodisation_deg = {apodisation_deg}: must be >= 0")
+    observed = np.asarray(hits) >= min_hits
+    if solved is not None:
+        observed &= np.asarray(solved, dtype=bool)
+    binary = healpix_map(observed.astype(np.float64))
+    if apodisation_deg == 0 or observed.all() or not observed.any():
+        return binary.data
+    return np.asarray(so_window.create_apodization(binary, APODISATION_TYPE, apodisation_deg).data, dtype=np.float64)
+
+
+def mask_checksum(mask: np.ndarray) -> str:
+    """SHA-256 (64 hex digits) of the mask's values as little-endian float64: the coupling's identity."""
+    return hashlib.sha256(np.ascontiguousarray(mask, dtype="<f8").tobytes()).hexdigest()
+
+
+def effective_fsky(mask: np.ndarray) -> float:
+    """``w2^2 / w4`` (Hivon et al. 2002): the sky fraction whose modes a mask keeps, for Knox errors."""
+    mask = np.asarray(mask, dtype=np.float64)
+    w2 = float(np.mean(mask**2))
+    w4 = float(np.mean(mask**4))
+    return w2 * w2 / w4 if w4 > 0 else 0.0
+
+
+def healpix_map(data: np.ndarray) -> so_map.so_map:
+    """A pspy ``so_map`` (HEALPix, RING) holding ``data [npix]`` or ``[3, npix]`` (not copied)."""
+    data = np.asarray(data, dtype=np.float64)
+    ncomp = 1 if data.ndim == 1 else data.shape[0]
+    nside = hp.npix2nside(data.shape[-1])
+    wrapped = so_map.healpix_template(ncomp, nside)
+    wrapped.data = data
+    return wrapped
+
+
+# --------------------------------------------------------------------------- monopole and dipole
+
+
+def remove_monopole_dipole(i_map: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+    """Fit and subtract the monopole and dipole of ``i_map [npix]`` (K) over the observed pixels.
+
+    Returns ``(cleaned [npix], monopole K, dipole [3] K)``; the dipole is the vector ``d`` of
+    ``d . n`` (n the unit vector of a pixel centre, healpy's ``pix2vec`` in the map's frame). The fit is
+    healpy's ``remove_dipole``: unweighted least squares of ``(1, x, y, z)`` over the pixels where
+    ``mask > 0``. Unweighted so the recorded values are the map's own, independent of the
+    apodisation; an exact offset plus dipole is removed exactly with any weights. Pixels outside
+    the mask are returned as they came (UNSEEN stays UNSEEN).
+    """
+    i_map = np.asarray(i_map, dtype=np.float64)
+    observed = np.asarray(mask) > 0
+    if observed.sum() < 4:
+        raise ValueError(f"{int(observed.sum())} observed pixels: a monopole and dipole need at least 4")
+    fitted, monopole, dipole = hp.remove_dipole(np.where(observed, i_map, hp.UNSEEN), fitval=True, copy=True)
+    return np.where(observed, fitted, i_map), float(monopole), np.asarray(dipole, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- binning
+
+
+@dataclass(frozen=True)
+class Binning:
+    """Linear bins of ``bin_width`` multipoles from ell = 2, over the multipoles ``2 .. lmax - 1``.
+
+    Bin b covers ``[2 + b w, 2 + (b + 1) w - 1]``; the last bin stops at ``lmax - 1`` and may be
+    narrower. ``lmax`` is pspy's: the band limit of the transforms and the coupling (module doc).
+    ``nside`` is the maps' resolution (for the range of reliable bins and the lmax check).
+    """
+
+    nside: int
+    bin_width: int
+    lmax: int
+
+    def __post_init__(self) -> None:
+        if self.bin_width < 1:
+            raise ValueError(f"bin_width = {self.bin_width}: must be >= 1")
+        if not 3 <= self.lmax <= 3 * self.nside - 1:
+            raise ValueError(
+                f"lmax = {self.lmax}: must be in [3, 3 nside - 1 = {3 * self.nside - 1}] for nside {self.nside}"
+            )
+
+    @classmethod
+    def for_nside(cls, nside: int, bin_width: int, lmax: int | None = None) -> Binning:
+        """Bins for maps of ``nside``; ``lmax`` defaults to ``3 nside - 1`` (why: the module doc)."""
+        return cls(nside=nside, bin_width=bin_width, lmax=3 * nside - 1 if lmax is None else lmax)
+
+    @property
+    def ell_lo(self) -> np.ndarray:
+        """First multipole of each bin [n_bins] int64."""
+        return np.arange(2, self.lmax, self.bin_width, dtype=np.int64)
+
+    @property
+    def ell_hi(self) -> np.ndarray:
+        """Last multipole of each bin [n_bins] int64 (inclusive, at most lmax - 1)."""
+        return np.minimum(self.ell_lo + self.bin_width - 1, self.lmax - 1)
+
+    @property
+    def ell_centre(self) -> np.ndarray:
+        """Centre of each bin [n_bins] float64: ``(ell_lo + ell_hi) / 2``."""
+        return (self.ell_lo + self.ell_hi) / 2.0
+
+    @property
+    def n_bins(self) -> int:
+        return int(self.ell_lo.size)
+
+    @property
+    def reliable_bins(self) -> np.ndarray:
+        """[n_bins] bool: bins that end at or below ``2 nside``, where HEALPix transforms are accurate."""
+        return self.ell_hi <= 2 * self.nside
+
+    def pspy_binning(self) -> list[str]:
+        """The bins as the lines of a pspy binning file (``low high centre``); numpy reads a list as a file."""
+        return [f"{lo} {hi} {centre}" for lo, hi, centre in zip(self.ell_lo, self.ell_hi, self.ell_centre)]
+
+
+# --------------------------------------------------------------------------- coupling
+
+
+@dataclass(frozen=True, eq=False)
+class Coupling:
+    """The mask, the binning and pspy's inverse binned mode-coupling matrices and bandpower windows.
+
+    ``mode_coupling_inv`` and ``pspy_windows`` are pspy's dictionaries keyed by spin pair:
+    ``spin0xspin0``, ``spin0xspin2``, ``spin2xspin0`` ``[n_bins, n_bins]`` / ``[n_bins, lmax]`` and
+    ``spin2xspin2`` ``[4 n_bins, 4 n_bins]`` / ``[4 n_bins, 4 lmax]`` (blocks EE EB BE BB); window
+    columns are ell = 2 .. lmax + 1. Build with :func:`build_coupling`; store with
+    :meth:`write_npz`, reload with :meth:`read_npz`.
+    """
+
+    mask: np.ndarray  # [npix] float64, the apodised analysis mask
+    binning: Binning
+    purify_b: bool
+    mode_coupling_inv: dict[str, np.ndarray]
+    pspy_windows: dict[str, np.ndarray]
+
+    @cached_property
+    def mask_sha256(self) -> str:
+        return mask_checksum(self.mask)
+
+    @property
+    def nside(self) -> int:
+        return self.binning.nside
+
+    @cached_property
+    def bandpower_windows(self) -> np.ndarray:
+        """``W [6, n_bins, 6, lmax + 2]``: ``<C_b^X> = sum_Y sum_l W[X, b, Y, l] C_l^Y`` (rows :data:`SPECTRA`, ell from 0).
+
+        Each spectrum's own window, plus the polarisation mixing that remains after decoupling
+        (EE <- BB, BB <- EE, ...). EB stands for EB and BE (equal for an auto-spectrum): its
+        column is the sum of pspy's EB and BE columns and its row their mean; TE and TB likewise
+        take the mean of pspy's TE and ET (TB and BT) windows.
+        """
+        n_bins, lmax = self.binning.n_bins, self.binning.lmax
+        windows = np.zeros((6, n_bins, 6, lmax + 2))
+        cols = slice(2, lmax + 2)
+        tt, ee, bb, te, eb, tb = range(6)
+        windows[tt, :, tt, cols] = self.pspy_windows["spin0xspin0"]
+        spin0_spin2 = 0.5 * (self.pspy_windows["spin0xspin2"] + self.pspy_windows["spin2xspin0"])
+        windows[te, :, te, cols] = spin0_spin2
+        windows[tb, :, tb, cols] = spin0_spin2
+        polarisation = self.pspy_windows["spin2xspin2"]
+
+        def block(row: int, col: int) -> np.ndarray:  # pspy's blocks: 0 EE, 1 EB, 2 BE, 3 BB
+            return polarisation[row * n_bins : (row + 1) * n_bins, col * lmax : (col + 1) * lmax]
+
+        def pspy_row(row: int) -> dict[int, np.ndarray]:  # one pspy row's windows on our EE, EB (= EB + BE), BB
+            return {ee: block(row, 0), eb: block(row, 1) + block(row, 2), bb: block(row, 3)}
+
+        for ours, pspy_rows in ((ee, (0,)), (bb, (3,)), (eb, (1, 2))):
+            for target in (ee, eb, bb):
+                windows[ours, :, target, cols] = np.mean([pspy_row(row)[target] for row in pspy_rows], axis=0)
+        return windows
+
+    def write_npz(self, handle: IO[bytes] | str) -> None:
+        """Write the coupling as an npz of arrays only (fits ``schemas.files.atomic_write(path, coupling.write_npz)``)."""
+        np.savez(
+            handle,
+            format=np.int64(COUPLING_FORMAT),
+            mask=self.mask,
+            mask_sha256=np.str_(self.mask_sha256),
+            nside=np.int64(self.binning.nside),
+            bin_width=np.int64(self.binning.bin_width),
+            lmax=np.int64(self.binning.lmax),
+            purify_b=np.bool_(self.purify_b),
+            **{f"mode_coupling_inv_{pair}": matrix for pair, matrix in self.mode_coupling_inv.items()},
+            **{f"windows_{pair}": matrix for pair, matrix in self.pspy_windows.items()},
+        )
+
+    @classmethod
+    def read_npz(
+        cls,
+        handle: IO[bytes] | str,
+        *,
+        mask_sha256: str | None = None,
+        binning: Binning | None = None,
+        purify_b: bool | None = None,
+    ) -> Coupling:
+        """Read a coupling written by :meth:`write_npz`, refusing one that differs from what is expected.
+
+        ``mask_sha256`` (of the analysis mask in hand, :func:`mask_checksum`), ``binning`` and
+        ``purify_b``, when given, must match what the coupling was built for, else
+        :class:`CouplingMismatch` names what differs. The stored mask is checked against its
+        stored checksum as well (a damaged file is refused the same way).
+        """
+        with np.load(handle, allow_pickle=False) as stored:
+            if int(stored["format"]) != COUPLING_FORMAT:
+                raise CouplingMismatch(
+                    f"coupling file format {int(stored['format'])}, this code reads {COUPLING_FORMAT}"
+                )
+            mask = np.array(stored["mask"], dtype=np.float64)
+            stored_sha256 = str(stored["mask_sha256"])
+            coupling = cls(
+                mask=mask,
+                binning=Binning(
+                    nside=int(stored["nside"]), bin_width=int(stored["bin_width"]), lmax=int(stored["lmax"])
+                ),
+                purify_b=bool(stored["purify_b"]),
+                mode_coupling_inv={
+                    k.removeprefix("mode_coupling_inv_"): np.array(stored[k])
+                    for k in stored.files
+                    if k.startswith("mode_coupling_inv_")
+                },
+                pspy_windows={
+                    k.removeprefix("windows_"): np.array(stored[k]) for k in stored.files if k.startswith("windows_")
+                },
+            )
+        differences = []
+        if coupling.mask_sha256 != stored_sha256:
+            differences.append(
+                f"its mask's sha256 is {coupling.mask_sha256} but it records {stored_sha256} (damaged file)"
+            )
+        if mask_sha256 is not None and mask_sha256 != stored_sha256:
+            differences.append(f"built for the mask with sha256 {stored_sha256}, not {mask_sha256}")
+        if binning is not None and binning != coupling.binning:
+            differences.append(f"built for {coupling.binning}, not {binning}")
+        if purify_b is not None and purify_b != coupling.purify_b:
+            differences.append(f"built with purify_b={coupling.purify_b}, not purify_b={purify_b}")
+        if differences:
+            raise CouplingMismatch(
+                "coupling refused: " + "; ".join(differences) + ". Rebuild it for this mask and binning."
+            )
+        return coupling
+
+
+def build_coupling(mask: np.ndarray, binning: Binning, *, purify_b: bool = True) -> Coupling:
+    """pspy's spin-0 and spin-2 coupling of ``mask [npix]`` (the same window for T and P), binned by ``binning``.
+
+    ``purify_b`` selects the pure-E/pure-B coupling (``mcm_and_bbl_spin0and2(..., pure=True)``);
+    the bandpowers must then be computed with pure a_lm, which :func:`decoupled_bandpowers` does
+    for a coupling built so. Cost: O(lmax^3) once per mask and binning.
+    """
+    mask = np.asarray(mask, dtype=np.float64)
+    if hp.npix2nside(mask.size) != binning.nside:
+        raise ValueError(f"mask of nside {hp.npix2nside(mask.size)}, binning for nside {binning.nside}")
+    if not np.any(mask > 0):
+        raise ValueError("the mask is empty: nothing to couple")
+    window = healpix_map(mask)
+    mode_coupling_inv, pspy_windows = so_mcm.mcm_and_bbl_spin0and2(
+        (window, window),
+        binning.pspy_binning(),
+        lmax=binning.lmax,
+        niter=HARMONIC_ITERATIONS,
+        type="Cl",
+        pure=purify_b,
+    )
+    return Coupling(
+        mask=mask,
+        binning=binning,
+        purify_b=purify_b,
+        mode_coupling_inv=mode_coupling_inv,
+        pspy_windows=pspy_windows,
+    )
+
+
+# --------------------------------------------------------------------------- bandpowers
+
+
+@dataclass(frozen=True, eq=False)
+class Bandpowers:
+    """Decoupled bandpowers of one map: ``cb [6, n_bins]`` K^2 (rows :data:`SPECTRA`) at ``ell_b [n_bins]``.
+
+    ``windows`` is the coupling's ``[6, n_bins, 6, lmax + 2]`` (shared, not copied):
+    ``<cb> = einsum("xbyl,yl->xb", windows, C_l)``.
+    """
+
+    ell_lo: np.ndarray  # [n_bins] int64
+    ell_hi: np.ndarray  # [n_bins] int64
+    ell_b: np.ndarray  # [n_bins] float64, bin centres
+    cb: np.ndarray  # [6, n_bins] K^2
+    windows: np.ndarray  # [6, n_bins, 6, lmax + 2]
+
+
+def decoupled_bandpowers(iqu: np.ndarray, coupling: Coupling) -> Bandpowers:
+    """TT EE BB TE EB TB bandpowers of ``iqu [3, npix]`` (K) on the coupling's mask, decoupled.
+
+    The masked maps' a_lm (pure E and B a_lm when ``coupling.purify_b``) to ``lmax``, their
+    pseudo-spectra, binned and multiplied by the inverse binned coupling (pspy's ``bin_spectra``).
+    The beam and pixel window stay in (module doc).
+    """
+    iqu = np.asarray(iqu, dtype=np.float64)
+    mask = coupling.mask
+    if iqu.shape != (3, mask.size):
+        raise ValueError(f"iqu has shape {iqu.shape}, expected (3, {mask.size}) for the coupling's mask")
+    observed = healpix_map(np.where(mask > 0, iqu, 0.0))  # UNSEEN outside must not meet the pure windows' ringing
+    window = healpix_map(mask)
+    lmax = coupling.binning.lmax
+    if coupling.purify_b:
+        alms = sph_tools.get_pure_alms(observed, (window, window), niter=HARMONIC_ITERATIONS, lmax=lmax)
+    else:
+        alms = sph_tools.get_alms(observed, (window, window), niter=HARMONIC_ITERATIONS, lmax=lmax)
+    ell, pseudo = so_spectra.get_spectra(alms, spectra=PSPY_SPECTRA)
+    _, binned = so_spectra.bin_spectra(
+        ell,
+        pseudo,
+        coupling.binning.pspy_binning(),
+        lmax,
+        type="Cl",
+        mbb_inv=coupling.mode_coupling_inv,
+        spectra=PSPY_SPECTRA,
+    )
+    cb = np.stack(
+        [
+            binned["TT"],
+            binned["EE"],
+            binned["BB"],
+            0.5 * (binned["TE"] + binned["ET"]),
+            0.5 * (binned["EB"] + binned["BE"]),
+            0.5 * (binned["TB"] + binned["BT"]),
+        ]
+    )
+    binning = coupling.binning
+    return Bandpowers(
+        ell_lo=binning.ell_lo,
+        ell_hi=binning.ell_hi,
+        ell_b=binning.ell_centre,
+        cb=cb,
+        windows=coupling.bandpower_windows,
+    )
+
+
+def model_bandpowers(
+    coupling: Coupling,
+    cl: np.ndarray,
+    *,
+    beam_fwhm_arcmin: float | None = None,
+    pixel_window: np.ndarray | None = None,
+) -> np.ndarray:
+    """The expected bandpowers ``[6, n_bins]`` K^2 of a sky with spectra ``cl`` seen through the coupling.
+
+    ``cl [4 or 6, n_ell]`` K^2, rows TT EE BB TE (EB TB), from ell = 0; multipoles beyond its end
+    count as zero (a band-limited sky), beyond ``lmax + 1`` are ignored. ``beam_fwhm_arcmin``: a
+    Gaussian beam (healpy's ``gauss_beam(pol=True)``: T, E, B beams; spectrum XY takes b_X b_Y).
+    ``pixel_window [2, >= lmax + 2]``: T and P pixel windows as ``healpy.pixwin(nside, pol=True)``
+    returns them, for maps whose pixels average the sky (a data map); a simulated sky evaluated at
+    pixel centres has none.
+    """
+    cl = np.atleast_2d(np.asarray(cl, dtype=np.float64))
+    if cl.shape[0] not in (4, 6):
+        raise ValueError(f"cl has {cl.shape[0]} rows: expected 4 (TT EE BB TE) or 6 (TT EE BB TE EB TB)")
+    n_ell = coupling.binning.lmax + 2
+    model = np.zeros((6, n_ell))
+    kept = min(n_ell, cl.shape[1])
+    model[: cl.shape[0], :kept] = cl[:, :kept]
+    field_transfer = np.ones((3, n_ell))  # T E B
+    if beam_fwhm_arcmin is not None:
+        field_transfer *= hp.gauss_beam(math.radians(beam_fwhm_arcmin / 60.0), lmax=n_ell - 1, pol=True)[:, :3].T
+    if pixel_window is not None:
+        pixel_window = np.asarray(pixel_window, dtype=np.float64)
+        if pixel_window.ndim != 2 or pixel_window.shape[0] != 2 or pixel_window.shape[1] < n_ell:
+            raise ValueError(f"pixel_window has shape {pixel_window.shape}: expected (2, >= {n_ell}) (T, P)")
+        field_transfer *= pixel_window[[0, 1, 1], :n_ell]
+    for row, name in enumerate(SPECTRA):
+        x, y = FIELD_OF_SPECTRUM[name]
+        model[row] *= field_transfer[x] * field_transfer[y]
+    return np.einsum("xbyl,yl->xb", coupling.bandpower_windows, model)
+
+
+# --------------------------------------------------------------------------- Monte Carlo products
+
+
+def transfer_function(signal_cb: np.ndarray, model_cb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MASTER's transfer function per bandpower from signal-only realisations: ``(F_b, sigma_F_b)``.
+
+    ``signal_cb [n_sims, 6, n_bins]`` decoupled bandpowers of the campaign's maps; ``model_cb
+    [6, n_bins]`` the input sky through the windows with its beam (:func:`model_bandpowers`).
+    ``F_b = mean / model`` and its Monte Carlo error ``std / sqrt(n_sims) / model``
+    (``std`` with n - 1; NaN where the model is 0, e.g. EB and TB, or n_sims < 2).
+    """
+    signal_cb = np.asarray(signal_cb, dtype=np.float64)
+    model_cb = np.asarray(model_cb, dtype=np.float64)
+    mean, error = mean_and_error(signal_cb)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        transfer = np.where(model_cb != 0, mean / model_cb, np.nan)
+        sigma = np.where(model_cb != 0, error / np.abs(model_cb), np.nan)
+    return transfer, sigma
+
+
+def noise_bias(noise_cb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The noise bias per bandpower from noise-only realisations ``[n_sims, 6, n_bins]``: ``(N_b, sigma_N_b)`` K^2."""
+    return mean_and_error(np.asarray(noise_cb, dtype=np.float64))
+
+
+def mean_and_error(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over axis 0 and its Monte Carlo error ``std(ddof=1) / sqrt(n)`` (NaN for fewer than 2 samples)."""
+    n = samples.shape[0]
+    mean = samples.mean(axis=0)
+    if n < 2:
+        return mean, np.full_like(mean, np.nan)
+    return mean, samples.std(axis=0, ddof=1) / math.sqrt(n)
+
+
+def bandpower_covariance(samples: np.ndarray) -> tuple[np.ndarray, int, float]:
+    """Sample covariance of bandpowers ``samples [n_sims, ...]`` flattened to ``[n_sims, p]``: ``(cov [p, p], n, hartlap)``.
+
+    ``hartlap = (n - p - 2) / (n - 1)`` (Hartlap et al. 2007) multiplies ``inv(cov)`` to make the
+    inverse unbiased; NaN when ``n <= p + 2``, where the inverse does not exist. Slice the spectra
+    and bins wanted before calling: p counts every bandpower given.
+    """
+    samples = np.asarray(samples, dtype=np.float64)
+    n = samples.shape[0]
+    flat = samples.reshape(n, -1)
+    p = flat.shape[1]
+    if n < 2:
+        raise ValueError(f"{n} realisation(s): a covariance needs at least 2")
+    covariance = np.cov(flat, rowvar=False, ddof=1).reshape(p, p)
+    hartlap = (n - p - 2) / (n - 1) if n > p + 2 else math.nan
+    return covariance, n, hartlap
+
+
+def debiased_bandpowers(
+    data_cb: np.ndarray,
+    *,
+    noise_bias_cb: np.ndarray,
+    transfer_b: np.ndarray,
+    covariance: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Unbiased bandpowers of a data map: ``((C_b - N_b) / F_b, sigma_b)``, all ``[6, n_bins]`` K^2.
+
+    ``data_cb`` from :func:`decoupled_bandpowers`, ``noise_bias_cb`` and ``transfer_b`` from the
+    campaigns. The result estimates :func:`model_bandpowers` of the sky with the beam (MASTER's
+    ``B_b^2 C_b``). ``sigma_b = sqrt(diag covariance) / |F_b|`` with ``covariance [6 n_bins,
+    6 n_bins]`` of signal+noise realisations (:func:`bandpower_covariance`); None without it. The
+    Monte Carlo errors of N_b and F_b are not included.
+    """
+    data_cb = np.asarray(data_cb, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cb = (data_cb - np.asarray(noise_bias_cb)) / np.asarray(transfer_b)
+        if covariance is None:
+            return cb, None
+        variance = np.diag(np.asarray(covariance, dtype=np.float64)).reshape(data_cb.shape)
+        return cb, np.sqrt(variance) / np.abs(transfer_b)
