@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from schemas.programs import MAX_LOG_TAIL_CHARS, MAX_MESSAGE_CHARS
 from schemas.result import RealizationResult
 from schemas.spec import CampaignKind, CampaignSpec
 from schemas.states import CampaignState, PlanState, RealizationState
@@ -39,7 +40,6 @@ FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 ARTIFACT_SHA256_HEADER = "X-Content-SHA256"
-MAX_LOG_TAIL_CHARS = 65_536
 
 # Site and worker names appear in paths, logs and web pages.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$"
@@ -348,7 +348,7 @@ class TaskFailed(RequestModel):
     failure_class: FailureClass
     exit_code: int | None = Field(None, ge=-(2**31), lt=2**31, description="Exit status, or -signal")
     log_tail: str = Field("", max_length=MAX_LOG_TAIL_CHARS)
-    message: str | None = Field(None, max_length=4_000, description="One line for people: what went wrong")
+    message: str | None = Field(None, max_length=MAX_MESSAGE_CHARS, description="One line for people: what went wrong")
 
     @field_validator("log_tail", "message", mode="before")
     @classmethod
@@ -366,7 +366,7 @@ class PlanInvalid(RequestModel):
 
     task_id: str = Field(max_length=64, description="The realize task (held by the caller) that was given the plan")
     checksum: str = Field(min_length=1, max_length=200, description="Checksum of the plan that was refused")
-    reason: str = Field("", max_length=4_000, description="What was wrong, e.g. the map-maker's refusal message")
+    reason: str = Field("", max_length=MAX_MESSAGE_CHARS, description="What was wrong, e.g. the map-maker's refusal message")
 
 
 class TaskAnswer(ApiModel):

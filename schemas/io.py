@@ -81,7 +81,7 @@ def _parse(text: str, suffix: str, source: str) -> Any:
             return yaml.safe_load(text)
         if suffix == ".json":
             return json.loads(text)
-    except Exception as error:  # TOMLDecodeError, JSONDecodeError, yaml.YAMLError
+    except Exception as error:  # noqa: BLE001 - TOMLDecodeError, JSONDecodeError, yaml.YAMLError: all mean bad text
         raise SpecError(source, [("", f"not valid {suffix.lstrip('.').upper()}: {error}")]) from None
     raise SpecError(source, [("", f"unknown spec format {suffix!r}")])
 

@@ -27,9 +27,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.result import SpectrumName
 from schemas.spec import CampaignKind
 
-SpectrumName = Literal["TT", "EE", "BB", "TE", "EB", "TB"]
 DownloadFormat = Literal["fits", "npz", "json"]
 MapFormat = Literal["fits", "npz"]
 

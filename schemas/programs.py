@@ -47,6 +47,7 @@ MARKER_VARIABLE = "MAPCAMPAIGN_TASK_MARKER"  # environment variable tagging ever
 
 LOG_TAIL_LINES = 100  # lines of a failed task's output sent with its report
 MAX_LOG_TAIL_CHARS = 65_536  # the most the service stores per attempt
+MAX_MESSAGE_CHARS = 4_000  # one line for people: a failure's message, a refused plan's reason
 
 
 def log_tail(text: str, lines: int = LOG_TAIL_LINES) -> str:

@@ -6,7 +6,7 @@ thread counts. Times are seconds; sizes are bytes.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,7 +94,8 @@ class ProductFile(ResultModel):
     size_bytes: int
 
 
-SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")
+SpectrumName = Literal["TT", "EE", "BB", "TE", "EB", "TB"]
+SPECTRA: tuple[SpectrumName, ...] = get_args(SpectrumName)
 
 
 class BinnedSpectra(ResultModel):

@@ -20,7 +20,7 @@ import json
 import math
 import re
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -70,7 +70,7 @@ class SatelliteScan(StrictModel):
     start_longitude_deg: float = Field(0.0, ge=-360, le=360, description="Ecliptic longitude of the anti-Sun direction at t=0")
 
     @model_validator(mode="after")
-    def _chunk_fits(self) -> "SatelliteScan":
+    def _chunk_fits(self) -> SatelliteScan:
         _check_chunk(self.chunk_s, self.duration_s)
         return self
 
@@ -94,7 +94,7 @@ class GroundScan(StrictModel):
     start_lst_deg: float = Field(0.0, ge=0, lt=360, description="Local sidereal time at t=0")
 
     @model_validator(mode="after")
-    def _azimuth_range(self) -> "GroundScan":
+    def _azimuth_range(self) -> GroundScan:
         span = self.azimuth_max_deg - self.azimuth_min_deg
         if span <= 0:
             raise ValueError("azimuth_max_deg must be greater than azimuth_min_deg")
@@ -111,7 +111,7 @@ def _check_chunk(chunk_s: float, duration_s: float) -> None:
         raise ValueError("duration_s / chunk_s gives more than 10 million chunks per detector")
 
 
-ScanSpec = Annotated[Union[SatelliteScan, GroundScan], Field(discriminator="kind")]
+ScanSpec = Annotated[SatelliteScan | GroundScan, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- focal plane
@@ -216,7 +216,7 @@ class NoSky(StrictModel):
     kind: Literal["none"] = "none"
 
 
-SkySpec = Annotated[Union[CmbSky, MapSky, NoSky], Field(discriminator="kind")]
+SkySpec = Annotated[CmbSky | MapSky | NoSky, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- noise, solver, resources
@@ -249,7 +249,7 @@ class NoiseSpec(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _f_min_below_knee(self) -> "NoiseSpec":
+    def _f_min_below_knee(self) -> NoiseSpec:
         if self.f_knee_hz > 0 and self.f_min_hz >= self.f_knee_hz:
             raise ValueError("f_min_hz must be below f_knee_hz")
         return self
@@ -329,7 +329,7 @@ class CampaignSpec(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "CampaignSpec":
+    def _consistent(self) -> CampaignSpec:
         if self.kind == "noise-only" and not self.noise.enabled:
             raise ValueError("a noise-only campaign needs noise.enabled = true")
         if self.kind == "signal-only" and isinstance(self.sky, NoSky):
@@ -345,7 +345,7 @@ class CampaignSpec(StrictModel):
 
     @property
     def samples_per_detector(self) -> int:
-        return int(round(self.scan.duration_s * self.focal_plane.sample_rate_hz))
+        return round(self.scan.duration_s * self.focal_plane.sample_rate_hz)
 
     @property
     def total_samples(self) -> int:

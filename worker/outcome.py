@@ -43,9 +43,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from schemas.api import FailureClass
-from schemas.programs import CancelReason, Ending, MapmakerExit, RunnerStatus
-
-MAX_MESSAGE_CHARS = 4_000  # schemas.api.TaskFailed.message
+from schemas.programs import MAX_MESSAGE_CHARS, CancelReason, Ending, MapmakerExit, RunnerStatus
 
 _OOM = re.compile(
     r"MemoryError|Out of memory|out-of-memory|oom[-_ ]kill|OUT_OF_MEMORY|KILLED BY SIGNAL: 9|\(signal 9\)",

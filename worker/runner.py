@@ -46,13 +46,12 @@ What it does:
 
 Imports the standard library, psutil and :mod:`schemas.programs` /
 :mod:`schemas.files`, which bring pydantic (``status.json`` is written from a
-``RunnerStatus``) and, through ``schemas/__init__``, the campaign spec models.
-Measured on the 2-core test machine under load (CPU time of ``python -m
-worker.runner --help``, medians of 12 in two runs): 60-90 ms with the standard
-library and psutil alone, 190-260 ms with pydantic and the two schemas
-modules, 225-310 ms as it is (``schemas/__init__`` importing ``schemas.spec``
-and ``schemas.io``). Paid once per task before the launch; the wall-time
-deadline counts from after it.
+``RunnerStatus``); ``schemas/__init__`` imports nothing, so the spec models are
+not loaded. Measured on the 2-core test machine under load (CPU time of
+``python -m worker.runner --help``, medians of 12 in two runs): 60-90 ms with
+the standard library and psutil alone, 190-260 ms with pydantic and the two
+schemas modules. Paid once per task before the launch; the wall-time deadline
+counts from after it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, func, select, update
+from sqlalchemy import CursorResult, Table, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -94,7 +94,7 @@ def create_campaign(
             raise
         return _replayed(existing, digest, idempotency_key or ""), False
     session.execute(
-        Realization.__table__.insert(),
+        cast(Table, Realization.__table__).insert(),
         [
             {
                 "campaign_id": campaign.id,

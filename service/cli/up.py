@@ -149,11 +149,12 @@ def _download_products(stack: object, detail: dict, out: Path | None) -> Path | 
 
 def _describe_results(stack: object, detail: dict, products_dir: Path | None, *, stay: bool) -> None:
     from service.cli._stack import LocalStack
+    from service.storage import CampaignStorage
 
     assert isinstance(stack, LocalStack)
     campaign_id = detail["id"]
     counts = detail["progress"]["counts"]
-    folder = stack.settings.products_dir / str(campaign_id) / "realizations"
+    folder = CampaignStorage(stack.settings.products_dir).realizations_dir(campaign_id)
     maps = sorted(folder.glob("*/map_iqu.fits"))
     lines = [
         f"campaign {campaign_id} {detail['state']}: {counts.get('succeeded', 0)} of {detail['realizations']} "

@@ -12,14 +12,19 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 import typer
 
+from schemas.states import FINISHED_CAMPAIGN_STATES, RealizationState
 from service.cli._client import ApiClient, duration, print_json
 
-FINISHED = ("succeeded", "failed", "cancelled")
-BAR_STATES = ("queued", "running", "succeeded", "failed")
+FINISHED = FINISHED_CAMPAIGN_STATES
+# One bar per state a realisation passes through (claimed counts as running); cancelled gets one when it happens.
+BAR_STATES = tuple(
+    state.value
+    for state in (RealizationState.QUEUED, RealizationState.RUNNING, RealizationState.SUCCEEDED, RealizationState.FAILED)
+)
 
 
 def exit_code_for(state: str) -> int:
@@ -70,7 +75,7 @@ class EventPoker:
                             last_event_id = line[3:].strip()
                         elif line.startswith("data:"):
                             self.pokes.put("event")
-            except Exception:  # any failure of the stream: the watcher polls until it is back
+            except Exception:  # noqa: BLE001, S110 - any failure of the stream: the watcher polls until it is back
                 pass
             self.connected.clear()
             self.lost.set()
@@ -92,7 +97,7 @@ class ProgressView:
         self.progress: Any = None
         self.tasks: dict[str, Any] = {}
 
-    def __enter__(self) -> ProgressView:
+    def __enter__(self) -> Self:
         if self.live:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 

@@ -10,9 +10,9 @@ order already.)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import event, func, or_, select, text
+from sqlalchemy import Table, event, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from service.db import utcnow
@@ -57,7 +57,7 @@ def _write_pending_events(session: Session) -> None:
         return
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": EVENTS_LOCK_KEY})
-    session.execute(Event.__table__.insert(), pending)  # Core executemany: no RETURNING needed
+    session.execute(cast(Table, Event.__table__).insert(), pending)  # Core executemany: no RETURNING needed
 
 
 @event.listens_for(Session, "after_rollback")

@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from schemas.files import atomic_write, atomic_write_bytes, sha256_file
-from schemas.result import SPECTRA
+from schemas.result import SPECTRA, SpectrumName
 from service.storage import CampaignProducts
 
 log = logging.getLogger("mapcampaign.products")
@@ -124,10 +124,10 @@ def welford_add(count: int, mean: np.ndarray, m2: np.ndarray, value: np.ndarray)
     return mean, m2
 
 
-def sample_std(count: int, m2: np.ndarray) -> np.ndarray | None:
-    """Standard deviation with ddof = 1; None below two samples."""
+def sample_std(count: int, m2: np.ndarray) -> np.ndarray:
+    """Standard deviation with ddof = 1 from Welford's sum of squared deviations ``m2``; needs two samples."""
     if count < 2:
-        return None
+        raise ValueError(f"a sample standard deviation needs two samples, not {count}")
     return np.sqrt(np.maximum(m2, 0.0) / (count - 1))
 
 
@@ -292,7 +292,7 @@ def _read_iqu(path: Path) -> np.ndarray:
         with warnings.catch_warnings():  # a broken file is reported below, once, as a warning of the state
             warnings.simplefilter("ignore")
             maps = np.asarray(hp.read_map(str(path), field=(0, 1, 2), dtype=np.float64))
-    except Exception as error:  # healpy/astropy raise many kinds for a bad file
+    except Exception as error:  # noqa: BLE001 - healpy/astropy raise many kinds for a bad file
         raise RealizationUnusable(f"{path.name} is not a HEALPix I/Q/U map ({type(error).__name__})") from None
     if maps.ndim != 2 or maps.shape[0] != 3 or not hp.isnpixok(maps.shape[1]):
         raise RealizationUnusable(f"{path.name} is not a HEALPix I/Q/U map")
@@ -379,7 +379,7 @@ def include_realization(
             else:
                 new_map_file = files.map_sums_path(state.generation + 1)
                 sums = map_sums
-                atomic_write(new_map_file, lambda handle: np.savez(handle, **sums))
+                atomic_write(new_map_file, lambda handle: np.savez(handle, allow_pickle=False, **sums))
                 state.maps = {
                     "file": new_map_file.name,
                     "nside": round(math.sqrt(sums["count"].size / 12)),
@@ -429,9 +429,9 @@ class SpectraAggregates:
     fsky: float
     signal: bool
     noise: bool
-    mean: dict[str, np.ndarray]
-    std: dict[str, np.ndarray] | None
-    model: dict[str, np.ndarray] | None
+    mean: dict[SpectrumName, np.ndarray]
+    std: dict[SpectrumName, np.ndarray] | None
+    model: dict[SpectrumName, np.ndarray] | None
     beam_fwhm_arcmin: float | None
     apodization_deg: float
     min_hits: int
@@ -458,6 +458,8 @@ class SpectraAggregates:
     def transfer_function(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
         """F_l = <C~_l> / (w2 C_l^in B_l^2) for TT, EE, BB (NaN where the model is 0), with its scatter."""
         out = {}
+        if self.model is None:
+            raise ValueError("no input model: the transfer function needs a campaign with a simulated sky")
         for name in ("TT", "EE", "BB"):
             denominator = self.w2 * self.model[name]
             with np.errstate(divide="ignore", invalid="ignore"):

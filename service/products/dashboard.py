@@ -31,6 +31,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from schemas.files import atomic_write_bytes
+from schemas.result import SpectrumName
 from service.campaigns import service as campaigns
 from service.dashboard.panels import ChartRef, FigureRef, ProductsPanel
 from service.dashboard.session import DashboardUser
@@ -140,10 +141,12 @@ def chart_data(state: AggregateState, chart: str) -> dict[str, Any]:
     aggregates = spectra_aggregates(state)
     if aggregates is None:
         return {"generation": state.generation, "series": []}
-    names = ("TT", "EE", "BB")
+    names: tuple[SpectrumName, ...] = ("TT", "EE", "BB")
     x = aggregates.ell_center
     if chart == "spectra":
-        values = {name: (aggregates.mean[name], aggregates.std[name] if aggregates.std else None) for name in names}
+        values: dict[str, tuple[np.ndarray, np.ndarray | None]] = {
+            name: (aggregates.mean[name], aggregates.std[name] if aggregates.std else None) for name in names
+        }
         options = {"logY": True, "yLabel": "pseudo-C_l (uK^2)", "series": _series(x, values, UK2, True)}
     elif chart == "noise-bias" and aggregates.noise_bias_available:
         bias = aggregates.noise_bias()

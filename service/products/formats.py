@@ -42,7 +42,7 @@ def write_map_fits(path: Path, maps: np.ndarray, names: list[str], unit: str, he
 
 
 def write_map_npz(path: Path, **arrays: Any) -> None:
-    atomic_write(path, lambda handle: np.savez(handle, **arrays))
+    atomic_write(path, lambda handle: np.savez(handle, allow_pickle=False, **arrays))
 
 
 def spectra_columns(data: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -57,7 +57,7 @@ def write_spectra_npz(path: Path, columns: dict[str, np.ndarray], scalars: dict[
     arrays = dict(columns)
     arrays.update({name: np.asarray(value) for name, value in scalars.items()})
     arrays["spectra"] = np.array(SPECTRA)
-    atomic_write(path, lambda handle: np.savez(handle, **arrays))
+    atomic_write(path, lambda handle: np.savez(handle, allow_pickle=False, **arrays))
 
 
 def write_spectra_fits(path: Path, columns: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:

@@ -141,6 +141,8 @@ def _realization_file(campaign_id: int, index: int, user, session, settings, whi
         which=which,
         fmt=fmt,
     )
+    if not isinstance(answer, service.Download):  # only which="spectra" with fmt="json" answers with a model
+        raise TypeError(f"{which} as {fmt} is a file download, not {type(answer).__name__}")
     return _file(answer)
 
 

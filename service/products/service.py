@@ -171,7 +171,7 @@ def build_summary(*, campaign: Campaign, files: CampaignProducts, succeeded: int
                     for name, (value, scatter) in aggregates.noise_bias().items()
                 }
             )
-        if aggregates.transfer_available:
+        if aggregates.transfer_available and aggregates.model is not None:
             summary["transfer_function"] = TransferFunction(
                 beam_fwhm_arcmin=aggregates.beam_fwhm_arcmin,
                 model={name: _floats(aggregates.model[name]) for name in SPECTRA},
@@ -214,15 +214,15 @@ def spectra_table(aggregates: SpectraAggregates) -> tuple[dict[str, np.ndarray],
         columns[f"{name}_mean"] = aggregates.mean[name]
         columns[f"{name}_std"] = aggregates.std[name] if aggregates.std else nan
     if aggregates.noise_bias_available:
-        for name, (value, scatter) in aggregates.noise_bias().items():
-            columns[f"nl_{name}"] = value
-            columns[f"nl_{name}_std"] = scatter if scatter is not None else nan
-    if aggregates.transfer_available:
+        for spectrum, (value, scatter) in aggregates.noise_bias().items():
+            columns[f"nl_{spectrum}"] = value
+            columns[f"nl_{spectrum}_std"] = scatter if scatter is not None else nan
+    if aggregates.transfer_available and aggregates.model is not None:
         for name in SPECTRA:
             columns[f"model_{name}"] = aggregates.model[name]
-        for name, (value, scatter) in aggregates.transfer_function().items():
-            columns[f"fl_{name}"] = value
-            columns[f"fl_{name}_std"] = scatter if scatter is not None else nan
+        for spectrum, (value, scatter) in aggregates.transfer_function().items():
+            columns[f"fl_{spectrum}"] = value
+            columns[f"fl_{spectrum}_std"] = scatter if scatter is not None else nan
     scalars = {
         "n": aggregates.n,
         "w2": aggregates.w2,

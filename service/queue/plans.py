@@ -19,6 +19,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from schemas.api import PlanBuilt, PlanInfo
+from schemas.programs import MAX_MESSAGE_CHARS
 from schemas.states import (
     LIVE_PLAN_STATES,
     UNFINISHED_CAMPAIGN_STATES,
@@ -181,7 +182,7 @@ def invalidate_plan(*, session: Session, plan_id: int, checksum: str, cause: str
         session.rollback()
         return plan
     plan.state = advance(Entity.PLAN, plan.state, PlanState.FAILED)
-    plan.last_error = cause[-4_000:]
+    plan.last_error = cause[-MAX_MESSAGE_CHARS:]
     plan.failed_at = utcnow()
     plan.build_attempts = 0
     plan.lease_holder_id = None
@@ -211,7 +212,7 @@ def report_build_failed(
 ) -> None:
     """Record a failed build (reported or lost) and commit; past the limit, fail the campaigns that need it."""
     plan.state = advance(Entity.PLAN, plan.state, PlanState.FAILED)
-    plan.last_error = cause[-4_000:]
+    plan.last_error = cause[-MAX_MESSAGE_CHARS:]
     plan.failed_at = utcnow()
     plan.lease_holder_id = None
     plan.lease_expires_at = None

@@ -76,7 +76,7 @@ class PageWatch:
 
     def on_request(self, request: Any) -> None:
         url = request.url
-        if not (url.startswith(self.origin + "/") or url.startswith(("data:", "blob:", "about:"))):
+        if not url.startswith((self.origin + "/", "data:", "blob:", "about:")):
             self.foreign_requests.append(url)
 
 

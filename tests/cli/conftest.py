@@ -15,7 +15,7 @@ from tests.support.live_service import LiveService, mapcampaign_command, start_l
 
 
 def run_cli(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(mapcampaign_command(*args), env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(mapcampaign_command(*args), env=env, check=False, capture_output=True, text=True, timeout=timeout)
 
 
 def cli_env(service: LiveService, token: str) -> dict[str, str]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import tomllib
 
 import httpx
-import tomllib
 
 from tests.cli.conftest import drive_campaign, run_cli, stdout_json
 from tests.support.worker_helpers import tiny_spec

@@ -105,7 +105,7 @@ def test_watch_polls_when_the_event_stream_is_unavailable(fresh_user, cli_servic
     upstream = cli_service.url
 
     class NoEvents(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             if self.path.startswith("/api/v1/events"):
                 self.send_error(503, "no events here")
                 return

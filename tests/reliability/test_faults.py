@@ -41,12 +41,11 @@ ONE_RANK = {"resources.ranks": 1}
 
 def restart_service(service: LiveService) -> LiveService:
     """``mapcampaign serve`` again on the same port, data folder and database (the worker keeps its URL)."""
-    log_file = open(service.log_path, "ab")
-    process = subprocess.Popen(
-        mapcampaign_command("serve"), env=service.env, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO,
-        start_new_session=True,
-    )
-    log_file.close()
+    with open(service.log_path, "ab") as log_file:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            mapcampaign_command("serve"), env=service.env, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO,
+            start_new_session=True,
+        )
     service.process = process
     wait_for(lambda: _healthy(service), 60, "the restarted service")
     return service

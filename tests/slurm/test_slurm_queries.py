@@ -16,7 +16,7 @@ UNKNOWN_JOB = "987654321"
 
 def sbatch(*args: str) -> str:
     done = subprocess.run(
-        ["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=60, env={"PATH": SBIN_PATH}
+        ["sbatch", "--parsable", *args], check=False, capture_output=True, text=True, timeout=60, env={"PATH": SBIN_PATH}
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]
@@ -24,7 +24,7 @@ def sbatch(*args: str) -> str:
 
 def test_the_worker_asks_slurm_about_a_job_it_does_not_know_without_harm(local_slurm, monkeypatch):
     monkeypatch.setenv("PATH", SBIN_PATH)  # the real scontrol answers (a missing one would give None too)
-    asked = subprocess.run(["scontrol", "show", "job", "-o", UNKNOWN_JOB], capture_output=True, text=True, timeout=60)
+    asked = subprocess.run(["scontrol", "show", "job", "-o", UNKNOWN_JOB], check=False, capture_output=True, text=True, timeout=60)
     assert asked.returncode != 0 and "invalid job id" in asked.stderr.lower(), asked.stderr
     assert slurm_job_fields(UNKNOWN_JOB) is None
     assert block_ending("slurm", UNKNOWN_JOB, settle_s=0) is None

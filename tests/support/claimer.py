@@ -27,9 +27,7 @@ def main() -> None:
                 answer.raise_for_status()
                 tasks = answer.json()["tasks"]
                 empty = 0 if tasks else empty + 1
-                for task in tasks:
-                    handle.write(
-                        json.dumps(
+                handle.writelines(json.dumps(
                             {
                                 "task_id": task["task_id"],
                                 "kind": task["kind"],
@@ -37,8 +35,7 @@ def main() -> None:
                                 "realization": task.get("realization"),
                             }
                         )
-                        + "\n"
-                    )
+                        + "\n" for task in tasks)
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ def start_live_service(
             ["token", "create", "--user", "local", "--worker"],
         ):
             done = subprocess.run(
-                mapcampaign_command(*args), env=environment, capture_output=True, text=True, timeout=120
+                mapcampaign_command(*args), env=environment, check=False, capture_output=True, text=True, timeout=120
             )
             if done.returncode != 0:
                 raise RuntimeError(f"mapcampaign {' '.join(args)} failed: {done.stderr}")
@@ -139,16 +139,15 @@ def start_live_service(
                 else:
                     user_token = done.stdout.strip()
     log_path = data_dir / f"serve-{port}.log"
-    log_file = open(log_path, "wb")
-    process = subprocess.Popen(
-        mapcampaign_command("serve"),
-        env=environment,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-        start_new_session=True,
-    )
-    log_file.close()
+    with open(log_path, "wb") as log_file:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            mapcampaign_command("serve"),
+            env=environment,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     service = LiveService(
         url=url,

@@ -34,7 +34,7 @@ class LocalSlurm:
 
 def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(
-        args, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PATH": SBIN_PATH}
+        args, check=False, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PATH": SBIN_PATH}
     )
 
 

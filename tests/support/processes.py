@@ -8,7 +8,7 @@ import uuid
 
 import psutil
 
-MARKER_VAR = "MAPCAMPAIGN_TASK_MARKER"
+from schemas.programs import MARKER_VARIABLE
 
 # Workers started by this pytest process carry this in their environment, and so does every process of
 # their tasks: two test sessions on one machine (two checkouts) use the same worker names, and must not
@@ -28,7 +28,7 @@ def task_processes(prefix: str) -> list[tuple[int, str, str]]:
     for process in psutil.process_iter():
         try:
             environment = process.environ()
-            marker = environment.get(MARKER_VAR)
+            marker = environment.get(MARKER_VARIABLE)
             if (
                 marker
                 and marker.startswith(prefix)

@@ -19,14 +19,14 @@ def test_spec_reference_page_is_up_to_date():
     page = REPO / "docs" / "reference" / "spec.md"
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "spec-reference"), "--check", str(page)],
-        capture_output=True,
+        check=False, capture_output=True,
         text=True,
     )
     assert done.returncode == 0, done.stderr
 
 
 def test_spec_reference_names_every_section_and_field():
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "spec-reference")], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "spec-reference")], check=False, capture_output=True, text=True)
     text = done.stdout
     for heading in (
         "#### Top level",

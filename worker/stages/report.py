@@ -22,11 +22,11 @@ from pydantic import ValidationError
 from schemas.api import PlanBuilt, PlanInvalid, TaskFailed, TaskStarted
 from schemas.files import atomic_write_json, sha256_file
 from schemas.plan import PlanReport
-from schemas.programs import RESULT_FILE, RunnerStarted, RunnerStatus, log_tail
+from schemas.programs import MAX_MESSAGE_CHARS, RESULT_FILE, RunnerStarted, RunnerStatus, log_tail
 from schemas.result import RealizationResult
 from worker.client import RETRY_STATUS, NotAuthorized, ServiceClient, ServiceError, TaskGone
 from worker.layout import remove_entry
-from worker.outcome import MAX_MESSAGE_CHARS, Outcome, Verdict
+from worker.outcome import Outcome, Verdict
 from worker.stages.prepare import Placement, PreprocessPlacement, RealizePlacement
 from worker.stages.run import EndedTask, WorkFolder
 
