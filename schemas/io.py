@@ -1,12 +1,14 @@
 """Read campaign specs from TOML, YAML or JSON files, with errors that name the field."""
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from schemas.spec import CampaignSpec
 
@@ -34,8 +36,45 @@ def format_location(loc: tuple[Any, ...]) -> str:
     return ".".join(str(part) for part in loc if part not in ("satellite", "ground", "cmb", "map", "none"))
 
 
+def _model_types(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold: through Annotated, unions, optionals and containers."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for argument in get_args(annotation) for model in _model_types(argument)]
+
+
+def field_suggestion(root: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """A known field close to the unknown key at the end of ``loc`` (a pydantic error location under
+    ``root``), e.g. ``realizations`` for ``("realisations",)``; None when nothing is close."""
+    models = [root]
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # an index into a list: the same element models
+        inner = [field.annotation for model in models if (field := model.model_fields.get(str(part)))]
+        if inner:
+            models = [model for annotation in inner for model in _model_types(annotation)]
+        else:  # a union's tag (``ground``): the member whose ``kind`` it is
+            tagged = [model for model in models if (kind := model.model_fields.get("kind")) and kind.default == part]
+            models = tagged or models
+    known = sorted({name for model in models for name in model.model_fields})
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.7) if loc else []
+    return close[0] if close else None
+
+
+def problem_message(root: type[BaseModel], item: Mapping[str, Any]) -> str:
+    """A pydantic error's message, with "did you mean" for an unknown field that is close to a known one."""
+    message = str(item.get("msg", ""))
+    if item.get("type") == "extra_forbidden":
+        suggestion = field_suggestion(root, tuple(item.get("loc", ())))
+        if suggestion:
+            message = f"unknown field; did you mean {suggestion!r}?"
+        else:
+            message = "unknown field (not one of this section's fields; see the spec reference)"
+    return message
+
+
 def validation_problems(error: ValidationError) -> list[tuple[str, str]]:
-    return [(format_location(item["loc"]), item["msg"]) for item in error.errors()]
+    return [(format_location(item["loc"]), problem_message(CampaignSpec, item)) for item in error.errors()]
 
 
 def parse_spec_text(text: str, suffix: str, source: str = "<spec>") -> CampaignSpec:

@@ -22,7 +22,8 @@ import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 SCAN_KEY_VERSION = 1
 
@@ -38,8 +39,27 @@ _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066
 _DETECTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")
 
 
+def _a_number(value: Any) -> Any:
+    """Refuse what pydantic's lax mode would turn into a number: ``true`` (1) and ``"16"`` (16)."""
+    if isinstance(value, (bool, str)):
+        raise PydanticCustomError(
+            "number_type",
+            "Input should be a number, not {kind} ({value})",
+            {"kind": "a boolean" if isinstance(value, bool) else "a string", "value": repr(value)},
+        )
+    return value
+
+
+# The spec's numbers: JSON, TOML and YAML numbers only (a whole float such as 16.0 still passes as an Integer).
+Float = Annotated[float, BeforeValidator(_a_number)]
+Integer = Annotated[int, BeforeValidator(_a_number)]
+OptionalFloat = Annotated[float | None, BeforeValidator(_a_number)]  # one Annotated around the union keeps the
+OptionalInteger = Annotated[int | None, BeforeValidator(_a_number)]  # Field's bounds in the JSON schema
+
+
 class StrictModel(BaseModel):
-    """Base for every spec model: unknown fields are errors, not silently dropped; numbers are finite
+    """Base for every spec model: unknown fields are errors, not silently dropped (``schemas.io`` names a close
+    match); numbers are :data:`Float` / :data:`Integer` (numbers, not booleans or numeric strings) and finite
     (an unbounded field such as ``noise.interval_s`` would otherwise take ``inf``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False)
@@ -58,16 +78,16 @@ class SatelliteScan(StrictModel):
     """
 
     kind: Literal["satellite"] = "satellite"
-    duration_s: float = Field(86_400.0, gt=0, le=5 * 365.25 * 86_400, description="Length of the observation")
-    chunk_s: float = Field(3_600.0, gt=0, description="Length of one data chunk, the unit of the MPI decomposition")
-    spin_period_s: float = Field(60.0, gt=0, le=86_400, description="Period of the boresight around the spin axis")
-    spin_angle_deg: float = Field(50.0, gt=0, lt=180, description="Boresight angle from the spin axis")
-    precession_period_s: float = Field(
+    duration_s: Float = Field(86_400.0, gt=0, le=5 * 365.25 * 86_400, description="Length of the observation")
+    chunk_s: Float = Field(3_600.0, gt=0, description="Length of one data chunk, the unit of the MPI decomposition")
+    spin_period_s: Float = Field(60.0, gt=0, le=86_400, description="Period of the boresight around the spin axis")
+    spin_angle_deg: Float = Field(50.0, gt=0, lt=180, description="Boresight angle from the spin axis")
+    precession_period_s: Float = Field(
         3_600.0, gt=0, le=365.25 * 86_400, description="Period of the spin axis around the anti-Sun direction"
     )
-    precession_angle_deg: float = Field(45.0, ge=0, lt=180, description="Spin-axis angle from the anti-Sun direction")
-    drift_deg_per_day: float = Field(360.0 / 365.25, ge=0, le=3_600, description="Motion of the anti-Sun direction")
-    start_longitude_deg: float = Field(0.0, ge=-360, le=360, description="Ecliptic longitude of the anti-Sun direction at t=0")
+    precession_angle_deg: Float = Field(45.0, ge=0, lt=180, description="Spin-axis angle from the anti-Sun direction")
+    drift_deg_per_day: Float = Field(360.0 / 365.25, ge=0, le=3_600, description="Motion of the anti-Sun direction")
+    start_longitude_deg: Float = Field(0.0, ge=-360, le=360, description="Ecliptic longitude of the anti-Sun direction at t=0")
 
     @model_validator(mode="after")
     def _chunk_fits(self) -> SatelliteScan:
@@ -83,15 +103,15 @@ class GroundScan(StrictModel):
     """
 
     kind: Literal["ground"] = "ground"
-    duration_s: float = Field(86_400.0, gt=0, le=5 * 365.25 * 86_400, description="Length of the observation")
-    chunk_s: float = Field(3_600.0, gt=0, description="Length of one data chunk, the unit of the MPI decomposition")
-    site_latitude_deg: float = Field(-22.96, ge=-90, le=90, description="Geodetic latitude of the telescope")
-    elevation_deg: float = Field(50.0, gt=0, lt=90, description="Constant elevation of the boresight")
-    azimuth_min_deg: float = Field(-30.0, ge=-360, le=360, description="Start of the azimuth sweep")
-    azimuth_max_deg: float = Field(30.0, ge=-360, le=360, description="End of the azimuth sweep")
-    azimuth_rate_deg_s: float = Field(1.0, gt=0, le=30, description="Scan speed in azimuth")
+    duration_s: Float = Field(86_400.0, gt=0, le=5 * 365.25 * 86_400, description="Length of the observation")
+    chunk_s: Float = Field(3_600.0, gt=0, description="Length of one data chunk, the unit of the MPI decomposition")
+    site_latitude_deg: Float = Field(-22.96, ge=-90, le=90, description="Geodetic latitude of the telescope")
+    elevation_deg: Float = Field(50.0, gt=0, lt=90, description="Constant elevation of the boresight")
+    azimuth_min_deg: Float = Field(-30.0, ge=-360, le=360, description="Start of the azimuth sweep")
+    azimuth_max_deg: Float = Field(30.0, ge=-360, le=360, description="End of the azimuth sweep")
+    azimuth_rate_deg_s: Float = Field(1.0, gt=0, le=30, description="Scan speed in azimuth")
     earth_rotation: bool = Field(True, description="Let the sky drift through the scan as the Earth turns")
-    start_lst_deg: float = Field(0.0, ge=0, lt=360, description="Local sidereal time at t=0")
+    start_lst_deg: Float = Field(0.0, ge=0, lt=360, description="Local sidereal time at t=0")
 
     @model_validator(mode="after")
     def _azimuth_range(self) -> GroundScan:
@@ -121,10 +141,10 @@ class Detector(StrictModel):
     """One detector: its offset from the boresight and its polarisation angle."""
 
     name: str = Field(description="Unique within the focal plane; letters, digits and _.:+-")
-    offset_x_deg: float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane x axis")
-    offset_y_deg: float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane y axis")
-    pol_angle_deg: float = Field(0.0, ge=-360, le=360, description="Polarisation angle in the focal plane, from the x axis")
-    net_k_sqrt_s: float | None = Field(None, gt=0, lt=1, description="Override of the noise NET for this detector")
+    offset_x_deg: Float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane x axis")
+    offset_y_deg: Float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane y axis")
+    pol_angle_deg: Float = Field(0.0, ge=-360, le=360, description="Polarisation angle in the focal plane, from the x axis")
+    net_k_sqrt_s: OptionalFloat = Field(None, gt=0, lt=1, description="Override of the noise NET for this detector")
 
     @field_validator("name")
     @classmethod
@@ -135,7 +155,7 @@ class Detector(StrictModel):
 
 
 class FocalPlane(StrictModel):
-    sample_rate_hz: float = Field(20.0, gt=0, le=10_000, description="Samples per second of every detector")
+    sample_rate_hz: Float = Field(20.0, gt=0, le=10_000, description="Samples per second of every detector")
     detectors: list[Detector] = Field(
         min_length=1, max_length=MAX_DETECTORS, description="The detectors, one table each (see below)"
     )
@@ -157,7 +177,7 @@ class FocalPlane(StrictModel):
 class Pixelization(StrictModel):
     """HEALPix pixelisation in RING ordering."""
 
-    nside: int = Field(64, ge=1, le=MAX_NSIDE, description="HEALPix resolution, a power of two: 12 nside^2 pixels")
+    nside: Integer = Field(64, ge=1, le=MAX_NSIDE, description="HEALPix resolution, a power of two: 12 nside^2 pixels")
 
     @field_validator("nside")
     @classmethod
@@ -192,9 +212,9 @@ class CmbSky(StrictModel):
 
     kind: Literal["cmb"] = "cmb"
     cls: Literal["fiducial"] = Field("fiducial", description="C_l to draw from: the bundled fiducial spectrum")
-    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the sky realisation")
-    fwhm_arcmin: float = Field(0.0, ge=0, le=10_800, description="Gaussian beam full width at half maximum")
-    lmax: int | None = Field(None, ge=2, le=6000, description="Default: 3 nside - 1, at most 6000")
+    seed: Integer = Field(0, ge=0, le=2**63 - 1, description="Seed of the sky realisation")
+    fwhm_arcmin: Float = Field(0.0, ge=0, le=10_800, description="Gaussian beam full width at half maximum")
+    lmax: OptionalInteger = Field(None, ge=2, le=6000, description="Default: 3 nside - 1, at most 6000")
 
 
 class MapSky(StrictModel):
@@ -202,7 +222,7 @@ class MapSky(StrictModel):
 
     kind: Literal["map"] = "map"
     path: str = Field(description="IQU FITS map (K), relative to the site's sky_root; no '..', not absolute")
-    fwhm_arcmin: float = Field(0.0, ge=0, le=10_800, description="Extra Gaussian smoothing applied to the map")
+    fwhm_arcmin: Float = Field(0.0, ge=0, le=10_800, description="Extra Gaussian smoothing applied to the map")
 
     @field_validator("path")
     @classmethod
@@ -231,11 +251,11 @@ class NoiseSpec(StrictModel):
     """
 
     enabled: bool = Field(True, description="Simulate noise; false (or noise = \"off\") gives noiseless TOD")
-    net_k_sqrt_s: float = Field(50e-6, gt=0, lt=1, description="White-noise level of every detector without an override")
-    f_knee_hz: float = Field(0.0, ge=0, le=1_000, description="Knee frequency; 0 gives white noise")
-    alpha: float = Field(1.0, gt=0, le=5, description="Slope of the 1/f part")
-    f_min_hz: float = Field(1e-4, gt=0, le=100, description="Below this frequency the PSD is flat")
-    interval_s: float | None = Field(
+    net_k_sqrt_s: Float = Field(50e-6, gt=0, lt=1, description="White-noise level of every detector without an override")
+    f_knee_hz: Float = Field(0.0, ge=0, le=1_000, description="Knee frequency; 0 gives white noise")
+    alpha: Float = Field(1.0, gt=0, le=5, description="Slope of the 1/f part")
+    f_min_hz: Float = Field(1e-4, gt=0, le=100, description="Below this frequency the PSD is flat")
+    interval_s: OptionalFloat = Field(
         None, gt=0, description="Length of a stationary interval; default: the scan's chunk_s. Chunks are cut into intervals."
     )
 
@@ -259,23 +279,23 @@ Reduction = Literal["auto", "allreduce", "alltoallv", "butterfly", "hybrid"]
 
 
 class SolverSpec(StrictModel):
-    tol: float = Field(1e-6, gt=0, lt=1, description="Relative residual ||r|| / ||b|| at which PCG stops")
-    max_iter: int = Field(200, ge=1, le=10_000, description="PCG stops here even if not converged")
-    rcond_min: float = Field(1e-2, ge=0, lt=1, description="Pixels whose 3x3 hit matrix has a smaller rcond are cut")
+    tol: Float = Field(1e-6, gt=0, lt=1, description="Relative residual ||r|| / ||b|| at which PCG stops")
+    max_iter: Integer = Field(200, ge=1, le=10_000, description="PCG stops here even if not converged")
+    rcond_min: Float = Field(1e-2, ge=0, lt=1, description="Pixels whose 3x3 hit matrix has a smaller rcond are cut")
     reduction: Reduction = Field(
         "auto", description="Pixel reduction of each PCG iteration; auto picks by the alpha-beta model"
     )
-    allreduce_buffer_pixels: int = Field(
+    allreduce_buffer_pixels: Integer = Field(
         1 << 16, ge=1, le=1 << 28, description="Pixels per buffered Allreduce call (the paper's n_b)"
     )
 
 
 class ResourceSpec(StrictModel):
-    ranks: int = Field(2, ge=1, le=MAX_RANKS, description="MPI ranks per realisation")
-    threads_per_rank: int = Field(1, ge=1, le=256, description="Threads of each rank (numba, FFTs, BLAS)")
-    ranks_per_node: int | None = Field(None, ge=1, le=1024, description="Default: all ranks on one node")
-    walltime_s: float = Field(3_600.0, ge=1, le=7 * 86_400, description="Wall-time limit of one attempt")
-    memory_mb_per_rank: int | None = Field(
+    ranks: Integer = Field(2, ge=1, le=MAX_RANKS, description="MPI ranks per realisation")
+    threads_per_rank: Integer = Field(1, ge=1, le=256, description="Threads of each rank (numba, FFTs, BLAS)")
+    ranks_per_node: OptionalInteger = Field(None, ge=1, le=1024, description="Default: all ranks on one node")
+    walltime_s: Float = Field(3_600.0, ge=1, le=7 * 86_400, description="Wall-time limit of one attempt")
+    memory_mb_per_rank: OptionalInteger = Field(
         None, ge=16, le=4_194_304, description="Memory to ask a batch scheduler for, per rank"
     )
 
@@ -288,10 +308,10 @@ class ResourceSpec(StrictModel):
 class ProductSpec(StrictModel):
     """Monte Carlo products: pseudo-spectra binning and the analysis mask."""
 
-    ell_bin_width: int = Field(8, ge=1, le=1_000, description="Multipoles per bin of the pseudo-spectra")
-    lmax: int | None = Field(None, ge=2, le=24_576, description="Default: 2 nside")
-    apodization_deg: float = Field(5.0, ge=0, le=90, description="Apodisation scale of the hit/rcond mask")
-    min_hits: int = Field(3, ge=1, description="Pixels with fewer hits are masked")
+    ell_bin_width: Integer = Field(8, ge=1, le=1_000, description="Multipoles per bin of the pseudo-spectra")
+    lmax: OptionalInteger = Field(None, ge=2, le=24_576, description="Default: 2 nside")
+    apodization_deg: Float = Field(5.0, ge=0, le=90, description="Apodisation scale of the hit/rcond mask")
+    min_hits: Integer = Field(3, ge=1, description="Pixels with fewer hits are masked")
 
 
 CampaignKind = Literal["signal+noise", "noise-only", "signal-only"]
@@ -308,10 +328,10 @@ class CampaignSpec(StrictModel):
     kind: CampaignKind = Field(
         "signal+noise", description="What the TOD holds; noise-only gives the noise bias, signal-only the transfer function"
     )
-    realizations: int = Field(1, ge=1, le=MAX_REALIZATIONS, description="Monte Carlo realisations to run")
-    seed: int = Field(0, ge=0, le=2**63 - 1, description="Campaign seed: keys every random stream")
-    priority: int = Field(0, ge=-1_000, le=1_000, description="Higher runs first")
-    max_attempts: int = Field(3, ge=1, le=50, description="Attempts of a realisation before it counts as failed")
+    realizations: Integer = Field(1, ge=1, le=MAX_REALIZATIONS, description="Monte Carlo realisations to run")
+    seed: Integer = Field(0, ge=0, le=2**63 - 1, description="Campaign seed: keys every random stream")
+    priority: Integer = Field(0, ge=-1_000, le=1_000, description="Higher runs first")
+    max_attempts: Integer = Field(3, ge=1, le=50, description="Attempts of a realisation before it counts as failed")
     scan: ScanSpec = Field(default_factory=SatelliteScan)
     focal_plane: FocalPlane
     pixelization: Pixelization = Field(default_factory=Pixelization)

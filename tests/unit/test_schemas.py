@@ -4,7 +4,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from schemas.io import SpecError, example_spec_path, load_spec, parse_spec_text
+from schemas.io import SpecError, example_spec_path, load_spec, parse_spec_text, spec_from_data
 from schemas.spec import CampaignSpec, scan_key, spec_hash
 
 
@@ -114,6 +114,63 @@ def test_unknown_fields_are_refused(base):
     base["solver"]["tolerance"] = 1e-3
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         CampaignSpec.model_validate(base)
+
+
+@pytest.mark.parametrize(
+    "dotted, value, kind",
+    [
+        ("pixelization.nside", True, "a boolean"),
+        ("pixelization.nside", "16", "a string"),
+        ("focal_plane.sample_rate_hz", True, "a boolean"),
+        ("realizations", "8", "a string"),
+        ("noise.f_knee_hz", False, "a boolean"),
+        ("focal_plane.detectors.0.offset_x_deg", "0.5", "a string"),
+        ("resources.ranks_per_node", True, "a boolean"),  # an optional number
+    ],
+)
+def test_booleans_and_strings_are_not_numbers(base, dotted, value, kind):
+    """Lax pydantic would run ``nside = true`` as nside 1 and ``"16"`` as 16: both are refused at their path."""
+    with pytest.raises(ValidationError) as caught:
+        with_change(base, dotted, value)
+    [error] = caught.value.errors()
+    assert ".".join(str(part) for part in error["loc"]) == dotted
+    assert error["msg"] == f"Input should be a number, not {kind} ({value!r})"
+
+
+def test_whole_floats_still_serve_as_integers(base):
+    assert with_change(base, "pixelization.nside", 16.0).pixelization.nside == 16
+
+
+@pytest.mark.parametrize(
+    "dotted, value, field, message",
+    [
+        ("realisations", 3, "realisations", "unknown field; did you mean 'realizations'?"),
+        ("solver.rcondmin", 0.1, "solver.rcondmin", "unknown field; did you mean 'rcond_min'?"),
+        ("focal_plane.detectors.0.pol_angle", 3.0, "focal_plane.detectors.0.pol_angle",
+         "unknown field; did you mean 'pol_angle_deg'?"),
+        ("scan.spin_period", 30.0, "scan.spin_period", "unknown field; did you mean 'spin_period_s'?"),
+        ("solver.bogus", 1, "solver.bogus", "unknown field (not one of this section's fields; see the spec reference)"),
+    ],
+)
+def test_unknown_fields_name_a_close_match(base, dotted, value, field, message):
+    data = json.loads(json.dumps(base))
+    *parents, last = dotted.split(".")
+    node = data
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    node[last] = value
+    with pytest.raises(SpecError) as caught:
+        spec_from_data(data)
+    assert caught.value.problems == [(field, message)]
+
+
+def test_a_ground_scan_suggests_its_own_fields(base):
+    """The scan is a union: the suggestion comes from the member the spec's ``kind`` names."""
+    data = json.loads(json.dumps(base))
+    data["scan"] = {"kind": "ground", "azimuth_mn_deg": -10.0}
+    with pytest.raises(SpecError) as caught:
+        spec_from_data(data)
+    assert caught.value.problems == [("scan.azimuth_mn_deg", "unknown field; did you mean 'azimuth_min_deg'?")]
 
 
 def test_spec_files_in_three_formats(tmp_path, base):
