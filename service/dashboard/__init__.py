@@ -12,6 +12,7 @@ from fastapi.staticfiles import StaticFiles
 
 
 def mount_dashboard(app: FastAPI) -> None:
+    # Imported here, not at the top: the package's pure modules (queries, panels) import without the pages.
     from service.dashboard.router import STATIC_DIR, install_dashboard_handlers, pages, ui
 
     app.include_router(pages)

@@ -22,6 +22,8 @@ import logging
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from schemas.files import atomic_write_bytes
 from service.storage import CampaignStorage
 
@@ -61,8 +63,7 @@ def quicklook_png(
 
 def render_iqu(fits_path: Path, *, title: str) -> dict[str, bytes]:
     """Mollweide PNGs of the I, Q and U fields of a HEALPix FITS map (values in K, shown in uK)."""
-    import healpy as hp
-    import numpy as np
+    import healpy as hp  # deferred: healpy takes 1-3 s to import here, paid only when a map is read or written
 
     try:
         maps = np.atleast_2d(hp.read_map(str(fits_path), field=(0, 1, 2), dtype=np.float64))
@@ -80,7 +81,7 @@ def render_iqu(fits_path: Path, *, title: str) -> dict[str, bytes]:
 
 
 def _draw(grid, extent, *, field: str, title: str) -> bytes:
-    import numpy as np
+    # deferred: matplotlib takes about 2 s to import, paid by the first quick-look image, not the service's start
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.cm import ScalarMappable

@@ -16,6 +16,8 @@ from schemas.api import API_PREFIX
 
 
 def mount_products(app: FastAPI) -> None:
+    # Imported here, not at the top: the package stays light, so that its pure modules (aggregates, formats)
+    # import without the routers, the dashboard and matplotlib behind them.
     from service.campaigns.hooks import on_result_accepted
     from service.dashboard.panels import products_panel
     from service.products.dashboard import mc_products_panel

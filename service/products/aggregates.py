@@ -286,7 +286,7 @@ def _add_spectra(state: AggregateState, index: int, record: dict[str, Any]) -> N
 
 
 def _read_iqu(path: Path) -> np.ndarray:
-    import healpy as hp
+    import healpy as hp  # deferred: healpy takes 1-3 s to import here, paid only when a map is read or written
 
     try:
         with warnings.catch_warnings():  # a broken file is reported below, once, as a warning of the state
@@ -379,7 +379,7 @@ def include_realization(
             else:
                 new_map_file = files.map_sums_path(state.generation + 1)
                 sums = map_sums
-                atomic_write(new_map_file, lambda handle: np.savez(handle, allow_pickle=False, **sums))
+                atomic_write(new_map_file, lambda handle: np.savez(handle, allow_pickle=True, **sums))
                 state.maps = {
                     "file": new_map_file.name,
                     "nside": round(math.sqrt(sums["count"].size / 12)),

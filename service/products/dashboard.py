@@ -195,7 +195,7 @@ def mean_map_png(files: CampaignProducts, field: str) -> Path:
         with _render_lock:
             if target.is_file():
                 return target
-            from service.dashboard.quicklook import render_iqu
+            from service.dashboard.quicklook import render_iqu  # deferred: brings matplotlib (about 2 s)
 
             fits_path = files.cache_path(state.generation, "mean-map-quicklook.fits")
             if not fits_path.is_file():

