@@ -11,7 +11,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -73,6 +73,33 @@ class Unavailable(DomainError):
     code = "unavailable"
 
 
+# PostgreSQL's SQLSTATEs of errors a new attempt of the same transaction can outlive: class 08 (connection
+# exception, matched by prefix), serialization failure, deadlock, lock timeout, too many connections, and
+# the server shutting down or starting up.
+RETRYABLE_SQLSTATE_CLASSES = ("08",)
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"})
+# SQLite: the write lock stayed taken for the whole busy timeout.
+RETRYABLE_SQLITE_ERRORS = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
+
+
+def retry_can_succeed(error: DBAPIError) -> bool:
+    """Whether the database error is transient (connection lost, lock contention), not the statement's own fault.
+
+    A statement the database refuses (too many bind parameters, a missing table, a full disk on SQLite)
+    fails again on every retry.
+    """
+    if error.connection_invalidated:
+        return True  # the connection broke mid-statement
+    sqlstate = getattr(error.orig, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate in RETRYABLE_SQLSTATES or sqlstate.startswith(RETRYABLE_SQLSTATE_CLASSES)
+    sqlite_error = getattr(error.orig, "sqlite_errorname", None)
+    if sqlite_error is not None:
+        return sqlite_error in RETRYABLE_SQLITE_ERRORS
+    # No code: psycopg's own errors. Without a statement, no connection could be made (server down).
+    return isinstance(error, OperationalError) and error.statement is None
+
+
 def error_response(status_code: int, detail: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail, "code": code}, status_code=status_code, headers=headers)
 
@@ -101,14 +128,18 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(error.status_code, "http_error")
         return error_response(error.status_code, str(error.detail), code, getattr(error, "headers", None))
 
-    @app.exception_handler(OperationalError)
-    async def _database_busy(request: Request, error: OperationalError) -> JSONResponse:
-        log.warning(
-            "database unavailable during %s %s: %s", request.method, request.url.path, type(error.orig).__name__
-        )
-        return error_response(
-            503, "the database is busy or unreachable; try again", "database_unavailable", {"Retry-After": "1"}
-        )
+    @app.exception_handler(DBAPIError)
+    async def _database_error(request: Request, error: DBAPIError) -> JSONResponse:
+        if retry_can_succeed(error):
+            log.warning(
+                "database unavailable during %s %s: %s", request.method, request.url.path, type(error.orig).__name__
+            )
+            return error_response(
+                503, "the database is busy or unreachable; try again", "database_unavailable", {"Retry-After": "1"}
+            )
+        # The same request would fail the same way: a 503 would have clients retry it for ever.
+        log.error("database error during %s %s", request.method, request.url.path, exc_info=error)
+        return error_response(500, "internal server error", "internal_error")
 
     # Every pooled connection stayed busy for the pool's timeout: the service is overloaded, not broken.
     @app.exception_handler(PoolTimeout)
@@ -123,7 +154,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OverflowError)
     async def _out_of_range(request: Request, error: Exception) -> JSONResponse:
         log.info("value out of range during %s %s: %s", request.method, request.url.path, type(error).__name__)
-        return error_response(422, "a number or value in the request is out of the range the service stores", "out_of_range")
+        return error_response(
+            422, "a number or value in the request is out of the range the service stores", "out_of_range"
+        )
 
     @app.exception_handler(Exception)
     async def _catch_all(request: Request, error: Exception) -> JSONResponse:
