@@ -7,6 +7,7 @@ decides the status code. Nothing else in the service builds an error response.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -54,6 +55,15 @@ class Invalid(DomainError):
 
     status_code = 422
     code = "invalid"
+
+
+class InvalidField(Invalid):
+    """One field of a request that parsed but holds a value the service refuses; answered like a validation error."""
+
+    def __init__(self, loc: tuple[str, ...], message: str):
+        super().__init__(f"{format_location(loc)}: {message}")
+        self.loc = loc
+        self.message = message
 
 
 class TooLarge(DomainError):
@@ -104,24 +114,31 @@ def error_response(status_code: int, detail: str, code: str, headers: dict[str, 
     return JSONResponse({"detail": detail, "code": code}, status_code=status_code, headers=headers)
 
 
+def invalid_request_response(problems: list[dict[str, Any]]) -> JSONResponse:
+    """A 422 naming each field at fault: ``problems`` are pydantic's errors (``loc``, ``msg``, ``type``)."""
+    detail = [
+        {
+            "field": format_location(tuple(item.get("loc", ()))),
+            "loc": [part if isinstance(part, int) else str(part) for part in item.get("loc", ())],
+            "msg": item.get("msg", ""),
+            "type": item.get("type", ""),
+        }
+        for item in problems
+    ]
+    return JSONResponse({"detail": detail, "code": "invalid_request"}, status_code=422)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_request: Request, error: DomainError) -> JSONResponse:
+        if isinstance(error, InvalidField):
+            return invalid_request_response([{"loc": error.loc, "msg": error.message, "type": "value_error"}])
         headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
         return error_response(error.status_code, error.detail, type(error).code, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, error: RequestValidationError) -> JSONResponse:
-        problems = [
-            {
-                "field": format_location(tuple(item.get("loc", ()))),
-                "loc": [part if isinstance(part, int) else str(part) for part in item.get("loc", ())],
-                "msg": item.get("msg", ""),
-                "type": item.get("type", ""),
-            }
-            for item in error.errors()
-        ]
-        return JSONResponse({"detail": problems, "code": "invalid_request"}, status_code=422)
+        return invalid_request_response(list(error.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:

@@ -31,6 +31,7 @@ from service.campaigns.models import Attempt, Campaign, Realization
 from service.campaigns.service import settle_campaign
 from service.config import Settings
 from service.db import Database, in_chunks, utcnow
+from service.errors import InvalidField
 from service.events.service import record_event
 from service.queue.errors import (
     LeaseLost,
@@ -42,7 +43,7 @@ from service.queue.errors import (
 )
 from service.queue.leases import lease_expiry
 from service.queue.models import PreprocessingPlan
-from service.queue.plans import locked_build, report_build_failed, report_built
+from service.queue.plans import locked_build, report_build_failed, report_built, site_path_problem
 from service.storage import ArtifactStore
 from service.workers.models import Worker
 
@@ -378,6 +379,9 @@ def report_plan_built(*, session: Session, task_id: str, principal: Principal, r
     kind, plan_id, build = _parse(task_id)
     if kind != "preprocess":
         raise WrongTaskKind(f"task {task_id} is a realize task; report it with succeeded or failed")
+    problem = site_path_problem(report.path)
+    if problem is not None:
+        raise InvalidField(("body", "path"), problem)
     plan = locked_build(
         session=session, plan_id=plan_id, build=build or 0, worker_id=_plan_worker(session, plan_id, principal, task_id)
     )
