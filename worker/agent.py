@@ -430,9 +430,11 @@ class Agent:
         """How often the liveness files of running tasks are touched."""
         return min(self.site.runner.liveness_timeout_s / 4, 10.0)
 
-    def _sweep_leftovers(self) -> threading.Thread:
+    def _sweep_leftovers(self) -> None:
         """Remove, in the background, the work folders of stopped workers (worker.leftovers): before any claim."""
-        return start_sweep(
+        if self.settings.keep_work:  # kept for inspection: those of earlier runs too
+            return
+        start_sweep(
             self.layout.work, self.host, touch_interval_s=self.touch_interval_s, stop=self.quit, owned=self.runs
         )
 

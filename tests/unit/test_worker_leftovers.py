@@ -120,3 +120,15 @@ def test_folders_of_the_tasks_the_worker_runs_are_kept(tmp_path):
     work = SiteLayout(tmp_path).work
     folder = leftover(work, "realize-6")
     assert LeftoverSweep.begin(work, HOST).finish(owned={"realize-6"}) == [] and folder.exists()
+
+
+def test_a_worker_keeping_work_folders_for_inspection_keeps_those_of_earlier_runs(tmp_path, monkeypatch):
+    site = parse_site({"name": "local", "provider": {"kind": "local"}, "runner": {"liveness_timeout_s": 1}})
+    agent = Agent(WorkerSettings(data_dir=tmp_path, MAPCAMPAIGN_WORKER_KEEP_WORK=True), site, "token")
+    sweeps = []
+    monkeypatch.setattr("worker.agent.start_sweep", lambda *args, **kwargs: sweeps.append(args))
+    agent.client = RegisteringClient()
+    monkeypatch.setattr(agent, "_start_parsl", lambda: None)
+    monkeypatch.setattr(agent, "_loop", lambda: None)
+    assert agent.run() == 0
+    assert sweeps == []
