@@ -438,13 +438,15 @@ def fail_unfinished(*, session: Session, campaign: Campaign, state: RealizationS
     # other state is left as it is, so no forbidden transition can happen.
     new_state = advance_each(Entity.REALIZATION, UNFINISHED_REALIZATION_STATES, state)
     unfinished = (Realization.campaign_id == campaign.id, Realization.state.in_(UNFINISHED_REALIZATION_STATES))
-    # Rows locked by id, like every multi-row lock (heartbeats, claims): no deadlock. PostgreSQL locks
-    # them in the subquery's order; SQLite has one write lock and drops the FOR UPDATE.
-    locked_by_id = select(Realization.id).where(*unfinished).order_by(Realization.id).with_for_update()
+    # Rows locked by id first, like every multi-row lock (heartbeats, claims): no deadlock. Counted in the
+    # database, so no id comes back; a statement of its own, so the UPDATE's plan cannot change the order.
+    # SQLite has one write lock and drops the FOR UPDATE.
+    locked_by_id = select(Realization.id).where(*unfinished).order_by(Realization.id).with_for_update().subquery()
+    session.execute(select(func.count()).select_from(locked_by_id))
     now = utcnow()
     result = session.execute(
         update(Realization)
-        .where(*unfinished, Realization.id.in_(locked_by_id))
+        .where(*unfinished)
         .values(
             state=new_state,
             lease_holder_id=None,
