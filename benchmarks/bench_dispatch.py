@@ -38,9 +38,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.databases import create_pg_database, drop_pg_database
-from tests.support.live_service import start_live_service
-from tests.support.worker_helpers import Api, long_spec, start_worker, tiny_spec, write_site
+from benchmarks._support import (
+    Api,
+    add_json_option,
+    create_pg_database,
+    drop_pg_database,
+    long_spec,
+    start_live_service,
+    start_worker,
+    tiny_spec,
+    write_json,
+    write_site,
+)
 
 
 def spread(values: list[float]) -> str:
@@ -57,7 +66,7 @@ def main() -> None:
         "--spec", choices=("tiny", "long"), default="tiny", help="tiny: nside 8, 10 min; long: nside 16, 1 day"
     )
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
-    parser.add_argument("--json", action="store_true", help="print only JSON on stdout")
+    add_json_option(parser)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-dispatch-") as folder:
@@ -111,8 +120,8 @@ def main() -> None:
         "phases_s": {name: {"median": statistics.median(v), "max": max(v)} for name, v in phases.items()},
         "plan_build": [{k: t.get(k) for k in ("claimed_at", "launched_at", "exited_at", "reported_at")} for t in build],
     }
-    if args.json:
-        print(json.dumps(summary, indent=1))
+    write_json(args.json, summary)
+    if args.json == "-":
         return
     print(
         f"{len(realize)} realisations ({args.spec} spec, 2 ranks, {args.max_tasks} at a time, {args.database}): "

@@ -17,15 +17,20 @@ Wall clock; one thread.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._support import add_json_option, write_json
 from mapmaker.kernels.noise_fast import FOUR_STEP_MIN_SAMPLES, CirculantFilter, balanced_split
 from mapmaker.programs.bench import fft_flops, interleaved_rounds
 
@@ -73,12 +78,14 @@ def time_length(n: int, samples: int, rounds: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
-                        help="comma-separated even interval lengths (samples)")
+    parser.add_argument(
+        "--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="comma-separated even interval lengths (samples)"
+    )
     parser.add_argument("--samples", type=int, default=12_000_000, help="samples of intervals per length")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the two paths taking turns")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     args = parser.parse_args(argv)
+    quiet = args.json == "-"  # stdout holds only the JSON
     try:
         lengths = [int(text) for text in args.lengths.split(",") if text.strip()]
     except ValueError:
@@ -90,22 +97,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--samples and --rounds must be at least 1")
 
     results = []
-    if not args.json:
-        print(f"bench_fft: {args.samples:,} samples per length, {args.rounds} rounds, load average "
-              f"{os.getloadavg()[0]:.2f}; the map-maker uses the four-step from {FOUR_STEP_MIN_SAMPLES:,}")
-        print(f"{'length':>9} {'split':>11} {'one FFT s':>10} {'GFlop/s':>8} {'four-step s':>12} {'GFlop/s':>8}"
-              "  one/four (range)")
+    if not quiet:
+        print(
+            f"bench_fft: {args.samples:,} samples per length, {args.rounds} rounds, load average "
+            f"{os.getloadavg()[0]:.2f}; the map-maker uses the four-step from {FOUR_STEP_MIN_SAMPLES:,}"
+        )
+        print(
+            f"{'length':>9} {'split':>11} {'one FFT s':>10} {'GFlop/s':>8} {'four-step s':>12} {'GFlop/s':>8}"
+            "  one/four (range)"
+        )
     for n in lengths:
         result = time_length(n, args.samples, args.rounds)
         results.append(result)
-        if not args.json:
+        if not quiet:
             split = "x".join(map(str, result["split"])) if result["split"] else "none"
             one, four = result["median_seconds"]["one FFT"], result["median_seconds"]["four-step"]
             low, high = result["ratio_range"]
-            print(f"{n:>9,} {split:>11} {one:>10.4f} {result['gflops']['one FFT']:>8.1f} {four:>12.4f} "
-                  f"{result['gflops']['four-step']:>8.1f}  {result['ratio_median']:.2f}x ({low:.2f}-{high:.2f})")
-    if args.json:
-        print(json.dumps({"four_step_min_samples": FOUR_STEP_MIN_SAMPLES, "lengths": results}, indent=2))
+            print(
+                f"{n:>9,} {split:>11} {one:>10.4f} {result['gflops']['one FFT']:>8.1f} {four:>12.4f} "
+                f"{result['gflops']['four-step']:>8.1f}  {result['ratio_median']:.2f}x ({low:.2f}-{high:.2f})"
+            )
+    write_json(args.json, {"four_step_min_samples": FOUR_STEP_MIN_SAMPLES, "lengths": results})
     return 0
 
 

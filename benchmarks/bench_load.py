@@ -6,7 +6,7 @@
 A real ``mapcampaign serve`` on a fresh PostgreSQL database on 127.0.0.1:5432 (loopback).
 The readers are asyncio tasks in this process, each with its own HTTP connection, alternating
 ``GET /campaigns/{id}`` (status) and ``GET /campaigns/{id}/realizations?limit=50``.
-The workers are protocol-level (tests/support/claimer.py style, not Parsl or the map-maker):
+The workers are protocol-level (not Parsl or the map-maker):
 separate processes that register, claim 1-3 tasks, report started, and report the plan built or a
 fabricated result, as fast as the service answers. Every non-2xx answer or transport error counts
 as an error. At the end the database is checked: every reported success is stored once, no
@@ -35,9 +35,24 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.support.databases import create_pg_database, drop_pg_database
-from tests.support.live_service import start_live_service
-from tests.support.service_helpers import result_for, spec_data
+from benchmarks._support import (
+    add_json_option,
+    create_pg_database,
+    drop_pg_database,
+    result_for,
+    spec_data,
+    start_live_service,
+    write_json,
+)
+
+
+def latency_ms(values: list[float]) -> dict[str, float | None]:
+    """Median and 99th percentile of latencies given in seconds, in ms (None without any)."""
+    if not values:
+        return {"p50_ms": None, "p99_ms": None}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {"p50_ms": statistics.median(ordered) * 1e3, "p99_ms": p99 * 1e3}
 
 
 @dataclass
@@ -56,13 +71,31 @@ class LoadReport:
     def requests(self) -> int:
         return len(self.read_latencies_s) + len(self.worker_latencies_s)
 
+    def figures(self) -> dict:
+        """The figures as one JSON object (latencies in ms, rates per second)."""
+        return {
+            "duration_s": self.duration_s,
+            "clients": self.clients,
+            "workers": self.workers,
+            "requests": self.requests,
+            "requests_per_s": self.requests / self.duration_s,
+            "errors": len(self.errors),
+            "reads": {"count": len(self.read_latencies_s), "per_s": len(self.read_latencies_s) / self.duration_s,
+                      **latency_ms(self.read_latencies_s)},
+            "worker_calls": {"count": len(self.worker_latencies_s),
+                             "per_s": len(self.worker_latencies_s) / self.duration_s,
+                             **latency_ms(self.worker_latencies_s)},
+            "claims": self.claims,
+            "reported_successes": len(self.reported_successes),
+            "busy_retried": self.busy,
+        }  # fmt: skip
+
     def lines(self) -> list[str]:
         def percentiles(values: list[float]) -> str:
             if not values:
                 return "none"
-            ordered = sorted(values)
-            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-            return f"p50 {statistics.median(ordered) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
+            figures = latency_ms(values)
+            return f"p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms"
 
         return [
             (
@@ -157,9 +190,10 @@ def protocol_worker(args: tuple[str, str, str, float, int]) -> dict:
                         f"/tasks/{task_id}/plan-built",
                         {"path": f"/plans/{task_id}", "checksum": "c", "size_bytes": 1, "build_time_s": 0.1},
                     )
-                elif call(
-                    f"/tasks/{task_id}/succeeded", {"result": result_for(task["spec"], task["realization"])}
-                ) is not None:
+                elif (
+                    call(f"/tasks/{task_id}/succeeded", {"result": result_for(task["spec"], task["realization"])})
+                    is not None
+                ):
                     successes.append((task["campaign_id"], task["realization"]))
             if time.time() >= stop_at:
                 break
@@ -181,7 +215,9 @@ def run_load(
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {user_token}"}, timeout=120) as user:
         campaign_ids = []
         for number in range(campaigns):
-            answer = user.post("/campaigns", json=spec_data(name=f"load {number}", realizations=realizations // campaigns))
+            answer = user.post(
+                "/campaigns", json=spec_data(name=f"load {number}", realizations=realizations // campaigns)
+            )
             answer.raise_for_status()
             campaign_ids.append(answer.json()["id"])
     report = LoadReport(duration_s=duration_s, clients=clients, workers=workers)
@@ -231,6 +267,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--realizations", type=int, default=20_000, help="queued at the start, over 4 campaigns")
+    add_json_option(parser)
     options = parser.parse_args()
 
     pg_url = create_pg_database("mapcampaign_load")
@@ -257,6 +294,7 @@ def main() -> None:
     for error in report.errors[:10]:
         print("error:", error)
     print("database check:", "; ".join(problems) if problems else "every accepted result stored once, none twice")
+    write_json(options.json, {**report.figures(), "database_problems": problems})
     sys.exit(1 if report.errors or problems else 0)
 
 

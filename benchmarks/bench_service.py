@@ -28,9 +28,14 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.databases import create_pg_database, drop_pg_database
-from tests.support.live_service import start_live_service
-from tests.support.service_helpers import spec_data
+from benchmarks._support import (
+    add_json_option,
+    create_pg_database,
+    drop_pg_database,
+    spec_data,
+    start_live_service,
+    write_json,
+)
 
 
 def claimer(args: tuple[str, str, str]) -> list[int]:
@@ -62,6 +67,7 @@ def main() -> None:
     parser.add_argument("--realizations", type=int, default=10_000)
     parser.add_argument("--claimers", type=int, default=4)
     parser.add_argument("--reads", type=int, default=500)
+    add_json_option(parser)
     options = parser.parse_args()
 
     pg_url = create_pg_database("mapcampaign_bench") if options.database == "postgresql" else None
@@ -104,6 +110,16 @@ def main() -> None:
         f"claims: {len(handed_out)} in {claim_s:.1f} s = {len(handed_out) / claim_s:.0f} claims/s "
         f"({options.claimers} processes, 1 realisation per claim, each handed out once)"
     )
+    write_json(options.json, {
+        "database": options.database,
+        "realizations": options.realizations,
+        "claimers": options.claimers,
+        "create_campaign_ms": create_s * 1e3,
+        "status_read_queued": {"p50_ms": queued[0], "p99_ms": queued[1], "reads": options.reads},
+        "status_read_claimed": {"p50_ms": claimed[0], "p99_ms": claimed[1], "reads": options.reads},
+        "claims": len(handed_out),
+        "claims_per_s": len(handed_out) / claim_s,
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

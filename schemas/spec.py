@@ -35,7 +35,7 @@ MAX_NSIDE = 8192
 # Printable text without control characters; names are shown in terminals and web pages.
 # Bidirectional embeddings, overrides and isolates count too: they make a name read differently
 # from what it is ("Trojan Source" spoofing).
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _DETECTOR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,63}$")
 
 
@@ -195,7 +195,7 @@ def _check_relative_path(value: str) -> str:
     """Refuse paths that could leave the folder they are resolved in."""
     if not value or len(value) > 255:
         raise ValueError("path must be 1-255 characters")
-    if _CONTROL_CHARS.search(value) or "\\" in value:
+    if CONTROL_CHARACTERS.search(value) or "\\" in value:
         raise ValueError("path must not contain control characters or backslashes")
     path = PurePosixPath(value)
     if path.is_absolute() or value.startswith("~"):
@@ -344,7 +344,7 @@ class CampaignSpec(StrictModel):
     @field_validator("name", "description")
     @classmethod
     def _no_control_chars(cls, value: str) -> str:
-        if _CONTROL_CHARS.search(value.replace("\n", "").replace("\t", "")):
+        if CONTROL_CHARACTERS.search(value.replace("\n", "").replace("\t", "")):
             raise ValueError("must not contain control characters")
         return value
 

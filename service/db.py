@@ -9,11 +9,11 @@ PostgreSQL uses row locks (``FOR UPDATE``, ``SKIP LOCKED``) where work is shared
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 from fastapi import Depends, Request
 from sqlalchemy import JSON, BigInteger, DateTime, Engine, Integer, MetaData, create_engine, event
@@ -37,6 +37,20 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 # Table option of every table: SQLite's AUTOINCREMENT, so that an id is never handed out twice (without
 # it SQLite reuses the ids of deleted newest rows; task ids are attempt ids). PostgreSQL ignores it.
 NEVER_REUSE_IDS = {"sqlite_autoincrement": True}
+
+
+# Most values one IN list binds. A statement has a bound on its parameters (psycopg: 65,535; SQLite
+# before 3.32: 999), so a list that grows with the data is sent in chunks of this size.
+IN_LIST_CHUNK = 900
+
+Value = TypeVar("Value", int, str)
+
+
+def in_chunks(values: Iterable[Value], size: int = IN_LIST_CHUNK) -> Iterator[list[Value]]:
+    """``values`` sorted and cut into lists of at most ``size``: rows locked chunk after chunk stay in order."""
+    ordered = sorted(set(values))
+    for start in range(0, len(ordered), size):
+        yield ordered[start : start + size]
 
 
 def system_clock() -> datetime:

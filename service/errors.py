@@ -7,11 +7,12 @@ decides the status code. Nothing else in the service builds an error response.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -56,6 +57,15 @@ class Invalid(DomainError):
     code = "invalid"
 
 
+class InvalidField(Invalid):
+    """One field of a request that parsed but holds a value the service refuses; answered like a validation error."""
+
+    def __init__(self, loc: tuple[str, ...], message: str):
+        super().__init__(f"{format_location(loc)}: {message}")
+        self.loc = loc
+        self.message = message
+
+
 class TooLarge(DomainError):
     status_code = 413
     code = "too_large"
@@ -73,42 +83,80 @@ class Unavailable(DomainError):
     code = "unavailable"
 
 
+# PostgreSQL's SQLSTATEs of errors a new attempt of the same transaction can outlive: class 08 (connection
+# exception, matched by prefix), serialization failure, deadlock, lock timeout, too many connections, and
+# the server shutting down or starting up.
+RETRYABLE_SQLSTATE_CLASSES = ("08",)
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03"})
+# SQLite: the write lock stayed taken for the whole busy timeout.
+RETRYABLE_SQLITE_ERRORS = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
+
+
+def retry_can_succeed(error: DBAPIError) -> bool:
+    """Whether the database error is transient (connection lost, lock contention), not the statement's own fault.
+
+    A statement the database refuses (too many bind parameters, a missing table, a full disk on SQLite)
+    fails again on every retry.
+    """
+    if error.connection_invalidated:
+        return True  # the connection broke mid-statement
+    sqlstate = getattr(error.orig, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate in RETRYABLE_SQLSTATES or sqlstate.startswith(RETRYABLE_SQLSTATE_CLASSES)
+    sqlite_error = getattr(error.orig, "sqlite_errorname", None)
+    if sqlite_error is not None:
+        return sqlite_error in RETRYABLE_SQLITE_ERRORS
+    # No code: psycopg's own errors. Without a statement, no connection could be made (server down).
+    return isinstance(error, OperationalError) and error.statement is None
+
+
 def error_response(status_code: int, detail: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": detail, "code": code}, status_code=status_code, headers=headers)
+
+
+def invalid_request_response(problems: list[dict[str, Any]]) -> JSONResponse:
+    """A 422 naming each field at fault: ``problems`` are pydantic's errors (``loc``, ``msg``, ``type``)."""
+    detail = [
+        {
+            "field": format_location(tuple(item.get("loc", ()))),
+            "loc": [part if isinstance(part, int) else str(part) for part in item.get("loc", ())],
+            "msg": item.get("msg", ""),
+            "type": item.get("type", ""),
+        }
+        for item in problems
+    ]
+    return JSONResponse({"detail": detail, "code": "invalid_request"}, status_code=422)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_request: Request, error: DomainError) -> JSONResponse:
+        if isinstance(error, InvalidField):
+            return invalid_request_response([{"loc": error.loc, "msg": error.message, "type": "value_error"}])
         headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
         return error_response(error.status_code, error.detail, type(error).code, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, error: RequestValidationError) -> JSONResponse:
-        problems = [
-            {
-                "field": format_location(tuple(item.get("loc", ()))),
-                "loc": [part if isinstance(part, int) else str(part) for part in item.get("loc", ())],
-                "msg": item.get("msg", ""),
-                "type": item.get("type", ""),
-            }
-            for item in error.errors()
-        ]
-        return JSONResponse({"detail": problems, "code": "invalid_request"}, status_code=422)
+        return invalid_request_response(list(error.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(error.status_code, "http_error")
         return error_response(error.status_code, str(error.detail), code, getattr(error, "headers", None))
 
-    @app.exception_handler(OperationalError)
-    async def _database_busy(request: Request, error: OperationalError) -> JSONResponse:
-        log.warning(
-            "database unavailable during %s %s: %s", request.method, request.url.path, type(error.orig).__name__
-        )
-        return error_response(
-            503, "the database is busy or unreachable; try again", "database_unavailable", {"Retry-After": "1"}
-        )
+    @app.exception_handler(DBAPIError)
+    async def _database_error(request: Request, error: DBAPIError) -> JSONResponse:
+        if retry_can_succeed(error):
+            log.warning(
+                "database unavailable during %s %s: %s", request.method, request.url.path, type(error.orig).__name__
+            )
+            return error_response(
+                503, "the database is busy or unreachable; try again", "database_unavailable", {"Retry-After": "1"}
+            )
+        # The same request would fail the same way: a 503 would have clients retry it for ever.
+        log.error("database error during %s %s", request.method, request.url.path, exc_info=error)
+        return error_response(500, "internal server error", "internal_error")
 
     # Every pooled connection stayed busy for the pool's timeout: the service is overloaded, not broken.
     @app.exception_handler(PoolTimeout)
@@ -123,7 +171,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OverflowError)
     async def _out_of_range(request: Request, error: Exception) -> JSONResponse:
         log.info("value out of range during %s %s: %s", request.method, request.url.path, type(error).__name__)
-        return error_response(422, "a number or value in the request is out of the range the service stores", "out_of_range")
+        return error_response(
+            422, "a number or value in the request is out of the range the service stores", "out_of_range"
+        )
 
     @app.exception_handler(Exception)
     async def _catch_all(request: Request, error: Exception) -> JSONResponse:

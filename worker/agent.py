@@ -59,6 +59,7 @@ from schemas.programs import CancelReason
 from worker.apps import mpi_task
 from worker.client import NotAuthorized, ServiceClient, ServiceError, TaskGone
 from worker.layout import SiteLayout
+from worker.leftovers import start_sweep
 from worker.outcome import Outcome, Verdict
 from worker.parsl_config import EXECUTOR_LABEL, build_parsl_config, local_nodefile_text
 from worker.settings import WorkerSettings
@@ -129,6 +130,7 @@ class Agent:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         toucher = threading.Thread(target=self._touch_liveness, name="liveness", daemon=True)
         toucher.start()
+        self._sweep_leftovers()
         try:
             self._loop()
         finally:
@@ -423,9 +425,21 @@ class Agent:
                     log.warning("%s: the service says it is no longer ours; ending it without a report", task_id)
                     run.request_stop(CancelReason.LOST)
 
+    @property
+    def touch_interval_s(self) -> float:
+        """How often the liveness files of running tasks are touched."""
+        return min(self.site.runner.liveness_timeout_s / 4, 10.0)
+
+    def _sweep_leftovers(self) -> None:
+        """Remove, in the background, the work folders of stopped workers (worker.leftovers): before any claim."""
+        if self.settings.keep_work:  # kept for inspection: those of earlier runs too
+            return
+        start_sweep(
+            self.layout.work, self.host, touch_interval_s=self.touch_interval_s, stop=self.quit, owned=self.runs
+        )
+
     def _touch_liveness(self) -> None:
-        interval = min(self.site.runner.liveness_timeout_s / 4, 10.0)
-        while not self.quit.wait(interval):
+        while not self.quit.wait(self.touch_interval_s):
             with self.lock:
                 runs = list(self.runs.values())
             for run in runs:

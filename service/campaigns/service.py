@@ -400,18 +400,17 @@ def settle_campaign(*, session: Session, campaign: Campaign) -> None:
         )
 
 
-def end_open_attempts(
-    *, session: Session, realization_ids: list[int] | None, campaign_id: int, failure_class: str
-) -> None:
-    """Close attempts still open (no end time) on these realisations, e.g. at cancel."""
-    query = update(Attempt).where(Attempt.campaign_id == campaign_id, Attempt.ended_at.is_(None))
-    if realization_ids is not None:
-        query = query.where(Attempt.realization_id.in_(realization_ids))
+def end_open_attempts(*, session: Session, campaign_id: int, failure_class: str) -> None:
+    """Close every attempt of the campaign still open (no end time), e.g. at cancel: one statement."""
     now = utcnow()
     ended = attempt_state(started_at=None, ended_at=now, failure_class=failure_class)
+    # An open attempt is claimed or running (its state is read from its times): both may end so.
     advance_each(Entity.ATTEMPT, (AttemptState.CLAIMED, AttemptState.RUNNING), ended)
     session.execute(
-        query.values(ended_at=now, failure_class=failure_class), execution_options={"synchronize_session": False}
+        update(Attempt)
+        .where(Attempt.campaign_id == campaign_id, Attempt.ended_at.is_(None))
+        .values(ended_at=now, failure_class=failure_class),
+        execution_options={"synchronize_session": False},
     )
 
 
@@ -431,41 +430,46 @@ def cancel_campaign(*, session: Session, owner_id: int, campaign_id: int, reason
 
 
 def fail_unfinished(*, session: Session, campaign: Campaign, state: RealizationState, failure_class: str) -> int:
-    """Move every unfinished realisation of a locked campaign to ``state`` and close its open attempts."""
-    ids = list(
-        session.scalars(
-            select(Realization.id)
-            .where(Realization.campaign_id == campaign.id, Realization.state.in_(UNFINISHED_REALIZATION_STATES))
-            .order_by(Realization.id)
-            .with_for_update()  # by id, like every multi-row lock: no deadlock
-        )
-    )
-    if not ids:
-        return 0
-    advance_each(Entity.REALIZATION, UNFINISHED_REALIZATION_STATES, state)
-    end_open_attempts(session=session, realization_ids=None, campaign_id=campaign.id, failure_class=failure_class)
-    session.execute(
+    """Move every unfinished realisation of a locked campaign to ``state``, close its open attempts; return how many.
+
+    Set-based by campaign, whatever its size (a list of ids is bounded by the database's bind parameters).
+    """
+    # The transition table is checked here for each source state the WHERE clause admits; a row in any
+    # other state is left as it is, so no forbidden transition can happen.
+    new_state = advance_each(Entity.REALIZATION, UNFINISHED_REALIZATION_STATES, state)
+    unfinished = (Realization.campaign_id == campaign.id, Realization.state.in_(UNFINISHED_REALIZATION_STATES))
+    # Rows locked by id first, like every multi-row lock (heartbeats, claims): no deadlock. Counted in the
+    # database, so no id comes back; a statement of its own, so the UPDATE's plan cannot change the order.
+    # SQLite has one write lock and drops the FOR UPDATE.
+    locked_by_id = select(Realization.id).where(*unfinished).order_by(Realization.id).with_for_update().subquery()
+    session.execute(select(func.count()).select_from(locked_by_id))
+    now = utcnow()
+    result = session.execute(
         update(Realization)
-        .where(Realization.id.in_(ids))
+        .where(*unfinished)
         .values(
-            state=state,
+            state=new_state,
             lease_holder_id=None,
             lease_expires_at=None,
             current_attempt_id=None,
-            finished_at=utcnow(),
-            updated_at=utcnow(),
+            finished_at=now,
+            updated_at=now,
         ),
         execution_options={"synchronize_session": False},
     )
+    moved = cast("CursorResult[Any]", result).rowcount or 0  # an UPDATE's result is a cursor's
+    if not moved:
+        return 0
+    end_open_attempts(session=session, campaign_id=campaign.id, failure_class=failure_class)
     record_event(
         session,
         "realization",
         state=state,
         owner_id=campaign.owner_id,
         campaign_id=campaign.id,
-        data={"count": len(ids), "bulk": True},
+        data={"count": moved, "bulk": True},
     )
-    return len(ids)
+    return moved
 
 
 def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[Campaign, int]:

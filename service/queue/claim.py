@@ -28,7 +28,7 @@ from schemas.spec import CampaignSpec
 from schemas.states import UNFINISHED_CAMPAIGN_STATES, CampaignState, Entity, PlanState, RealizationState, advance
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.config import Settings
-from service.db import utcnow
+from service.db import in_chunks, utcnow
 from service.events.service import record_event
 from service.queue.leases import lease_expiry
 from service.queue.models import PreprocessingPlan
@@ -102,10 +102,10 @@ def _hand_out_plan_builds(
     # review measured it).
     plans_here = {
         (plan.scan_key, plan.ranks): plan
+        for chunk in in_chunks(candidate.scan_key for candidate in candidates)
         for plan in session.scalars(
             select(PreprocessingPlan).where(
-                PreprocessingPlan.site == worker.site,
-                PreprocessingPlan.scan_key.in_({candidate.scan_key for candidate in candidates}),
+                PreprocessingPlan.site == worker.site, PreprocessingPlan.scan_key.in_(chunk)
             )
         )
     }
@@ -153,10 +153,9 @@ def _hand_out_plan_builds(
 def _lock_campaigns_starting(session: Session, answer: ClaimAnswer, runnable: list[Candidate]) -> list[int]:
     """Ids of the queued campaigns this claim may start; their rows locked first, as every other writer does."""
     first_claims = sorted(candidate.id for candidate in runnable if candidate.state == CampaignState.QUEUED)
-    if answer.max_tasks > len(answer.tasks) and first_claims:
-        session.execute(
-            select(Campaign.id).where(Campaign.id.in_(first_claims)).order_by(Campaign.id).with_for_update()
-        )
+    if answer.max_tasks > len(answer.tasks):
+        for chunk in in_chunks(first_claims):  # ascending ids chunk after chunk: locked in id order
+            session.execute(select(Campaign.id).where(Campaign.id.in_(chunk)).order_by(Campaign.id).with_for_update())
     return first_claims
 
 

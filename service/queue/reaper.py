@@ -27,7 +27,7 @@ from schemas.states import (
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.campaigns.service import settle_campaign
 from service.config import Settings
-from service.db import Database, utcnow
+from service.db import Database, in_chunks, utcnow
 from service.events.service import record_event
 from service.queue.models import PreprocessingPlan
 from service.queue.plans import fail_campaigns_needing, report_build_failed
@@ -156,7 +156,9 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
     ended: list[int] = []
     holder_ids = {r.lease_holder_id for r in realizations if r.lease_holder_id is not None}
     holders = {
-        row.id: row.name for row in session.execute(select(Worker.id, Worker.name).where(Worker.id.in_(holder_ids)))
+        row.id: row.name
+        for chunk in in_chunks(holder_ids)
+        for row in session.execute(select(Worker.id, Worker.name).where(Worker.id.in_(chunk)))
     }
     for realization in realizations:
         attempt = session.get(Attempt, realization.current_attempt_id) if realization.current_attempt_id else None

@@ -30,7 +30,8 @@ from service.campaigns.hooks import AcceptedResult
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.campaigns.service import settle_campaign
 from service.config import Settings
-from service.db import Database, utcnow
+from service.db import Database, in_chunks, utcnow
+from service.errors import InvalidField
 from service.events.service import record_event
 from service.queue.errors import (
     LeaseLost,
@@ -42,7 +43,7 @@ from service.queue.errors import (
 )
 from service.queue.leases import lease_expiry
 from service.queue.models import PreprocessingPlan
-from service.queue.plans import locked_build, report_build_failed, report_built
+from service.queue.plans import locked_build, report_build_failed, report_built, site_path_problem
 from service.storage import ArtifactStore
 from service.workers.models import Worker
 
@@ -378,6 +379,9 @@ def report_plan_built(*, session: Session, task_id: str, principal: Principal, r
     kind, plan_id, build = _parse(task_id)
     if kind != "preprocess":
         raise WrongTaskKind(f"task {task_id} is a realize task; report it with succeeded or failed")
+    problem = site_path_problem(report.path)
+    if problem is not None:
+        raise InvalidField(("body", "path"), problem)
     plan = locked_build(
         session=session, plan_id=plan_id, build=build or 0, worker_id=_plan_worker(session, plan_id, principal, task_id)
     )
@@ -404,32 +408,26 @@ def heartbeat(*, session: Session, worker: Worker, running: list[str], settings:
     extended: list[str] = []
     cancel: list[str] = []
     if attempt_ids:
-        held = set(
-            session.scalars(
-                select(Realization.current_attempt_id)
-                .where(
-                    Realization.current_attempt_id.in_(list(attempt_ids)),
-                    Realization.lease_holder_id == worker.id,
-                    Realization.state.in_(LEASED_REALIZATION_STATES),
-                )
-                .order_by(Realization.id)
-                .with_for_update()
-            )
-        )
-        if held:
+        # Every realisation this worker holds, locked by id (set-based: no list of ids to bind); the
+        # ones it still runs get their lease extended.
+        holding = session.execute(
+            select(Realization.id, Realization.current_attempt_id)
+            .where(Realization.lease_holder_id == worker.id, Realization.state.in_(LEASED_REALIZATION_STATES))
+            .order_by(Realization.id)
+            .with_for_update()
+        ).all()
+        held = {attempt_id for _, attempt_id in holding if attempt_id in attempt_ids}
+        extend = [realization_id for realization_id, attempt_id in holding if attempt_id in held]
+        for chunk in in_chunks(extend):  # rows locked above: the chunks' order does not matter
             session.execute(
                 update(Realization)
-                .where(Realization.current_attempt_id.in_(list(held)))
+                .where(Realization.id.in_(chunk))
                 .values(lease_expires_at=expires)
                 .execution_options(synchronize_session=False)
             )
-        ended = dict(
-            session.execute(
-                select(Attempt.id, Attempt.failure_class).where(
-                    Attempt.id.in_([a for a in attempt_ids if a not in held])
-                )
-            ).all()
-        )
+        ended: dict[int, str | None] = {}
+        for chunk in in_chunks(a for a in attempt_ids if a not in held):
+            ended.update(session.execute(select(Attempt.id, Attempt.failure_class).where(Attempt.id.in_(chunk))).all())
         for attempt_id, task_id in attempt_ids.items():
             if attempt_id in held:
                 extended.append(task_id)
@@ -440,9 +438,10 @@ def heartbeat(*, session: Session, worker: Worker, running: list[str], settings:
     if builds:
         plans = {
             plan.id: plan
+            for chunk in in_chunks(builds)  # ascending ids chunk after chunk: locked in id order
             for plan in session.scalars(
                 select(PreprocessingPlan)
-                .where(PreprocessingPlan.id.in_(list(builds)))
+                .where(PreprocessingPlan.id.in_(chunk))
                 .order_by(PreprocessingPlan.id)
                 .with_for_update()
             )
