@@ -6,7 +6,6 @@ import math
 import healpy as hp
 import numpy as np
 import pytest
-
 from threadpoolctl import threadpool_limits
 
 from mapmaker.model import bandpowers, spectra
