@@ -116,6 +116,8 @@ def run_realize(args: argparse.Namespace) -> int:
         return fail(f"plan refused: {error}", code=MapmakerExit.PLAN_REFUSED)
     except CouplingMismatch as error:  # raised on every rank, before the solve or once the mask is known
         return fail(str(error), code=MapmakerExit.PLAN_REFUSED)
+    except OutputUnusable as error:  # --coupling cannot be written: raised on every rank before the solve
+        return fail(str(error))
     except OutputExists as error:  # --out appeared during the run; only root sees it
         return fail(str(error), collective=False)
     if rank == 0 and not args.quiet:

@@ -16,7 +16,9 @@ file builds the coupling and writes it atomically, the next ones read it. A
 file built for another mask, binning or purification is refused
 (:class:`mapmaker.model.bandpowers.CouplingMismatch`, exit ``PLAN_REFUSED``),
 never rebuilt silently: the binning and purification are checked before the
-solve, the mask (known once the map is) after it.
+solve, the mask (known once the map is) after it. A missing file whose folder
+cannot be written is refused before the solve as well
+(:class:`mapmaker.programs.products.OutputUnusable`).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from mapmaker.model.spectra import RealizationSpectra
 from mapmaker.parallel.commodel import Machine, Selection
 from mapmaker.parallel.overlap import OverlapPlan
 from mapmaker.programs import products
-from mapmaker.programs.products import ProductFolder
+from mapmaker.programs.products import OutputUnusable, ProductFolder, refuse_unwritable
 from mapmaker.programs.versions import package_versions
 from mapmaker.solve.realization import Progress, SolveOutcome, run_realization
 from mapmaker.solve.timing import Timers, peak_memory_mib
@@ -76,7 +78,7 @@ def realize_to_folder(
     doc); a mismatched one raises :class:`CouplingMismatch` on every rank.
     """
     if coupling_path is not None:
-        refuse_on_every_rank(comm, lambda: refuse_other_binning(spec, Path(coupling_path)))
+        refuse_on_every_rank(comm, lambda: check_coupling_path(spec, Path(coupling_path)))
     timers = Timers()
     outcome = run_realization(
         spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers, plan=plan,
@@ -103,25 +105,32 @@ def realize_to_folder(
     return result
 
 
+REFUSALS = (CouplingMismatch, OutputUnusable)  # what root's checks raise on every rank (refuse_on_every_rank)
+
+
 def refuse_on_every_rank(comm: MPI.Comm, on_root: Callable[[], T]) -> T | None:
-    """Collective: ``on_root()`` on root (its value there, None elsewhere); a :class:`CouplingMismatch` it
-    raises is raised on every rank, so that all of them exit with the refusal instead of waiting for root."""
+    """Collective: ``on_root()`` on root (its value there, None elsewhere). A refusal it raises
+    (:data:`REFUSALS`) is raised on every rank, so that all of them exit with it instead of waiting for root."""
     value, refusal = None, None
     if comm.Get_rank() == 0:
         try:
             value = on_root()
-        except CouplingMismatch as error:
-            refusal = str(error)
+        except REFUSALS as error:
+            refusal = (next(i for i, kind in enumerate(REFUSALS) if isinstance(error, kind)), str(error))
     refusal = comm.bcast(refusal, root=0)
     if refusal is not None:
-        raise CouplingMismatch(refusal)
+        kind, message = refusal
+        raise REFUSALS[kind](message)
     return value
 
 
-def refuse_other_binning(spec: CampaignSpec, path: Path) -> None:
-    """Before the solve: refuse an existing coupling file built for another binning or purification."""
+def check_coupling_path(spec: CampaignSpec, path: Path) -> None:
+    """Before the solve: refuse an existing coupling file built for another binning or purification
+    (:class:`CouplingMismatch`), or a missing one that could not be written (:class:`OutputUnusable`)."""
     if path.exists():
         read_coupling(path, binning=spectra.campaign_binning(spec), purify_b=spec.products.purify_b)
+    else:
+        refuse_unwritable(path, "--coupling")
 
 
 def read_coupling(path: Path, **expected: Any) -> Coupling:

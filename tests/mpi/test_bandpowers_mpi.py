@@ -232,3 +232,13 @@ def test_without_a_coupling_file_every_run_builds_its_own(campaign, tmp_path):
     np.testing.assert_allclose(
         load_bandpowers(out)["bandpowers"], load_bandpowers(campaign["runs"][2]["out"])["bandpowers"], rtol=1e-10
     )
+
+
+def test_a_coupling_file_that_cannot_be_written_is_refused_before_the_solve(campaign, tmp_path):
+    not_a_folder = tmp_path / "plain-file"
+    not_a_folder.write_text("")
+    out = tmp_path / "refused"
+    completed = run(campaign["spec"], 1, out, "--coupling", str(not_a_folder / "coupling.npz"))
+    assert completed.returncode == MapmakerExit.BAD_INPUT, completed.stderr[-3000:]
+    assert "--coupling" in completed.stderr and "is not a folder" in completed.stderr
+    assert "iteration" not in completed.stderr and not out.exists()
