@@ -98,8 +98,38 @@ SpectrumName = Literal["TT", "EE", "BB", "TE", "EB", "TB"]
 SPECTRA: tuple[SpectrumName, ...] = get_args(SpectrumName)
 
 
+class DecoupledBandpowers(ResultModel):
+    """Decoupled (MASTER) bandpowers of one realisation's masked map (``mapmaker.model.bandpowers``).
+
+    ``cb`` and ``model`` map each of TT, EE, BB, TE, EB, TB to one value per bin (K^2, C_b not
+    D_b, beam not deconvolved). Bin k spans ``ell_lo[k] .. ell_hi[k]`` inclusive; its window
+    function is in ``spectra.npz`` (``bandpower_windows``).
+    """
+
+    ell_lo: list[int] = Field(description="First multipole of each bin")
+    ell_hi: list[int] = Field(description="Last multipole of each bin (inclusive)")
+    lmax: int = Field(description="Band limit of the harmonic transforms and the coupling (3 nside - 1)")
+    bin_width: int
+    reliable: list[bool] = Field(description="Bins that end at or below 2 nside, where HEALPix transforms are accurate")
+    purify_b: bool = Field(description="Pure-E/pure-B estimator (true) or the standard one")
+    cb: dict[str, list[float]] = Field(description="Decoupled bandpowers per bin (K^2)")
+    model: dict[str, list[float]] | None = Field(
+        None,
+        description="The simulated CMB's input C_l with its beam through the bandpower windows (K^2); None without one",
+    )
+    mask_sha256: str = Field(description="SHA-256 of the analysis mask as little-endian float64: the coupling's identity")
+    coupling_source: Literal["file", "built"] = Field(
+        description="Where the mode coupling came from: read from realize --coupling, or built by this run"
+    )
+    coupling_build_s: float | None = Field(None, description="Seconds this run spent building the coupling (None: read)")
+    bandpowers_s: float = Field(description="Seconds for the bandpowers given the coupling (transforms and decoupling)")
+
+
 class BinnedSpectra(ResultModel):
     """Pseudo power spectra of one realisation's masked map, binned in ell (``mapmaker.model.spectra``).
+
+    The I map's monopole and dipole over the mask are removed before the pseudo-spectra and the
+    bandpowers are computed (their values are ``monopole_k`` and ``dipole_k``).
 
     ``cl`` and ``model`` map each of TT, EE, BB, TE, EB, TB to one value per
     bin (K^2, the plain mean over the bin's multipoles, full float precision).
@@ -121,6 +151,15 @@ class BinnedSpectra(ResultModel):
         None, description="Binned C_l^in B_l^2 of the simulated CMB sky (K^2, no pixel window); None without one"
     )
     beam_fwhm_arcmin: float | None = Field(None, description="Gaussian beam of the simulated sky")
+    monopole_k: float | None = Field(
+        None, description="Monopole of the I map over the mask (K), fitted and removed before every transform"
+    )
+    dipole_k: list[float] | None = Field(
+        None,
+        description="Dipole vector d of the I map over the mask (K; d . n with n a pixel's unit vector in the map's "
+        "frame), fitted with the monopole and removed",
+    )
+    bandpowers: DecoupledBandpowers | None = Field(None, description="Decoupled bandpowers TT, EE, BB, TE, EB, TB")
 
 
 class RealizationResult(ResultModel):
@@ -156,5 +195,7 @@ class RealizationResult(ResultModel):
     versions: dict[str, str]
     products: list[ProductFile] = Field(default_factory=list)
     spectra: BinnedSpectra | None = Field(
-        None, description="Binned pseudo-spectra TT, EE, BB, TE, EB, TB (K^2) of the masked map"
+        None,
+        description="Binned pseudo-spectra TT, EE, BB, TE, EB, TB (K^2) of the masked map, its monopole and dipole, "
+        "and its decoupled bandpowers",
     )

@@ -306,12 +306,22 @@ class ResourceSpec(StrictModel):
 
 
 class ProductSpec(StrictModel):
-    """Monte Carlo products: pseudo-spectra binning and the analysis mask."""
+    """Monte Carlo products: the analysis mask, the pseudo-spectra and the decoupled (MASTER) bandpowers."""
 
-    ell_bin_width: Integer = Field(8, ge=1, le=1_000, description="Multipoles per bin of the pseudo-spectra")
-    lmax: OptionalInteger = Field(None, ge=2, le=24_576, description="Default: 2 nside")
-    apodization_deg: Float = Field(5.0, ge=0, le=90, description="Apodisation scale of the hit/rcond mask")
+    ell_bin_width: Integer = Field(
+        8, ge=1, le=1_000, description="Multipoles per bin of the pseudo-spectra and of the bandpowers"
+    )
+    lmax: OptionalInteger = Field(
+        None, ge=2, le=24_576,
+        description="Last multipole of the pseudo-spectra (default: 2 nside); the bandpowers always run to 3 nside - 2",
+    )
+    apodization_deg: Float = Field(
+        5.0, ge=0, le=90, description="Apodisation scale of the hit/rcond mask (pspy's C2 taper, degrees)"
+    )
     min_hits: Integer = Field(3, ge=1, description="Pixels with fewer hits are masked")
+    purify_b: bool = Field(
+        True, description="Pure-B (and pure-E) bandpowers on a masked sky (Smith 2006); false: the standard estimator"
+    )
 
 
 CampaignKind = Literal["signal+noise", "noise-only", "signal-only"]

@@ -1,4 +1,4 @@
-"""Threads per rank: one setting for numba, the FFT thread pool and BLAS.
+"""Threads per rank: one setting for numba, the FFT thread pool, BLAS and OpenMP.
 
 The paper's hybrid runs (MADmap, ICS 2011, section 3.4) use one MPI rank per
 socket with as many threads as it has cores, instead of one rank per core.
@@ -7,8 +7,12 @@ Here a rank's thread count T sets
 * numba's thread count (the ``prange`` loops of the fast kernels),
 * the thread pool that runs N^-1 and the fused ``P^T N^-1 P`` over
   stationary intervals (the FFTs release the GIL), and
-* BLAS/OpenMP pools, held to T with threadpoolctl, so that 2 ranks on a
-  2-core machine do not each start 2 BLAS threads.
+* the BLAS and OpenMP pools (OpenBLAS; the libgomp of healpy and pspy, whose
+  threads spin-wait and run the spectra ten times slower on a busy machine),
+  held to T with threadpoolctl, so that 2 ranks on a 2-core machine do not
+  each start 2 threads. threadpoolctl holds the libraries loaded when
+  :func:`configure` runs: the map-maker's modules import healpy and pspy at
+  their top, before the command configures its threads.
 
 With T = 1 (one rank per core) nothing runs in a second thread. Numba cannot
 use more threads than ``NUMBA_NUM_THREADS`` (by default the machine's cores),
@@ -43,7 +47,7 @@ def configure(threads: int, numba_threads: bool = True) -> int:
         numba.set_num_threads(set_for_numba)
     if _limits is not None:
         _limits.restore_original_limits()
-    _limits = threadpool_limits(limits=threads, user_api="blas")
+    _limits = threadpool_limits(limits={"blas": threads, "openmp": threads})
     _configured = threads
     return set_for_numba
 

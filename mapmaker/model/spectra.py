@@ -1,22 +1,20 @@
-"""Pseudo power spectra of one realisation's map: the analysis mask, anafast, ell bins, the sky model.
+"""Spectra of one realisation's map: the analysis mask, pseudo-spectra in ell bins, decoupled bandpowers, the sky model.
 
-Pure functions on full-sky HEALPix arrays (RING); nothing here sees ``comm``.
-Root calls :func:`realization_spectra` after the map is gathered.
+Pure functions on full-sky HEALPix arrays (RING); nothing here sees ``comm`` or a file.
+Root calls :func:`for_campaign` after the map is gathered, with the mode coupling of the
+campaign's mask (:mod:`mapmaker.model.bandpowers`; the program reads or builds it).
 
 Definitions (all spectra in K^2, HEALPix RING, ``npix = 12 nside^2``):
 
-* **Binary mask**: a pixel is in when it has ``hits >= products.min_hits`` and
-  was solved (not cut by ``solver.rcond_min``). It depends on the pointing
-  only, so every realisation of a campaign has the same one.
-* **Apodisation**: inside the binary mask the weight rises from the edge
-  with the C2 taper of Grain et al. (2009) (NaMaster's "C2")::
-
-      x = sqrt((1 - cos d) / (1 - cos d_apo)),   w = (1 - cos(pi x)) / 2  for x < 1, else 1
-
-  where ``d`` is the angle from the pixel centre to the nearest pixel
-  centre outside the binary mask and ``d_apo = products.apodization_deg``.
-  Pixels outside the binary mask are 0; ``apodization_deg = 0`` (or a
-  mask with nothing outside it, a full-sky scan) leaves the binary mask.
+* **Analysis mask**: :func:`mapmaker.model.bandpowers.analysis_mask`, the one
+  apodisation of the project: a pixel is in when it has ``hits >= products.min_hits``
+  and was solved (not cut by ``solver.rcond_min``), and its weight rises from 0 at
+  the edge to 1 at ``products.apodization_deg`` with pspy's C2 taper (smooth enough
+  for pure B). It depends on the pointing only, so every realisation of a campaign
+  has the same one; ``apodization_deg = 0`` or a full-sky scan leave the binary mask.
+* **Monopole and dipole**: fitted to the I map over the mask and removed before any
+  transform (:func:`mapmaker.model.bandpowers.remove_monopole_dipole`); an
+  unconstrained offset of a ground scan would otherwise dominate TT through the mask.
 * **w2** ``= mean over the sphere of mask^2`` (``fsky`` is the fraction of
   pixels in the binary mask). For a field whose full-sky spectrum is C_l,
   the pseudo-spectrum of the masked field is about ``w2 C_l``.
@@ -30,6 +28,10 @@ Definitions (all spectra in K^2, HEALPix RING, ``npix = 12 nside^2``):
 * **Bins**: ``[2, 2 + w - 1], [2 + w, 2 + 2w - 1], ...`` up to ``lmax``
   (the last bin may be narrower), ``w = products.ell_bin_width``; a binned
   value is the plain mean of C_l over the bin's multipoles.
+* **Bandpowers**: :func:`mapmaker.model.bandpowers.decoupled_bandpowers` of the
+  cleaned map on the same mask, pure B when ``products.purify_b``, bins of
+  ``products.ell_bin_width`` up to ``3 nside - 2``; their model is
+  :func:`mapmaker.model.bandpowers.model_bandpowers` of the sky model below.
 * **Sky model** (CMB skies only): ``C_l^in B_l^2`` per spectrum, the
   fiducial C_l times the Gaussian beam the sky was smoothed with (T, E, B
   beams of ``healpy.gauss_beam(pol=True)``; TE takes B_T B_E), zero above the
@@ -43,16 +45,17 @@ Definitions (all spectra in K^2, HEALPix RING, ``npix = 12 nside^2``):
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import healpy as hp
 import numpy as np
-from scipy.spatial import cKDTree
 
+from mapmaker.model import bandpowers
 from mapmaker.model.sky import ARCMIN, load_fiducial_cls
 from schemas.spec import CampaignSpec, CmbSky, MapSky
 
-SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")  # healpy.anafast order for (I, Q, U)
+SPECTRA = bandpowers.SPECTRA  # TT EE BB TE EB TB: healpy.anafast order for (I, Q, U)
 FIRST_ELL = 2  # monopole and dipole are left out of every bin
 ANAFAST_ITERATIONS = 3
 
@@ -60,57 +63,21 @@ ANAFAST_ITERATIONS = 3
 # --------------------------------------------------------------------------- mask
 
 
-def binary_mask(hits: np.ndarray, solved: np.ndarray, min_hits: int) -> np.ndarray:
-    """``hits [npix] >= min_hits`` and ``solved [npix] bool`` -> bool [npix]."""
-    return (np.asarray(hits) >= min_hits) & np.asarray(solved, dtype=bool)
+def campaign_mask(spec: CampaignSpec, iqu: np.ndarray, hits: np.ndarray) -> np.ndarray:
+    """The analysis mask [npix] of a campaign's map ``iqu [3, npix]`` (UNSEEN where not solved) and ``hits [npix]``.
 
-
-def distance_to_edge(inside: np.ndarray, max_angle_rad: float) -> np.ndarray:
-    """Angle (radians) [npix] from each pixel centre inside the mask to the nearest centre outside it.
-
-    ``inside`` is bool [npix] (RING). Outside pixels get 0; inside pixels
-    farther than ``max_angle_rad`` from the edge get ``inf``. The nearest
-    outside pixel is searched among the outside pixels that touch the mask
-    (8-neighbours), with a k-d tree on unit vectors (chord -> angle).
+    :func:`mapmaker.model.bandpowers.analysis_mask` (pspy's C2 taper) of the pixels with
+    ``hits >= products.min_hits`` that the solver kept, tapered over ``products.apodization_deg``.
     """
-    inside = np.asarray(inside, dtype=bool)
-    nside = hp.npix2nside(inside.size)
-    distance = np.zeros(inside.size)
-    outside_pixels = np.flatnonzero(~inside)
-    inside_pixels = np.flatnonzero(inside)
-    if outside_pixels.size == 0:
-        distance[:] = np.inf
-        return distance
-    if inside_pixels.size == 0:
-        return distance
-    neighbours = hp.get_all_neighbours(nside, outside_pixels)  # [8, n], -1 where a pixel has 7 neighbours
-    touches = np.any(np.where(neighbours >= 0, inside[np.maximum(neighbours, 0)], False), axis=0)
-    edge = outside_pixels[touches]
-    tree = cKDTree(np.column_stack(hp.pix2vec(nside, edge)))
-    chord_limit = 2.0 * math.sin(min(max_angle_rad, math.pi) / 2.0)
-    chord, _ = tree.query(np.column_stack(hp.pix2vec(nside, inside_pixels)), distance_upper_bound=chord_limit * 1.000001)
-    angle = np.where(np.isfinite(chord), 2.0 * np.arcsin(np.clip(chord / 2.0, 0.0, 1.0)), np.inf)
-    distance[inside_pixels] = angle
-    return distance
+    solved = np.asarray(iqu)[0] != hp.UNSEEN
+    return bandpowers.analysis_mask(
+        hits, apodisation_deg=spec.products.apodization_deg, min_hits=spec.products.min_hits, solved=solved
+    )
 
 
-def c2_taper(angle_rad: np.ndarray, apodization_rad: float) -> np.ndarray:
-    """C2 taper of the angle from the edge: 0 at the edge, 1 from ``apodization_rad`` on (see module doc)."""
-    angle = np.asarray(angle_rad, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        x = np.sqrt((1.0 - np.cos(np.minimum(angle, math.pi))) / (1.0 - math.cos(apodization_rad)))
-    return np.where(x < 1.0, 0.5 * (1.0 - np.cos(math.pi * np.minimum(x, 1.0))), 1.0)
-
-
-def apodized_mask(inside: np.ndarray, apodization_deg: float) -> np.ndarray:
-    """The analysis mask [npix] float in [0, 1]: ``inside`` (bool) with its edge tapered over ``apodization_deg``."""
-    inside = np.asarray(inside, dtype=bool)
-    if apodization_deg <= 0 or inside.all() or not inside.any():
-        return inside.astype(np.float64)
-    apodization = math.radians(apodization_deg)
-    distance = distance_to_edge(inside, apodization)
-    mask = np.where(inside, c2_taper(distance, apodization), 0.0)
-    return mask
+def campaign_binning(spec: CampaignSpec) -> bandpowers.Binning:
+    """The bandpowers' bins: ``products.ell_bin_width`` wide from ell = 2, transforms to 3 nside - 1."""
+    return bandpowers.Binning.for_nside(spec.pixelization.nside, spec.products.ell_bin_width)
 
 
 def mask_moments(mask: np.ndarray) -> tuple[float, float]:
@@ -177,6 +144,19 @@ def sky_model_spectra(cls_in: np.ndarray, fwhm_rad: float, sky_lmax: int, lmax: 
 
 
 @dataclass
+class SkyModel:
+    """The simulated CMB's input spectra and how the map-maker smoothed and band-limited them."""
+
+    cls_in: np.ndarray  # [n_ell, 4] K^2, TT EE BB TE from ell = 0
+    fwhm_rad: float
+    sky_lmax: int
+
+    def band_limited_cls(self) -> np.ndarray:
+        """``[4, sky_lmax + 1]`` K^2, rows TT EE BB TE: the input spectra up to the sky's band limit."""
+        return np.asarray(self.cls_in, dtype=np.float64)[: self.sky_lmax + 1].T
+
+
+@dataclass
 class RealizationSpectra:
     """The spectra products of one realisation (root only)."""
 
@@ -191,35 +171,44 @@ class RealizationSpectra:
     binned: np.ndarray  # [6, n_bins] K^2
     model: np.ndarray | None  # [6, lmax + 1] K^2, C_l^in B_l^2; None without a CMB sky
     model_binned: np.ndarray | None  # [6, n_bins]
+    monopole: float  # K, of the I map over the mask (removed)
+    dipole: np.ndarray  # [3] K, of the I map over the mask (removed)
+    coupling: bandpowers.Coupling
+    bandpowers: bandpowers.Bandpowers  # decoupled, K^2
+    model_bandpowers: np.ndarray | None  # [6, n_bandpower_bins] K^2, the sky model through the windows
+    bandpowers_s: float  # seconds for the bandpowers given the coupling
 
 
 def realization_spectra(
     iqu: np.ndarray,
-    hits: np.ndarray,
+    coupling: bandpowers.Coupling,
     *,
-    min_hits: int,
-    apodization_deg: float,
     lmax: int,
     ell_bin_width: int,
-    model_cls: np.ndarray | None = None,
-    model_fwhm_rad: float = 0.0,
-    model_sky_lmax: int = 0,
+    sky_model: SkyModel | None = None,
 ) -> RealizationSpectra:
-    """Mask, pseudo-spectra and bins of one map ``iqu [3, npix]`` (K, UNSEEN where not solved), ``hits [npix]``.
+    """Pseudo-spectra and decoupled bandpowers of one map ``iqu [3, npix]`` (K, UNSEEN where not solved).
 
-    ``model_cls`` (TT, EE, BB, TE per ell, K^2) with the beam FWHM and band
-    limit of the simulated CMB gives the binned sky model; None skips it.
+    The mask is the coupling's (:func:`campaign_mask`); the I map's monopole and dipole over it
+    are removed first. ``sky_model`` gives the binned model and the model bandpowers; None skips them.
     """
     iqu = np.asarray(iqu, dtype=np.float64)
-    solved = iqu[0] != hp.UNSEEN
-    mask = apodized_mask(binary_mask(hits, solved, min_hits), apodization_deg)
+    mask = coupling.mask
     w2, fsky = mask_moments(mask)
-    cl = pseudo_spectra(iqu, mask, lmax)
+    cleaned = iqu.copy()
+    cleaned[0], monopole, dipole = bandpowers.remove_monopole_dipole(iqu[0], mask)
+    cl = pseudo_spectra(cleaned, mask, lmax)
     ell_min, ell_max = ell_bins(lmax, ell_bin_width)
-    model = model_binned = None
-    if model_cls is not None:
-        model = sky_model_spectra(model_cls, model_fwhm_rad, model_sky_lmax, lmax)
+    started = time.perf_counter()
+    measured_bandpowers = bandpowers.decoupled_bandpowers(cleaned, coupling)
+    bandpowers_s = time.perf_counter() - started
+    model = model_binned = model_cb = None
+    if sky_model is not None:
+        model = sky_model_spectra(sky_model.cls_in, sky_model.fwhm_rad, sky_model.sky_lmax, lmax)
         model_binned = bin_spectra(model, ell_min, ell_max)
+        model_cb = bandpowers.model_bandpowers(
+            coupling, sky_model.band_limited_cls(), beam_fwhm_arcmin=math.degrees(sky_model.fwhm_rad) * 60.0
+        )
     return RealizationSpectra(
         mask=mask,
         w2=w2,
@@ -232,43 +221,58 @@ def realization_spectra(
         binned=bin_spectra(cl, ell_min, ell_max),
         model=model,
         model_binned=model_binned,
+        monopole=monopole,
+        dipole=dipole,
+        coupling=coupling,
+        bandpowers=measured_bandpowers,
+        model_bandpowers=model_cb,
+        bandpowers_s=bandpowers_s,
     )
 
 
-def for_campaign(spec: CampaignSpec, iqu: np.ndarray, hits: np.ndarray) -> RealizationSpectra:
+def campaign_sky_model(spec: CampaignSpec) -> SkyModel | None:
+    """The input C_l, beam and band limit of the CMB sky a campaign simulates; None if it simulates none."""
+    if not (spec.simulates_signal and isinstance(spec.sky, CmbSky)):
+        return None
+    cls_in = load_fiducial_cls()
+    nside = spec.pixelization.nside
+    return SkyModel(
+        cls_in=cls_in,
+        fwhm_rad=spec.sky.fwhm_arcmin * ARCMIN,
+        sky_lmax=min(spec.sky.lmax or 3 * nside - 1, len(cls_in) - 1),  # as mapmaker.model.sky.build_sky
+    )
+
+
+def for_campaign(spec: CampaignSpec, iqu: np.ndarray, coupling: bandpowers.Coupling) -> RealizationSpectra:
     """:func:`realization_spectra` with the settings of a :class:`schemas.spec.CampaignSpec`.
 
-    ``lmax`` defaults to 2 nside; the sky model exists for CMB skies that the
-    campaign simulates (``signal-only`` and ``signal+noise``).
+    ``coupling`` is that of :func:`campaign_mask` and :func:`campaign_binning` with
+    ``products.purify_b``. The pseudo-spectra's ``lmax`` defaults to 2 nside; the sky model
+    exists for CMB skies that the campaign simulates (``signal-only`` and ``signal+noise``).
     """
-    nside = spec.pixelization.nside
     products = spec.products
-    lmax = products.lmax or 2 * nside
-    model = {}
-    if spec.simulates_signal and isinstance(spec.sky, CmbSky):
-        cls_in = load_fiducial_cls()
-        model = {
-            "model_cls": cls_in,
-            "model_fwhm_rad": spec.sky.fwhm_arcmin * ARCMIN,
-            "model_sky_lmax": min(spec.sky.lmax or 3 * nside - 1, len(cls_in) - 1),  # as mapmaker.model.sky.build_sky
-        }
     return realization_spectra(
         iqu,
-        hits,
-        min_hits=products.min_hits,
-        apodization_deg=products.apodization_deg,
-        lmax=lmax,
+        coupling,
+        lmax=products.lmax or 2 * spec.pixelization.nside,
         ell_bin_width=products.ell_bin_width,
-        **model,
+        sky_model=campaign_sky_model(spec),
     )
 
 
-def result_record(spec: CampaignSpec, measured: RealizationSpectra) -> dict:
-    """The compact record of :class:`schemas.result.BinnedSpectra` (as plain data)."""
+def result_record(
+    spec: CampaignSpec, measured: RealizationSpectra, *, coupling_source: str, coupling_build_s: float | None
+) -> dict:
+    """The compact record of :class:`schemas.result.BinnedSpectra` (as plain data).
+
+    ``coupling_source`` is "file" (read from ``realize --coupling``) or "built" (by this run, in
+    ``coupling_build_s`` seconds).
+    """
     def by_name(rows: np.ndarray) -> dict[str, list[float]]:
         return {name: [float(value) for value in row] for name, row in zip(SPECTRA, rows, strict=True)}
 
     fwhm = spec.sky.fwhm_arcmin if spec.simulates_signal and isinstance(spec.sky, CmbSky | MapSky) else None
+    binning = measured.coupling.binning
     return {
         "ell_min": [int(ell) for ell in measured.ell_min],
         "ell_max": [int(ell) for ell in measured.ell_max],
@@ -283,4 +287,20 @@ def result_record(spec: CampaignSpec, measured: RealizationSpectra) -> dict:
         "noise": spec.simulates_noise,
         "model": by_name(measured.model_binned) if measured.model_binned is not None else None,
         "beam_fwhm_arcmin": fwhm,
+        "monopole_k": measured.monopole,
+        "dipole_k": [float(value) for value in measured.dipole],
+        "bandpowers": {
+            "ell_lo": [int(ell) for ell in binning.ell_lo],
+            "ell_hi": [int(ell) for ell in binning.ell_hi],
+            "lmax": binning.lmax,
+            "bin_width": binning.bin_width,
+            "reliable": [bool(flag) for flag in binning.reliable_bins],
+            "purify_b": measured.coupling.purify_b,
+            "cb": by_name(measured.bandpowers.cb),
+            "model": None if measured.model_bandpowers is None else by_name(measured.model_bandpowers),
+            "mask_sha256": measured.coupling.mask_sha256,
+            "coupling_source": coupling_source,
+            "coupling_build_s": coupling_build_s,
+            "bandpowers_s": measured.bandpowers_s,
+        },
     }

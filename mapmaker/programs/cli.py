@@ -3,9 +3,10 @@
 Run it under MPI as ``mpiexec -n P python -m mpi4py -m mapmaker realize ...``
 so that an exception on one rank aborts all of them. Exit status:
 :class:`schemas.programs.MapmakerExit` (0 success, 2 bad input -- spec,
-options, sky map, existing --out --, 3 overlap plan refused: ``realize --plan``
-with a plan that does not match the run or is damaged, never rebuilt
-silently); anything else a failure of the run. Heavy modules (numpy, healpy,
+options, sky map, existing --out --, 3 overlap plan or coupling refused:
+``realize --plan`` with a plan, or ``realize --coupling`` with a coupling file,
+that does not match the run or is damaged, never rebuilt silently); anything
+else a failure of the run. Heavy modules (numpy, healpy,
 mpi4py) are imported only once a command runs, so ``--help`` is instant.
 
 Commands: ``realize``, ``preprocess``, ``calibrate``, ``model`` and ``bench``,
@@ -76,6 +77,11 @@ def _add_realize(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--calibration", type=Path, default=None, metavar="FILE",
         help="site calibration from 'calibrate' that reduction 'auto' models with (default: the paper's Franklin figures)",
+    )
+    parser.add_argument(
+        "--coupling", type=Path, default=None, metavar="FILE",
+        help="mode-coupling file of the bandpowers: read if it exists (one built for another mask, binning or "
+        "purify_b exits 3), else built and written here for the next realisations",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 

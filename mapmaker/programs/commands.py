@@ -15,6 +15,7 @@ from mpi4py import MPI
 from pydantic import ValidationError
 
 from mapmaker.kernels import implementation
+from mapmaker.model.bandpowers import CouplingMismatch
 from mapmaker.model.sky import SkyError
 from mapmaker.parallel.commodel import DEFAULT_MACHINE, Machine, load_machine
 from mapmaker.parallel.overlap_model import project
@@ -105,6 +106,7 @@ def run_realize(args: argparse.Namespace) -> int:
         result = realize_to_folder(
             spec, args.realization, args.out, comm, sky_root=args.sky_root, threads=threads, progress=progress,
             plan=plan, plan_document=plan_document, machine=machine, kernels=args.kernels,
+            coupling_path=args.coupling,
         )
     except SkyError as error:
         return fail(f"sky: {error}")
@@ -112,6 +114,10 @@ def run_realize(args: argparse.Namespace) -> int:
         return fail(f"nothing to solve: {error}")
     except PlanRefused as error:  # raised on every rank, after the pixels were compared
         return fail(f"plan refused: {error}", code=MapmakerExit.PLAN_REFUSED)
+    except CouplingMismatch as error:  # raised on every rank, before the solve or once the mask is known
+        return fail(str(error), code=MapmakerExit.PLAN_REFUSED)
+    except OutputUnusable as error:  # --coupling cannot be written: raised on every rank before the solve
+        return fail(str(error))
     except OutputExists as error:  # --out appeared during the run; only root sees it
         return fail(str(error), collective=False)
     if rank == 0 and not args.quiet:

@@ -12,10 +12,20 @@ Files (HEALPix RING, full sky, readable with ``healpy.read_map``):
   hit matrix; UNSEEN where unobserved;
 * ``mask.fits``    -- the apodised analysis mask of the spectra (``mapmaker.model.spectra``);
   it depends on the pointing only, so it is the same in every realisation;
-* ``spectra.npz``  -- pseudo-spectra: ``cl`` [6, lmax + 1] and ``cl_binned``
-  [6, n_bins] (K^2, rows TT, EE, BB, TE, EB, TB), ``ell_min``/``ell_max`` of
-  the bins, ``w2``, ``fsky``, and ``model``/``model_binned`` (C_l^in B_l^2)
-  when a CMB sky was simulated;
+* ``spectra.npz``  -- rows TT, EE, BB, TE, EB, TB (``spectra``) everywhere, K^2:
+
+  - pseudo-spectra: ``cl`` [6, lmax + 1] and ``cl_binned`` [6, n_bins],
+    ``ell_min``/``ell_max`` of the bins, ``w2``, ``fsky``, and
+    ``model``/``model_binned`` (C_l^in B_l^2) when a CMB sky was simulated;
+  - decoupled bandpowers (``mapmaker.model.bandpowers``): ``bandpowers``
+    [6, n_bandpowers], ``bandpower_ell`` [n_bandpowers] (bin centres),
+    ``bandpower_ell_lo``/``bandpower_ell_hi``, ``bandpower_windows``
+    [6, n_bandpowers, 6, lmax_b + 2] (``<C_b^X> = sum_Y sum_l W[X, b, Y, l] C_l^Y``,
+    ell from 0), ``bandpower_purify_b``, ``bandpower_reliable`` [n_bandpowers] bool,
+    and ``model_bandpowers`` [6, n_bandpowers] (the input C_l with the beam
+    through the windows) when a CMB sky was simulated;
+  - ``monopole`` (K) and ``dipole`` [3] (K) of the I map over the mask, removed
+    before every transform;
 * ``result.json``  -- :class:`schemas.result.RealizationResult`.
 """
 from __future__ import annotations
@@ -140,6 +150,20 @@ def write_spectra(
     }
     if measured.model is not None:
         arrays.update(model=measured.model, model_binned=measured.model_binned)
+    binning = measured.coupling.binning
+    arrays.update(
+        bandpowers=measured.bandpowers.cb,
+        bandpower_ell=measured.bandpowers.ell_b,
+        bandpower_ell_lo=measured.bandpowers.ell_lo,
+        bandpower_ell_hi=measured.bandpowers.ell_hi,
+        bandpower_windows=measured.bandpowers.windows,
+        bandpower_purify_b=np.bool_(measured.coupling.purify_b),
+        bandpower_reliable=binning.reliable_bins,
+        monopole=np.float64(measured.monopole),
+        dipole=measured.dipole,
+    )
+    if measured.model_bandpowers is not None:
+        arrays.update(model_bandpowers=measured.model_bandpowers)
     with open(paths["spectra"], "wb") as handle:
         np.savez(handle, **arrays)
     return [file_record(role, path, folder.path) for role, path in paths.items()]

@@ -1,21 +1,40 @@
 """``python -m mapmaker realize``: one realisation solved (:mod:`mapmaker.solve.realization`), then its products.
 
-After the collective solve, root computes the analysis mask and the
-pseudo-spectra (:mod:`mapmaker.model.spectra`), writes the maps and spectra
-into a product folder that appears whole or not at all
-(:mod:`mapmaker.programs.products`), gathers every rank's figures and writes
-``result.json`` (:class:`schemas.result.RealizationResult`) last.
+After the collective solve, root computes the analysis mask, takes its mode
+coupling (:func:`campaign_coupling`: read from ``--coupling`` or built), the
+pseudo-spectra and the decoupled bandpowers (:mod:`mapmaker.model.spectra`),
+writes the maps and spectra into a product folder that appears whole or not at
+all (:mod:`mapmaker.programs.products`), gathers every rank's figures and
+writes ``result.json`` (:class:`schemas.result.RealizationResult`) last.
+
+The coupling file (``realize --coupling FILE``) is
+:meth:`mapmaker.model.bandpowers.Coupling.write_npz`: the mask, its sha256, the
+binning, ``purify_b`` and pspy's matrices. It depends on the pointing and the
+products settings only, so every realisation of a campaign (and every campaign
+with that scan and those settings) can share it: the first run that finds no
+file builds the coupling and writes it atomically, the next ones read it. A
+file built for another mask, binning or purification is refused
+(:class:`mapmaker.model.bandpowers.CouplingMismatch`, exit ``PLAN_REFUSED``),
+never rebuilt silently: the binning and purification are checked before the
+solve, the mask (known once the map is) after it. A missing file whose folder
+cannot be written is refused before the solve as well
+(:class:`mapmaker.programs.products.OutputUnusable`).
 """
 from __future__ import annotations
 
 import math
+import time
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 from mpi4py import MPI
 
 from mapmaker.kernels import implementation
 from mapmaker.model import rng, spectra
+from mapmaker.model.bandpowers import Coupling, CouplingMismatch, build_coupling, mask_checksum
 from mapmaker.model.decomposition import chunk_layout
 from mapmaker.model.noise import NoiseModel
 from mapmaker.model.sky import sky_stream_key
@@ -23,12 +42,15 @@ from mapmaker.model.spectra import RealizationSpectra
 from mapmaker.parallel.commodel import Machine, Selection
 from mapmaker.parallel.overlap import OverlapPlan
 from mapmaker.programs import products
-from mapmaker.programs.products import ProductFolder
+from mapmaker.programs.products import OutputUnusable, ProductFolder, refuse_unwritable
 from mapmaker.programs.versions import package_versions
 from mapmaker.solve.realization import Progress, SolveOutcome, run_realization
 from mapmaker.solve.timing import Timers, peak_memory_mib
+from schemas.files import atomic_write
 from schemas.result import ProductFile, RealizationResult
 from schemas.spec import CampaignSpec, scan_key, spec_hash
+
+T = TypeVar("T")
 
 
 def realize_to_folder(
@@ -44,29 +66,35 @@ def realize_to_folder(
     plan_document: dict[str, Any] | None = None,
     machine: Machine | None = None,
     kernels: str = implementation.DEFAULT,
+    coupling_path: str | Path | None = None,
 ) -> RealizationResult | None:
     """Run one realisation and write its products atomically into ``out`` (root writes).
 
     Returns the validated :class:`schemas.result.RealizationResult` on root,
     None on the other ranks. ``out`` must not exist (checked by the caller
     before the run, and again at the rename). ``plan_document`` is the plan
-    file's JSON header (its checksum goes into the result).
+    file's JSON header (its checksum goes into the result). ``coupling_path``
+    is the coupling file to read, or to write when it does not exist (module
+    doc); a mismatched one raises :class:`CouplingMismatch` on every rank.
     """
+    if coupling_path is not None:
+        refuse_on_every_rank(comm, lambda: check_coupling_path(spec, Path(coupling_path)))
     timers = Timers()
     outcome = run_realization(
         spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers, plan=plan,
         machine=machine, kernels=kernels,
     )
-    folder, records, measured = None, [], None
-    if comm.Get_rank() == 0:
-        folder, records, measured = write_products(spec, realization, out, outcome, timers)
+    written = refuse_on_every_rank(
+        comm, lambda: write_products(spec, realization, out, outcome, timers, coupling_path, progress)
+    )
+    folder, records, measured, coupling_record = written if written is not None else (None, [], None, None)
     per_rank = gather_rank_figures(comm, outcome, timers)
     if comm.Get_rank() != 0:
         return None
     result = realization_result(
         spec, realization, outcome, per_rank, ranks=comm.Get_size(), threads=threads, kernels=kernels,
         plan_checksum=None if plan_document is None else plan_document["header_sha256"],
-        product_records=records, measured=measured,
+        product_records=records, measured=measured, coupling_record=coupling_record,
     )
     try:
         products.write_result(folder, result)
@@ -77,24 +105,102 @@ def realize_to_folder(
     return result
 
 
-def write_products(
-    spec: CampaignSpec, realization: int, out: str | Path, outcome: SolveOutcome, timers: Timers
-) -> tuple[ProductFolder, list[ProductFile], RealizationSpectra]:
-    """On root: the maps, the mask and the spectra, written into a new product folder for ``out``.
+REFUSALS = (CouplingMismatch, OutputUnusable)  # what root's checks raise on every rank (refuse_on_every_rank)
 
-    Returns the folder (not yet committed: ``result.json`` goes in last), the
-    files' records and the measured spectra.
+
+def refuse_on_every_rank(comm: MPI.Comm, on_root: Callable[[], T]) -> T | None:
+    """Collective: ``on_root()`` on root (its value there, None elsewhere). A refusal it raises
+    (:data:`REFUSALS`) is raised on every rank, so that all of them exit with it instead of waiting for root."""
+    value, refusal = None, None
+    if comm.Get_rank() == 0:
+        try:
+            value = on_root()
+        except REFUSALS as error:
+            refusal = (next(i for i, kind in enumerate(REFUSALS) if isinstance(error, kind)), str(error))
+    refusal = comm.bcast(refusal, root=0)
+    if refusal is not None:
+        kind, message = refusal
+        raise REFUSALS[kind](message)
+    return value
+
+
+def check_coupling_path(spec: CampaignSpec, path: Path) -> None:
+    """Before the solve: refuse an existing coupling file built for another binning or purification
+    (:class:`CouplingMismatch`), or a missing one that could not be written (:class:`OutputUnusable`)."""
+    if path.exists():
+        read_coupling(path, binning=spectra.campaign_binning(spec), purify_b=spec.products.purify_b)
+    else:
+        refuse_unwritable(path, "--coupling")
+
+
+def read_coupling(path: Path, **expected: Any) -> Coupling:
+    """:meth:`Coupling.read_npz` of ``path``; a file that is not a coupling is refused like a mismatched one."""
+    try:
+        return Coupling.read_npz(str(path), **expected)
+    except CouplingMismatch as error:
+        raise CouplingMismatch(f"--coupling {str(path)!r}: {error}") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        raise CouplingMismatch(
+            f"--coupling {str(path)!r} is not a readable coupling file ({type(error).__name__}: {error}); "
+            "remove it to rebuild"
+        ) from None
+
+
+def campaign_coupling(
+    spec: CampaignSpec, mask: np.ndarray, path: str | Path | None, progress: Progress | None = None
+) -> tuple[Coupling, dict[str, Any]]:
+    """The mode coupling of ``mask`` with the campaign's binning and ``products.purify_b``, and how it came.
+
+    With ``path``: read it when it exists (refused with :class:`CouplingMismatch` unless it was
+    built for this mask, binning and purification), else build it and write it atomically there.
+    Returns the coupling and ``{"source": "file" | "built", "build_s": seconds or None}``.
     """
+    binning, purify_b = spectra.campaign_binning(spec), spec.products.purify_b
+    say = progress or (lambda message: None)
+    if path is not None and Path(path).exists():
+        coupling = read_coupling(
+            Path(path), mask_sha256=mask_checksum(mask), binning=binning, purify_b=purify_b
+        )
+        say(f"coupling: read from {path} (mask sha256 {coupling.mask_sha256[:12]})")
+        return coupling, {"source": "file", "build_s": None}
+    started = time.perf_counter()
+    coupling = build_coupling(mask, binning, purify_b=purify_b)
+    build_s = time.perf_counter() - started
+    if path is not None:
+        atomic_write(path, coupling.write_npz)
+    where = f", written to {path}" if path is not None else ""
+    say(f"coupling: built in {build_s:.2f} s (mask sha256 {coupling.mask_sha256[:12]}){where}")
+    return coupling, {"source": "built", "build_s": build_s}
+
+
+def write_products(
+    spec: CampaignSpec,
+    realization: int,
+    out: str | Path,
+    outcome: SolveOutcome,
+    timers: Timers,
+    coupling_path: str | Path | None = None,
+    progress: Progress | None = None,
+) -> tuple[ProductFolder, list[ProductFile], RealizationSpectra, dict[str, Any]]:
+    """On root: the maps, the mask, the spectra and the bandpowers, written into a new product folder for ``out``.
+
+    The coupling comes first (:func:`campaign_coupling`), so a refused one leaves no folder.
+    Returns the folder (not yet committed: ``result.json`` goes in last), the files' records,
+    the measured spectra and how the coupling came.
+    """
+    with timers("calc"):
+        mask = spectra.campaign_mask(spec, outcome.iqu, outcome.hits)
+        coupling, coupling_record = campaign_coupling(spec, mask, coupling_path, progress)
     with timers("io"):
         folder = ProductFolder(out)
         header = [("REALIZ", realization), ("SCANKEY", scan_key(spec))]
         coord = "C" if spec.scan.kind == "ground" else "E"  # equatorial / ecliptic
         records = products.write_maps(folder, outcome.iqu, outcome.hits, outcome.rcond, header, coord)
     with timers("calc"):
-        measured = spectra.for_campaign(spec, outcome.iqu, outcome.hits)
+        measured = spectra.for_campaign(spec, outcome.iqu, coupling)
     with timers("io"):
         records += products.write_spectra(folder, measured, header, coord)
-    return folder, records, measured
+    return folder, records, measured, coupling_record
 
 
 def gather_rank_figures(comm: MPI.Comm, outcome: SolveOutcome, timers: Timers) -> list[dict[str, float]] | None:
@@ -123,6 +229,7 @@ def realization_result(
     plan_checksum: str | None,
     product_records: list[ProductFile],
     measured: RealizationSpectra,
+    coupling_record: dict[str, Any],
 ) -> RealizationResult:
     """The validated ``result.json`` of a realisation from its outcome and every rank's figures."""
     timers = outcome.timers
@@ -168,7 +275,9 @@ def realization_result(
         plan_checksum=plan_checksum,
         versions=package_versions(),
         products=product_records,
-        spectra=spectra.result_record(spec, measured),
+        spectra=spectra.result_record(
+            spec, measured, coupling_source=coupling_record["source"], coupling_build_s=coupling_record["build_s"]
+        ),
     )
 
 
