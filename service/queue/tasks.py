@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from schemas.api import HeartbeatAnswer, PlanBuilt, TaskFailed, TaskStarted, parse_task_id, realize_task_id
 from schemas.result import RealizationResult
+from schemas.spec import CampaignSpec, spec_hash
 from schemas.states import (
     LEASED_REALIZATION_STATES,
     AttemptState,
@@ -202,7 +203,12 @@ def check_result(held: HeldAttempt, result: RealizationResult) -> None:
             f"result.realization is {result.realization}, but task {realize_task_id(held.attempt.id)} "
             f"is realisation {held.realization.index}"
         )
-    if result.spec_hash != held.campaign.spec_hash:
+    # The map-maker hashes the spec with today's models, defaults included; a campaign submitted before an
+    # upgrade that added a spec field with a default keeps its stored hash, so today's hash of its stored
+    # spec is accepted too (the spec itself is the same; only the defaults it is read with grew).
+    if result.spec_hash != held.campaign.spec_hash and result.spec_hash != spec_hash(
+        CampaignSpec.model_validate(held.campaign.spec)
+    ):
         raise ResultMismatch("result.spec_hash does not match the campaign's spec hash")
     if result.scan_key != held.campaign.scan_key:
         raise ResultMismatch("result.scan_key does not match the campaign's scan key")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from service.campaigns.hooks import on_result_accepted, remove_result_hook
+from service.campaigns.models import Campaign
 from service.db import utcnow
 from service.events.models import Event
-from tests.support.service_helpers import product, sha256, spec_data
+from tests.support.service_helpers import product, result_for, sha256, spec_data
 
 
 def test_claim_order_priority_then_age_then_index(api):
@@ -332,6 +333,23 @@ def test_result_accepted_once_and_late_duplicate_refused(api):
         ).status_code
         == 422
     )
+
+
+def test_a_campaign_from_before_a_new_spec_default_still_takes_its_results(api):
+    """A release that adds a spec field with a default changes the hash the map-maker computes; a campaign
+    stored before it (with the older hash) still accepts results hashed from its spec by today's models, and a
+    result for some other spec is still refused."""
+    campaign = api.create(realizations=2)
+    with api.database.session() as session:
+        session.execute(update(Campaign).where(Campaign.id == campaign["id"]).values(spec_hash="0" * 64))
+        session.commit()
+    worker = api.register()
+    api.build_plan(worker)
+    task, other = api.claim(worker, max_tasks=2)
+    assert api.succeed(task).status_code == 200
+    foreign = result_for({**other["spec"], "seed": other["spec"]["seed"] + 1}, other["realization"])
+    refused = api.wpost(f"/tasks/{other['task_id']}/succeeded", json={"result": foreign})
+    assert refused.status_code == 422 and "spec_hash" in refused.json()["detail"]
 
 
 def test_artifacts_staged_checked_and_moved_into_place(make_api):
