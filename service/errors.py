@@ -12,11 +12,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from schemas.io import format_location
+from schemas.io import format_location, problem_message
 
 log = logging.getLogger("mapcampaign.service")
 
@@ -114,18 +115,31 @@ def error_response(status_code: int, detail: str, code: str, headers: dict[str, 
     return JSONResponse({"detail": detail, "code": code}, status_code=status_code, headers=headers)
 
 
-def invalid_request_response(problems: list[dict[str, Any]]) -> JSONResponse:
-    """A 422 naming each field at fault: ``problems`` are pydantic's errors (``loc``, ``msg``, ``type``)."""
-    detail = [
-        {
-            "field": format_location(tuple(item.get("loc", ()))),
-            "loc": [part if isinstance(part, int) else str(part) for part in item.get("loc", ())],
-            "msg": item.get("msg", ""),
-            "type": item.get("type", ""),
-        }
-        for item in problems
-    ]
+def invalid_request_response(problems: list[dict[str, Any]], body_model: type[BaseModel] | None = None) -> JSONResponse:
+    """A 422 naming each field at fault: ``problems`` are pydantic's errors (``loc``, ``msg``, ``type``).
+    With the request body's model, an unknown body field is answered with a close match ("did you mean")."""
+    detail = []
+    for item in problems:
+        loc = tuple(item.get("loc", ()))
+        message = item.get("msg", "")
+        if body_model is not None and loc[:1] == ("body",):
+            message = problem_message(body_model, {**item, "loc": loc[1:]})
+        detail.append(
+            {
+                "field": format_location(loc),
+                "loc": [part if isinstance(part, int) else str(part) for part in loc],
+                "msg": message,
+                "type": item.get("type", ""),
+            }
+        )
     return JSONResponse({"detail": detail, "code": "invalid_request"}, status_code=422)
+
+
+def _body_model(request: Request) -> type[BaseModel] | None:
+    """The pydantic model a route reads its JSON body into, if it has one."""
+    body_field = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(body_field, "field_info", None), "annotation", None)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -137,8 +151,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(error.status_code, error.detail, type(error).code, headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_request: Request, error: RequestValidationError) -> JSONResponse:
-        return invalid_request_response(list(error.errors()))
+    async def _validation(request: Request, error: RequestValidationError) -> JSONResponse:
+        return invalid_request_response(list(error.errors()), _body_model(request))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:
