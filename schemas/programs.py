@@ -23,7 +23,7 @@ class MapmakerExit(enum.IntEnum):
 
     OK = 0
     BAD_INPUT = 2  # spec, options, sky map, an existing --out: the same command will fail again
-    PLAN_REFUSED = 3  # realize --plan with a plan that does not match the run or is damaged
+    PLAN_REFUSED = 3  # realize --plan (or --coupling) with a file that does not match the run or is damaged
 
 
 # --------------------------------------------------------------------------- file names
