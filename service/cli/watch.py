@@ -16,7 +16,7 @@ from typing import Annotated, Any, Self
 
 import typer
 
-from schemas.states import FINISHED_CAMPAIGN_STATES, RealizationState
+from schemas.states import FINISHED_CAMPAIGN_STATES, CampaignState, RealizationState
 from service.cli._client import ApiClient, duration, print_json
 
 FINISHED = FINISHED_CAMPAIGN_STATES
@@ -29,7 +29,7 @@ BAR_STATES = tuple(
 
 def exit_code_for(state: str) -> int:
     """0 when every realisation succeeded, 1 when any failed or the campaign was cancelled."""
-    return 0 if state == "succeeded" else 1
+    return 0 if state == CampaignState.SUCCEEDED else 1
 
 
 class EventPoker:
@@ -147,7 +147,7 @@ class ProgressView:
                     self.tasks[state],
                     completed=counts.get(state, 0),
                     total=total,
-                    note=note if state == "queued" else (header if state == "running" else ""),
+                    note=note if state == RealizationState.QUEUED else (header if state == RealizationState.RUNNING else ""),
                 )
             if counts.get("cancelled") and self.tasks["cancelled"] is None:
                 self.tasks["cancelled"] = self.progress.add_task("cancelled", total=total, note="")
