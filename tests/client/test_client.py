@@ -11,6 +11,7 @@ import pytest
 from astropy.io import fits
 
 import mapcampaign
+from mapcampaign._events import CampaignEvents
 from mapcampaign.errors import (
     ApiError,
     Conflict,
@@ -144,6 +145,15 @@ def test_watch_reports_each_change_and_ends_with_the_finished_campaign(
     assert client.wait(campaign.id, timeout=30).state == "succeeded"  # a finished campaign returns at once
 
 
+def test_the_event_stream_wakes_the_watcher_on_a_change(client: mapcampaign.Client, live_service: LiveService):
+    campaign = client.submit(small_spec("streamed"))
+    with live_service.client(live_service.user_token) as http, CampaignEvents(http, campaign.id) as events:
+        assert events.wait(timeout=30) and events.connected.is_set()
+        client.cancel(campaign.id)
+        assert events.wait(timeout=30)  # the cancellation's event, not a timeout
+        assert events.connected.is_set()
+
+
 def test_logs_retry_cancel_and_delete(client: mapcampaign.Client, campaign_runner: CampaignRunner):
     campaign = client.submit(small_spec("troubled"))
     failed_task = campaign_runner.run_one(fail=True)
@@ -157,6 +167,9 @@ def test_logs_retry_cancel_and_delete(client: mapcampaign.Client, campaign_runne
     assert (attempt.failure_class, attempt.exit_code) == ("app_error", 1) and "boom" in (attempt.log_tail or "")
     [one] = client.logs(campaign.id, realization=succeeded_task["realization"])
     assert one.state == "succeeded" and one.result is not None
+    with pytest.raises(NotFound) as no_such_realization:
+        client.logs(campaign.id, realization=5)
+    assert no_such_realization.value.code == "realization_not_found"
 
     retried = client.retry(campaign.id)
     assert retried.requeued == 1 and retried.campaign.state in ("queued", "running")
