@@ -1,11 +1,7 @@
 """What the client commands share: where the service is, the user token, HTTP calls that fail readably, output.
 
-Connection, first found wins:
-
-* the service: ``--server``, ``MAPCAMPAIGN_SERVER``, ``MAPCAMPAIGN_URL`` (older name), the address of a
-  running ``mapcampaign up`` on the same data folder, else ``http://MAPCAMPAIGN_HOST:MAPCAMPAIGN_PORT``;
-* the user token: ``--token``, ``MAPCAMPAIGN_TOKEN``, the file ``MAPCAMPAIGN_TOKEN_FILE``, else
-  ``<data dir>/tokens/local-user.token`` (written by ``up``, ``demo`` and ``serve`` on the embedded default).
+Where the service is and which token to use: :mod:`mapcampaign._connection` (the Python client's own
+defaults), with ``--server`` and ``--token`` of the top-level command first.
 
 Exit codes: 4xx answers are bad usage or input (2), an unreachable service or a 5xx is 1.
 """
@@ -13,19 +9,19 @@ Exit codes: 4xx answers are bad usage or input (2), an unreachable service or a 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 import typer
 
-from service.cli._utilities import fail, load_settings
+from mapcampaign import _connection
+from mapcampaign._connection import API_PREFIX
+from mapcampaign.errors import ConfigurationError
+from service.cli._utilities import fail
 
 if TYPE_CHECKING:
     import httpx
-
-API_PREFIX = "/api/v1"  # schemas.api.API_PREFIX; not imported so that --help stays light
 
 
 @dataclass
@@ -34,64 +30,26 @@ class GlobalOptions:
     token: str | None = None
 
 
+# service/cli/_stack.py reads these from here.
+local_server_url = _connection.local_server_url
+up_record_path = _connection.up_record_path
+
 # Set once by the top-level callback (``mapcampaign --server URL --token T COMMAND``).
 global_options = GlobalOptions()
 
 
-def local_server_url(host: str, port: int) -> str:
-    # A service listening on every interface is reached on the loopback.
-    reachable = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    if ":" in reachable and not reachable.startswith("["):
-        reachable = f"[{reachable}]"
-    return f"http://{reachable}:{port}"
-
-
-def up_record_path(data_dir: Path) -> Path:
-    """Where ``mapcampaign up`` notes its URL and pid while it runs (so ``up --port P`` needs no --server later)."""
-    return data_dir / "up" / "server.json"
-
-
-def running_up_url(data_dir: Path) -> str | None:
-    """The URL of the ``up`` running on this data folder, or None (no record, or its process is gone)."""
-    try:
-        record = json.loads(up_record_path(data_dir).read_text())
-        os.kill(int(record["pid"]), 0)
-        return str(record["url"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def server_url(explicit: str | None = None) -> str:
-    url = explicit or global_options.server or os.environ.get("MAPCAMPAIGN_SERVER") or os.environ.get("MAPCAMPAIGN_URL")
-    if not url:
-        settings = load_settings()
-        url = running_up_url(settings.data_dir) or local_server_url(settings.host, settings.port)
-    url = url.strip().rstrip("/")
-    url = url.removesuffix(API_PREFIX)
-    if not url.startswith(("http://", "https://")):
-        fail(f"--server {url!r}: must start with http:// or https://", code=2)
-    return url
+    try:
+        return _connection.server_url(explicit or global_options.server)
+    except ConfigurationError as error:
+        fail(str(error), hint=error.hint, code=2)
 
 
 def user_token(token_file: Path | None = None) -> str:
-    token = global_options.token or os.environ.get("MAPCAMPAIGN_TOKEN", "")
-    if token.strip():
-        return token.strip()
-    if token_file is None and os.environ.get("MAPCAMPAIGN_TOKEN_FILE"):
-        token_file = Path(os.environ["MAPCAMPAIGN_TOKEN_FILE"])
-    path = token_file or load_settings().tokens_dir / "local-user.token"
     try:
-        token = path.read_text().strip()
-    except OSError as error:
-        fail(
-            f"no API token: cannot read {path} ({error.strerror})",
-            hint="start the service with `mapcampaign up`, or pass --token / set MAPCAMPAIGN_TOKEN "
-            "to a user token (`mapcampaign token create --user NAME`)",
-            code=2,
-        )
-    if not token:
-        fail(f"no API token: {path} is empty", code=2)
-    return token
+        return _connection.user_token(global_options.token, token_file)
+    except ConfigurationError as error:
+        fail(str(error), hint=error.hint, code=2)
 
 
 class ApiClient:

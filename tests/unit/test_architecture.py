@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("schemas", "mapmaker", "service", "worker")
+PACKAGES = ("schemas", "mapmaker", "service", "worker", "mapcampaign")
 
 # What each package may import of the project's own packages (besides itself).
 ALLOWED = {
@@ -21,10 +21,14 @@ ALLOWED = {
     "mapmaker": {"schemas"},
     "worker": {"schemas"},
     "service": {"schemas"},
+    "mapcampaign": {"schemas"},
 }
-# The one exception, and why: the CLI's `up`, `demo` and `worker` commands start a worker beside the service.
-# It moves out of service/ with the CLI (into the top-level mapcampaign/ package).
-EXCEPTIONS = {("service", "worker"): {"service/cli/worker.py", "service/cli/_stack.py"}}
+# The exceptions, and why: the CLI's `up`, `demo` and `worker` commands start a worker beside the service, and
+# the CLI reads its connection defaults from the client. They go when the CLI moves into mapcampaign/ (issue 22).
+EXCEPTIONS = {
+    ("service", "worker"): {"service/cli/worker.py", "service/cli/_stack.py"},
+    ("service", "mapcampaign"): {"service/cli/_client.py"},
+}
 
 
 def imported_packages(path: Path) -> set[str]:

@@ -1,0 +1,340 @@
+"""The typed Python client of the campaign service (REST under ``/api/v1``).
+
+::
+
+    import mapcampaign
+
+    client = mapcampaign.Client()                  # the same server and token as the CLI
+    campaign = client.submit("campaign.toml")      # a file, a dict or a schemas.spec.CampaignSpec
+    for detail in client.watch(campaign.id):       # progress as it changes, until the campaign ends
+        print(detail.state, detail.progress.counts)
+    final = client.wait(campaign.id, timeout=3600) # or block; raises errors.WaitTimeout
+    iqu = client.realization_map(campaign.id, 0)   # numpy [3, npix] (K), RING, healpy.UNSEEN where unobserved
+    products = client.products(campaign.id)        # numpy arrays per ell bin
+
+Answers are the models of :mod:`schemas.api`; failures raise :mod:`mapcampaign.errors`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Iterator, Mapping
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from mapcampaign import _connection
+from mapcampaign._events import CampaignEvents
+from mapcampaign.errors import ApiError, InvalidRequest, ServiceUnavailable, WaitTimeout, api_error
+from schemas.api import (
+    IDEMPOTENCY_KEY_HEADER,
+    CampaignDetail,
+    CampaignPage,
+    CampaignSummary,
+    PlanInfo,
+    PlanPage,
+    RealizationDetail,
+    RealizationPage,
+    RetryAnswer,
+)
+from schemas.io import SpecError, load_spec, spec_from_data
+from schemas.products import ProductsSummary
+from schemas.spec import CampaignKind, CampaignSpec
+from schemas.states import FINISHED_CAMPAIGN_STATES, CampaignState, PlanState, RealizationState
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mapcampaign.products import Products
+
+Model = TypeVar("Model", bound=BaseModel)
+SpecSource = str | PathLike[str] | Mapping[str, Any] | CampaignSpec
+
+PAGE_SIZE = 500  # the service's largest page of campaigns and plans
+# With the event stream up, events wake the watcher at once; it reads the campaign this often regardless.
+STREAM_SAFETY_POLL_S = 10.0
+CONNECT_WAIT_S = 5.0  # how long watch() waits for the stream before it starts polling
+
+
+class Client:
+    """A user's connection to the service.
+
+    ``server`` and ``token`` default as for the CLI: ``MAPCAMPAIGN_SERVER``, a running ``mapcampaign up``,
+    ``http://MAPCAMPAIGN_HOST:MAPCAMPAIGN_PORT``; ``MAPCAMPAIGN_TOKEN``, ``MAPCAMPAIGN_TOKEN_FILE``,
+    ``<data dir>/tokens/local-user.token`` (see :mod:`mapcampaign._connection`). ``timeout`` is seconds
+    per request. Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        server: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.server = _connection.server_url(server)
+        self._http = httpx.Client(
+            base_url=self.server + _connection.API_PREFIX,
+            headers={"Authorization": f"Bearer {_connection.user_token(token)}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        return f"mapcampaign.Client(server={self.server!r})"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ------------------------------------------------------------------ campaigns
+
+    def submit(self, spec: SpecSource, *, idempotency_key: str | None = None) -> CampaignDetail:
+        """Validate ``spec`` here (a TOML/YAML/JSON file, a mapping or a CampaignSpec), then create its campaign.
+
+        A spec that does not validate raises :class:`~mapcampaign.errors.InvalidRequest` with the field paths,
+        before anything is sent. Submitting again with the same ``idempotency_key`` and spec returns the
+        campaign made the first time instead of a second one.
+        """
+        model = campaign_spec(spec)
+        headers = {IDEMPOTENCY_KEY_HEADER: idempotency_key} if idempotency_key else None
+        answer = self._request("POST", "/campaigns", json=model.model_dump(mode="json"), headers=headers)
+        return CampaignDetail.model_validate_json(answer.content)
+
+    def get(self, campaign_id: int) -> CampaignDetail:
+        """The campaign with its spec and progress."""
+        return self._get(f"/campaigns/{campaign_id}", CampaignDetail)
+
+    def list(
+        self,
+        state: CampaignState | str | None = None,
+        name: str | None = None,
+        *,
+        kind: CampaignKind | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[CampaignSummary]:
+        """This user's campaigns, newest first: every page of them, or the first ``limit``.
+
+        ``state`` keeps those in that state; ``name`` those whose name holds it (any case).
+        """
+        params = {"state": _value(state), "name": name, "kind": _value(kind)}
+        return self._pages("/campaigns", params, CampaignPage, limit)
+
+    def cancel(self, campaign_id: int, reason: str | None = None) -> CampaignDetail:
+        """Cancel every unfinished realisation; raises :class:`~mapcampaign.errors.Conflict` when it has ended."""
+        body = {"reason": reason} if reason is not None else None
+        answer = self._request("POST", f"/campaigns/{campaign_id}/cancel", json=body)
+        return CampaignDetail.model_validate_json(answer.content)
+
+    def retry(self, campaign_id: int) -> RetryAnswer:
+        """Queue the failed realisations again with a fresh attempt budget."""
+        answer = self._request("POST", f"/campaigns/{campaign_id}/retry")
+        return RetryAnswer.model_validate_json(answer.content)
+
+    def delete(self, campaign_id: int) -> None:
+        """Delete a finished campaign with its realisations and files (cancel a running one first)."""
+        self._request("DELETE", f"/campaigns/{campaign_id}", expected=(204,))
+
+    # ------------------------------------------------------------------ progress
+
+    def watch(self, campaign_id: int, *, poll_s: float = 2.0) -> Iterator[CampaignDetail]:
+        """The campaign now, then again each time its state or counts change, ending with its finished state.
+
+        Driven by the service's event stream; while the stream is down the campaign is read every
+        ``poll_s`` seconds. Leaving the loop early is fine: the stream is closed.
+        """
+        return self._follow(campaign_id, poll_s=poll_s, deadline=None)
+
+    def wait(self, campaign_id: int, timeout: float | None = None, *, poll_s: float = 2.0) -> CampaignDetail:
+        """Block until the campaign is finished and return it; after ``timeout`` seconds raise
+        :class:`~mapcampaign.errors.WaitTimeout` (a ``TimeoutError``) carrying its last status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        detail: CampaignDetail | None = None
+        for detail in self._follow(campaign_id, poll_s=poll_s, deadline=deadline):
+            pass
+        if detail is None or detail.state not in FINISHED_CAMPAIGN_STATES:
+            raise WaitTimeout(campaign_id, timeout or 0.0, detail)
+        return detail
+
+    def _follow(self, campaign_id: int, *, poll_s: float, deadline: float | None) -> Iterator[CampaignDetail]:
+        """Details of the campaign as they change; stops when it is finished or at ``deadline`` (monotonic s)."""
+
+        def remaining(seconds: float) -> float:
+            return seconds if deadline is None else max(0.0, min(seconds, deadline - time.monotonic()))
+
+        detail = self.get(campaign_id)  # an unknown campaign raises before any thread starts
+        yield detail
+        if detail.state in FINISHED_CAMPAIGN_STATES:
+            return
+        shown = _progress_key(detail)
+        with CampaignEvents(self._http, campaign_id) as events:
+            # Read again once the stream is open (or failed), so that no change in between goes unseen.
+            events.wait(remaining(CONNECT_WAIT_S))
+            while True:
+                detail = self.get(campaign_id)
+                if _progress_key(detail) != shown:
+                    shown = _progress_key(detail)
+                    yield detail
+                if detail.state in FINISHED_CAMPAIGN_STATES:
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                events.wait(remaining(STREAM_SAFETY_POLL_S if events.connected.is_set() else poll_s))
+
+    # ------------------------------------------------------------------ realisations
+
+    def realization(self, campaign_id: int, index: int) -> RealizationDetail:
+        """One realisation with its result and every attempt (worker, host, exit code, log tail)."""
+        return self._get(f"/campaigns/{campaign_id}/realizations/{index}", RealizationDetail)
+
+    def logs(self, campaign_id: int, realization: int | None = None) -> builtins.list[RealizationDetail]:
+        """The attempts with their log tails: of realisation ``realization``, or of every failed realisation."""
+        if realization is not None:
+            return [self.realization(campaign_id, realization)]
+        failed = self._pages(
+            f"/campaigns/{campaign_id}/realizations", {"state": RealizationState.FAILED.value}, RealizationPage, None
+        )
+        return [self.realization(campaign_id, item.index) for item in failed]
+
+    def realization_map(self, campaign_id: int, index: int) -> np.ndarray:
+        """The I, Q, U map a realisation uploaded: float64 [3, npix] (K), RING order, healpy.UNSEEN where the
+        scan never looked. Read with healpy from the FITS file the worker stored."""
+        import io
+
+        # Deferred: healpy (with numpy and astropy) takes seconds to import, and only this method needs it.
+        import healpy as hp
+        import numpy as np
+        from astropy.io import fits
+
+        answer = self._request(
+            "GET", f"/campaigns/{campaign_id}/products/realizations/{index}/map", params={"format": "fits"}
+        )
+        with fits.open(io.BytesIO(answer.content)) as hdus:
+            iqu = hp.read_map(hdus, field=(0, 1, 2), dtype=np.float64)
+        return np.asarray(iqu)
+
+    # ------------------------------------------------------------------ plans and products
+
+    def plans(
+        self,
+        scan_key: str | None = None,
+        site: str | None = None,
+        *,
+        state: PlanState | str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[PlanInfo]:
+        """Overlap plans (preprocessing), newest first: all, or those of a scan key, site or state."""
+        plans = self._pages("/plans", {"scan_key": scan_key, "site": site}, PlanPage, None)
+        wanted = [plan for plan in plans if state is None or plan.state == _value(state)]
+        return wanted if limit is None else wanted[:limit]
+
+    def products_summary(self, campaign_id: int) -> ProductsSummary:
+        """The Monte Carlo products as the service reports them (lists of numbers)."""
+        return self._get(f"/campaigns/{campaign_id}/products", ProductsSummary)
+
+    def products(self, campaign_id: int) -> Products:
+        """The Monte Carlo products with their per-bin figures as numpy arrays (see :class:`Products`)."""
+        # Deferred: numpy is imported only by the methods that answer with arrays (import mapcampaign stays fast).
+        from mapcampaign.products import Products
+
+        return Products.from_summary(self.products_summary(campaign_id))
+
+    def download_products(
+        self, campaign_id: int, out_dir: str | PathLike[str], *, format: Literal["fits", "npz"] = "fits"
+    ) -> dict[str, Path]:
+        """Save every product file that exists now (spectra, mean and variance maps, mask) into ``out_dir``,
+        in ``format``; returns the path of each by name (``spectra``, ``mean_map``, ``variance_map``, ``mask``)."""
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        downloads = self.products_summary(campaign_id).downloads
+        saved = {}
+        for name, path in downloads.model_dump().items():
+            if path is None:
+                continue
+            relative = path.removeprefix(_connection.API_PREFIX)
+            target = folder / f"campaign-{campaign_id}-{name.replace('_', '-')}.{format}"
+            with self._http.stream("GET", relative, params={"format": format}) as answer:
+                if answer.status_code != 200:
+                    answer.read()
+                    raise _error(answer)
+                with target.open("wb") as file:
+                    for chunk in answer.iter_bytes():
+                        file.write(chunk)
+            saved[name] = target
+        return saved
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _request(self, method: str, path: str, *, expected: tuple[int, ...] = (200, 201), **kwargs: Any) -> httpx.Response:
+        try:
+            answer = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise ServiceUnavailable(
+                None,
+                "unreachable",
+                f"cannot reach the service at {self.server}: {type(error).__name__}: {error}",
+                request=f"{method} {path}",
+            ) from error
+        if answer.status_code not in expected:
+            raise _error(answer)
+        return answer
+
+    def _get(self, path: str, model: type[Model], params: Mapping[str, Any] | None = None) -> Model:
+        return model.model_validate_json(self._request("GET", path, params=params).content)
+
+    def _pages(
+        self, path: str, params: Mapping[str, Any], page_model: type[CampaignPage | PlanPage | RealizationPage], limit: int | None
+    ) -> builtins.list[Any]:
+        """Every item of a paged listing (following ``next_cursor``), or the first ``limit``."""
+        items: builtins.list[Any] = []
+        query = {key: value for key, value in params.items() if value is not None}
+        cursor = None
+        while limit is None or len(items) < limit:
+            size = PAGE_SIZE if limit is None else min(PAGE_SIZE, limit - len(items))
+            page = self._get(path, page_model, {**query, "limit": size, **({"cursor": cursor} if cursor else {})})
+            items.extend(page.items)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        return items if limit is None else items[:limit]
+
+
+def campaign_spec(spec: SpecSource) -> CampaignSpec:
+    """``spec`` as a validated CampaignSpec; a file or mapping that does not validate raises InvalidRequest."""
+    if isinstance(spec, CampaignSpec):
+        return spec
+    try:
+        if isinstance(spec, Mapping):
+            return spec_from_data(dict(spec))
+        return load_spec(Path(spec))
+    except SpecError as error:
+        raise InvalidRequest(None, "invalid_spec", str(error), problems=error.problems, request=error.source) from None
+
+
+def _error(answer: httpx.Response) -> ApiError:
+    try:
+        body: Any = answer.json()
+    except ValueError:
+        body = answer.text
+    return api_error(answer.status_code, body, request=f"{answer.request.method} {answer.request.url.path}")
+
+
+def _value(choice: Any) -> Any:
+    """An enum member's value (``CampaignState.RUNNING`` -> ``"running"``); anything else as it is."""
+    return getattr(choice, "value", choice)
+
+
+def _progress_key(detail: CampaignDetail) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """What watch() reports a change of: the state and the count of realisations in each state."""
+    return str(detail.state), tuple(sorted((str(state), count) for state, count in detail.progress.counts.items()))
+
