@@ -124,7 +124,11 @@ def fail_on_answer(answer: httpx.Response, what: str) -> NoReturn:
     hint = {
         401: "the token is unknown or revoked: pass --token or set MAPCAMPAIGN_TOKEN",
         403: "use a user token, not a worker token",
-        404: "no such campaign of yours: `mapcampaign list` shows them",
+        404: (
+            "no such realisation: `mapcampaign status ID` says how many the campaign has"
+            if "/realizations/" in what
+            else "no such campaign of yours: `mapcampaign list` shows them"
+        ),
     }.get(status)
     fail(f"{what}: {answer_detail(answer)} (HTTP {status})", hint=hint, code=2 if 400 <= status < 500 else 1)
 

@@ -12,10 +12,12 @@ from typing import Annotated, Any
 
 import typer
 
+from schemas.states import CampaignState
 from service.cli._client import (
     ApiClient,
     answer_detail,
     duration,
+    fail_on_answer,
     field_problems,
     print_json,
     short_time,
@@ -257,9 +259,22 @@ def cancel(
     reason: Annotated[str, typer.Option("--reason", help="Why; kept with the campaign")] = "cancelled by the owner",
     as_json: JsonOption = False,
 ) -> None:
-    """Cancel a campaign: its unfinished realisations become cancelled and running jobs are stopped."""
+    """Cancel a campaign: its unfinished realisations become cancelled and running jobs are stopped.
+    A campaign already cancelled is what was asked for: said, exit 0."""
     with ApiClient() as client:
-        detail = client.request("POST", f"/campaigns/{campaign_id}/cancel", json={"reason": reason}).json()
+        answer = client.request(
+            "POST", f"/campaigns/{campaign_id}/cancel", json={"reason": reason}, expected=(200, 409)
+        )
+        if answer.status_code == 409:
+            detail = client.get(f"/campaigns/{campaign_id}")
+            if detail["state"] != CampaignState.CANCELLED:  # succeeded or failed: nothing to cancel, and not what was asked
+                fail_on_answer(answer, f"POST /campaigns/{campaign_id}/cancel")
+            if as_json:
+                print_json(detail)
+            else:
+                typer.echo(f"campaign {campaign_id} was already cancelled ({detail.get('cancel_reason') or 'no reason'})")
+            return
+        detail = answer.json()
     if as_json:
         print_json(detail)
         return

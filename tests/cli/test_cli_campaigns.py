@@ -103,6 +103,9 @@ def test_list_status_cancel_and_json_output(fresh_user, tmp_path):
     assert stdout_json(run_cli(fresh_user, "list", "--json", "--state", "cancelled"))[0]["id"] == campaign_id
     refused = run_cli(fresh_user, "retry", str(campaign_id))
     assert refused.returncode == 2 and "was cancelled" in refused.stderr and "HTTP 409" in refused.stderr
+    again = run_cli(fresh_user, "cancel", str(campaign_id))  # what was asked for already holds
+    assert again.returncode == 0 and f"campaign {campaign_id} was already cancelled (test)" in again.stdout
+    assert stdout_json(run_cli(fresh_user, "cancel", "--json", str(campaign_id)))["state"] == "cancelled"
 
 
 def test_unknown_campaign_bad_token_and_unreachable_service_exit_codes(fresh_user, tmp_path):
@@ -129,6 +132,9 @@ def test_plans_and_logs_json(fresh_user, cli_service, tmp_path):
     assert logs[0]["state"] == "failed" and logs[0]["attempts"][0]["failure_class"] == "app_error"
     text = run_cli(fresh_user, "logs", str(campaign_id))  # default: every failed realisation
     assert "Traceback: boom" in text.stdout and "exit code 1" in text.stdout
+    missing = run_cli(fresh_user, "logs", str(campaign_id), "--realization", "7")
+    assert missing.returncode == 2 and "HTTP 404" in missing.stderr
+    assert "no such realisation" in missing.stderr and "no such campaign" not in missing.stderr
     plans = stdout_json(run_cli(fresh_user, "plans", "--json"))
     assert any(plan["state"] == "ready" for plan in plans)
     retried = stdout_json(run_cli(fresh_user, "retry", "--json", str(campaign_id)))
