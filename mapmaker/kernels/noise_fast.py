@@ -44,13 +44,10 @@ from mapmaker.kernels import threads as threading
 
 # Even intervals this long (and longer) filter through the four-step transform. `benchmarks/bench_fft.py`
 # (12M samples of intervals fresh from memory, medians of 5 interleaved rounds), four-step against one
-# ducc0 FFT on an Intel Xeon with 2 MiB of L2 per core, two runs: 0.66-0.73x at 36,000 samples (seven
-# calls into ducc0 instead of two), 0.77-0.84x at 72,000, 1.02-1.05x at 131,072, 1.15-1.21x at
-# 200,000, 1.28-1.41x at 262,144, 1.52-1.54x at 360,000, 1.92-2.02x at 720,000. An AMD Zen 4 (1 MiB
-# L2) gave 1.0x at 72,000 and 1.2x at 360,000 in an earlier session's prototype; 2^18 keeps the
-# four-step where it wins on both. On an AMD Zen 5 (1 MiB L2), with the vectorized mixing and the
-# streaming read, it wins from 72,000 (1.10x) up (1.3-1.5x from 131,072); the Intel machine could not
-# be measured again with those, so the threshold stays.
+# ducc0 FFT: on an Intel Xeon with 2 MiB of L2 per core, 0.66-0.73x at 36,000 samples (seven calls into
+# ducc0 instead of two), 0.77-0.84x at 72,000, 1.02-1.05x at 131,072, 1.28-1.41x at 262,144, 1.92-2.02x
+# at 720,000; on the AMD EPYC of docs/results/fft.md (1 MiB L2), 0.82x at 72,000, 1.01x at 131,072,
+# 1.43x at 262,144 and 1.71x at 720,000. 2^18 keeps the four-step where it wins on both.
 FOUR_STEP_MIN_SAMPLES = 1 << 18
 
 
