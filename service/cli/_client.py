@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Self
 
 import typer
 
-from mapcampaign import _connection
+from mapcampaign import _connection, errors
 from mapcampaign._connection import API_PREFIX
 from mapcampaign.errors import ConfigurationError
 from service.cli._utilities import fail
@@ -100,20 +100,9 @@ def answer_detail(answer: httpx.Response) -> Any:
 
 
 def field_problems(answer: httpx.Response) -> list[tuple[str, str]]:
-    """(dotted field path, reason) pairs of a 422 answer, with the ``body.`` prefix dropped:
-    the path then names the field in the spec file."""
-    detail = answer_detail(answer)
-    if not isinstance(detail, list):
-        return [("", str(detail))]
-    problems = []
-    for item in detail:
-        field = str(item.get("field") or ".".join(str(part) for part in item.get("loc", [])))
-        for prefix in ("body.", "body"):
-            if field.startswith(prefix):
-                field = field[len(prefix) :]
-                break
-        problems.append((field, str(item.get("msg", ""))))
-    return problems
+    """(dotted field path, reason) pairs of a 422 answer, the path naming the field in the spec file
+    (:func:`mapcampaign.errors.field_problems`, which the Python client uses too)."""
+    return errors.field_problems(answer_detail(answer))
 
 
 def fail_on_answer(answer: httpx.Response, what: str) -> NoReturn:
