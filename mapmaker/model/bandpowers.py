@@ -307,22 +307,34 @@ class Coupling:
                     k.removeprefix("windows_"): np.array(stored[k]) for k in stored.files if k.startswith("windows_")
                 },
             )
-        differences = []
-        if coupling.mask_sha256 != stored_sha256:
-            differences.append(
-                f"its mask's sha256 is {coupling.mask_sha256} but it records {stored_sha256} (damaged file)"
-            )
-        if mask_sha256 is not None and mask_sha256 != stored_sha256:
-            differences.append(f"built for the mask with sha256 {stored_sha256}, not {mask_sha256}")
-        if binning is not None and binning != coupling.binning:
-            differences.append(f"built for {coupling.binning}, not {binning}")
-        if purify_b is not None and purify_b != coupling.purify_b:
-            differences.append(f"built with purify_b={coupling.purify_b}, not purify_b={purify_b}")
+        damaged = coupling.mask_sha256 != stored_sha256
+        differences = [f"its mask's sha256 is {coupling.mask_sha256} but it records {stored_sha256} (damaged file)"]
+        coupling.refuse_unless(
+            mask_sha256=mask_sha256, binning=binning, purify_b=purify_b, differences=differences if damaged else []
+        )
+        return coupling
+
+    def refuse_unless(
+        self,
+        *,
+        mask_sha256: str | None = None,
+        binning: Binning | None = None,
+        purify_b: bool | None = None,
+        differences: list[str] | None = None,
+    ) -> None:
+        """Raise :class:`CouplingMismatch` naming every difference from what is given (None: not checked);
+        ``differences`` are found earlier (a damaged file) and reported with them."""
+        differences = list(differences or [])
+        if mask_sha256 is not None and mask_sha256 != self.mask_sha256:
+            differences.append(f"built for the mask with sha256 {self.mask_sha256}, not {mask_sha256}")
+        if binning is not None and binning != self.binning:
+            differences.append(f"built for {self.binning}, not {binning}")
+        if purify_b is not None and purify_b != self.purify_b:
+            differences.append(f"built with purify_b={self.purify_b}, not purify_b={purify_b}")
         if differences:
             raise CouplingMismatch(
                 "coupling refused: " + "; ".join(differences) + ". Rebuild it for this mask and binning."
             )
-        return coupling
 
 
 def build_coupling(mask: np.ndarray, binning: Binning, *, purify_b: bool = True) -> Coupling:

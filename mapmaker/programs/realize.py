@@ -77,15 +77,20 @@ def realize_to_folder(
     is the coupling file to read, or to write when it does not exist (module
     doc); a mismatched one raises :class:`CouplingMismatch` on every rank.
     """
-    if coupling_path is not None:
+    # Root reads an existing coupling file once, before the solve; after it only the mask is compared.
+    coupling_in_file = (
         refuse_on_every_rank(comm, lambda: check_coupling_path(spec, Path(coupling_path)))
+        if coupling_path is not None
+        else None
+    )
     timers = Timers()
     outcome = run_realization(
         spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers, plan=plan,
         machine=machine, kernels=kernels,
     )
     written = refuse_on_every_rank(
-        comm, lambda: write_products(spec, realization, out, outcome, timers, coupling_path, progress)
+        comm,
+        lambda: write_products(spec, realization, out, outcome, timers, coupling_path, progress, coupling_in_file),
     )
     folder, records, measured, coupling_record = written if written is not None else (None, [], None, None)
     per_rank = gather_rank_figures(comm, outcome, timers)
@@ -124,13 +129,14 @@ def refuse_on_every_rank(comm: MPI.Comm, on_root: Callable[[], T]) -> T | None:
     return value
 
 
-def check_coupling_path(spec: CampaignSpec, path: Path) -> None:
-    """Before the solve: refuse an existing coupling file built for another binning or purification
-    (:class:`CouplingMismatch`), or a missing one that could not be written (:class:`OutputUnusable`)."""
+def check_coupling_path(spec: CampaignSpec, path: Path) -> Coupling | None:
+    """Before the solve: the coupling in an existing file, refused when built for another binning or
+    purification (:class:`CouplingMismatch`); None for a missing one, refused when it could not be
+    written (:class:`OutputUnusable`)."""
     if path.exists():
-        read_coupling(path, binning=spectra.campaign_binning(spec), purify_b=spec.products.purify_b)
-    else:
-        refuse_unwritable(path, "--coupling")
+        return read_coupling(path, binning=spectra.campaign_binning(spec), purify_b=spec.products.purify_b)
+    refuse_unwritable(path, "--coupling")
+    return None
 
 
 def read_coupling(path: Path, **expected: Any) -> Coupling:
@@ -147,20 +153,33 @@ def read_coupling(path: Path, **expected: Any) -> Coupling:
 
 
 def campaign_coupling(
-    spec: CampaignSpec, mask: np.ndarray, path: str | Path | None, progress: Progress | None = None
+    spec: CampaignSpec,
+    mask: np.ndarray,
+    path: str | Path | None,
+    progress: Progress | None = None,
+    in_file: Coupling | None = None,
 ) -> tuple[Coupling, dict[str, Any]]:
     """The mode coupling of ``mask`` with the campaign's binning and ``products.purify_b``, and how it came.
 
     With ``path``: read it when it exists (refused with :class:`CouplingMismatch` unless it was
     built for this mask, binning and purification), else build it and write it atomically there.
-    Returns the coupling and ``{"source": "file" | "built", "build_s": seconds or None}``.
+    ``in_file`` is the coupling :func:`check_coupling_path` already read from ``path`` (binning and
+    purification checked): only its mask is compared. Returns the coupling and
+    ``{"source": "file" | "built", "build_s": seconds or None}``.
     """
     binning, purify_b = spectra.campaign_binning(spec), spec.products.purify_b
     say = progress or (lambda message: None)
-    if path is not None and Path(path).exists():
-        coupling = read_coupling(
-            Path(path), mask_sha256=mask_checksum(mask), binning=binning, purify_b=purify_b
-        )
+    if in_file is not None:
+        try:
+            in_file.refuse_unless(mask_sha256=mask_checksum(mask))
+        except CouplingMismatch as error:
+            raise CouplingMismatch(f"--coupling {str(path)!r}: {error}") from None
+        coupling = in_file
+    elif path is not None and Path(path).exists():
+        coupling = read_coupling(Path(path), mask_sha256=mask_checksum(mask), binning=binning, purify_b=purify_b)
+    else:
+        coupling = None
+    if coupling is not None:
         say(f"coupling: read from {path} (mask sha256 {coupling.mask_sha256[:12]})")
         return coupling, {"source": "file", "build_s": None}
     started = time.perf_counter()
@@ -181,6 +200,7 @@ def write_products(
     timers: Timers,
     coupling_path: str | Path | None = None,
     progress: Progress | None = None,
+    coupling_in_file: Coupling | None = None,
 ) -> tuple[ProductFolder, list[ProductFile], RealizationSpectra, dict[str, Any]]:
     """On root: the maps, the mask, the spectra and the bandpowers, written into a new product folder for ``out``.
 
@@ -190,7 +210,7 @@ def write_products(
     """
     with timers("calc"):
         mask = spectra.campaign_mask(spec, outcome.iqu, outcome.hits)
-        coupling, coupling_record = campaign_coupling(spec, mask, coupling_path, progress)
+        coupling, coupling_record = campaign_coupling(spec, mask, coupling_path, progress, coupling_in_file)
     with timers("io"):
         folder = ProductFolder(out)
         header = [("REALIZ", realization), ("SCANKEY", scan_key(spec))]
