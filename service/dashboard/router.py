@@ -21,6 +21,7 @@ from fastapi import APIRouter, Form, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES
@@ -40,6 +41,7 @@ from service.dashboard.session import (
     check_csrf,
     clear_session_cookie,
     make_cookie,
+    optional_session,
     same_origin,
     session_key,
     set_session_cookie,
@@ -54,7 +56,7 @@ from service.deps import (
     SessionDep,
     SettingsDep,
 )
-from service.errors import DomainError, NotFound
+from service.errors import DomainError, NotFound, http_exception_json
 from service.events.router import open_event_stream
 from service.storage import ArtifactStore, CampaignStorage
 
@@ -187,6 +189,8 @@ class PageRoute(APIRoute):
             try:
                 return await handler(request)
             except DomainError as error:
+                if asks_json(request):
+                    raise  # a script or API client that asked for JSON gets the API's error body
                 return error_page(request, error.status_code, error.detail)
             except RequestValidationError as error:  # e.g. /campaigns/99999999999999999999
                 problems = "; ".join(
@@ -197,8 +201,8 @@ class PageRoute(APIRoute):
         return page_handler
 
 
-def error_page(request: Request, status_code: int, detail: str) -> HTMLResponse:
-    user = getattr(request.state, "dashboard_session", None)
+def error_page(request: Request, status_code: int, detail: str, *, user: Any = None) -> HTMLResponse:
+    user = user or getattr(request.state, "dashboard_session", None)
     titles = {
         401: "Log in first",
         403: "Not allowed",
@@ -336,6 +340,40 @@ def realization_page(
 def workers_page(request: Request, user: DashboardUser, session: ReadSessionDep) -> Response:
     workers = dashboard.workers_page(session=session, owner_id=user.user_id)
     return render(request, "workers.html", {"workers": workers}, user=user)
+
+
+@pages.get("/plans", response_class=HTMLResponse)
+def plans_page(request: Request, user: DashboardUser, session: ReadSessionDep) -> Response:
+    return render(request, "plans.html", dashboard.plans_page(session=session, owner_id=user.user_id), user=user)
+
+
+@pages.get("/products", response_class=HTMLResponse)
+def products_page(request: Request, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep) -> Response:
+    context = dashboard.products_page(session=session, owner_id=user.user_id, settings=settings)
+    return render(request, "products.html", context, user=user)
+
+
+@pages.get("/campaigns/{campaign_id}/downloads/{name}")
+def product_download(
+    campaign_id: RowId, name: str, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
+) -> Response:
+    """A file of the campaign's Monte Carlo aggregates (the REST API's, for a browser with the session cookie)."""
+    from service.products import service as products  # deferred: service.products imports this package
+
+    if name not in dashboard.DOWNLOADS:
+        raise NotFound(f"no download {name!r}; one of {', '.join(dashboard.DOWNLOADS)}")
+    what, fmt = dashboard.DOWNLOADS[name]
+    arguments = {"session": session, "owner_id": user.user_id, "campaign_id": campaign_id}
+    if what == "spectra":
+        download = products.spectra_download(**arguments, products_dir=settings.products_dir, fmt=fmt)
+    else:
+        download = products.map_download(**arguments, products_dir=settings.products_dir, which=what, fmt=fmt)
+    return FileResponse(
+        download.path,
+        media_type=download.media_type,
+        filename=download.filename,
+        headers={"Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"},
+    )
 
 
 @pages.post("/campaigns/{campaign_id}/cancel")
@@ -488,6 +526,28 @@ def campaign_results(
     )
 
 
+@ui.get("/campaigns/{campaign_id}/rows")
+def campaign_rows(
+    campaign_id: RowId,
+    user: DashboardUser,
+    session: ReadSessionDep,
+    indices: Annotated[str, Query(max_length=2_000, pattern=r"^[0-9,]*$")] = "",
+) -> JSONResponse:
+    wanted = sorted({int(part) for part in indices.split(",") if part and len(part) < 10})[:200]
+    return ui_json(dashboard.rows_json(session=session, owner_id=user.user_id, campaign_id=campaign_id, indices=wanted))
+
+
+@ui.get("/campaigns/{campaign_id}/products-panel")
+def campaign_products_panel(
+    campaign_id: RowId, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
+) -> JSONResponse:
+    return ui_json(
+        dashboard.products_panel_json(
+            session=session, owner_id=user.user_id, campaign_id=campaign_id, settings=settings
+        )
+    )
+
+
 @ui.get("/workers")
 def workers(user: DashboardUser, session: ReadSessionDep) -> JSONResponse:
     return ui_json(dashboard.workers_json(session=session, owner_id=user.user_id))
@@ -511,7 +571,33 @@ async def events(
 # --------------------------------------------------------------------------- wiring
 
 
+def asks_json(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return "application/json" in accept and "text/html" not in accept
+
+
+def wants_html(request: Request) -> bool:
+    """A browser navigating (it asks for text/html), not a script or an API client."""
+    return "text/html" in request.headers.get("accept", "")
+
+
 def install_dashboard_handlers(app: Any) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, error: StarletteHTTPException) -> Response:
+        path = request.url.path
+        if wants_html(request) and not path.startswith(("/api/", "/ui/", "/static/")):
+            # A path nobody serves (a typo, an old bookmark): the dashboard's page, with the user's menu.
+            def who() -> Any:
+                try:
+                    return optional_session(request)
+                except Exception:  # noqa: BLE001 -- the error page must not fail for want of a session
+                    return None
+
+            user = await anyio.to_thread.run_sync(who)
+            detail = "There is no page at this address." if error.status_code == 404 else str(error.detail)
+            return error_page(request, error.status_code, detail, user=user)
+        return await http_exception_json(request, error)
+
     @app.exception_handler(LoginRequired)
     async def _login_required(request: Request, _error: LoginRequired) -> Response:
         if request.url.path.startswith("/ui/"):
