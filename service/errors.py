@@ -160,7 +160,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, error: RequestValidationError) -> JSONResponse:
         return invalid_request_response(list(error.errors()), _body_model(request))
 
-    app.add_exception_handler(StarletteHTTPException, http_exception_json)
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return await http_exception_json(request, error)
 
     @app.exception_handler(DBAPIError)
     async def _database_error(request: Request, error: DBAPIError) -> JSONResponse:

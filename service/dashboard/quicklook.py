@@ -169,14 +169,19 @@ def render_iqu(fits_path: Path, *, title: str) -> dict[str, bytes]:
 
 # Where the map and the colour bar sit in the 640 x 397 image (figure fractions: left, bottom, width, height).
 # Whole sky: a wide map, the bar below it with its unit to its right. Zoomed: a square map, the bar at its right.
+@dataclass(frozen=True)
+class Layout:
+    map: tuple[float, float, float, float]
+    bar: tuple[float, float, float, float]
+    orientation: str  # of the colour bar
+
+
 LAYOUTS = {
-    "mollweide": {"map": (0.01, 0.2, 0.98, 0.68), "bar": (0.16, 0.1, 0.6, 0.04), "orientation": "horizontal"},
-    "cartesian": {"map": (0.05, 0.2, 0.9, 0.68), "bar": (0.16, 0.1, 0.6, 0.04), "orientation": "horizontal"},
-    "gnomonic": {
-        "map": (0.16, 0.03, ZOOM_MAP_PX / IMAGE_WIDTH_PX, ZOOM_MAP_PX / 397),
-        "bar": (0.72, 0.1, 0.03, 0.72),
-        "orientation": "vertical",
-    },
+    "mollweide": Layout(map=(0.01, 0.2, 0.98, 0.68), bar=(0.16, 0.1, 0.6, 0.04), orientation="horizontal"),
+    "cartesian": Layout(map=(0.05, 0.2, 0.9, 0.68), bar=(0.16, 0.1, 0.6, 0.04), orientation="horizontal"),
+    "gnomonic": Layout(
+        map=(0.16, 0.03, ZOOM_MAP_PX / 640, ZOOM_MAP_PX / 397), bar=(0.72, 0.1, 0.03, 0.72), orientation="vertical"
+    ),
 }
 IMAGE_HEIGHT_PX = 397
 
@@ -212,16 +217,18 @@ def draw_figure(grid, extent, *, field: str, title: str, view: View | None = Non
 
     figure = Figure(figsize=(IMAGE_WIDTH_PX / 100, IMAGE_HEIGHT_PX / 100), dpi=100)
     FigureCanvasAgg(figure)
-    axes = figure.add_axes(layout["map"])
+    axes = figure.add_axes(layout.map)
     axes.imshow(rgba, origin="lower", extent=extent, interpolation="nearest")
     axes.set_axis_off()
     figure.suptitle(f"{field}   ({title})", fontsize=15, y=0.985, va="top")
-    bar_axes = figure.add_axes(layout["bar"])
-    bar = figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=bar_axes, orientation=layout["orientation"])
+    bar_axes = figure.add_axes(layout.bar)
+    bar = figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=bar_axes, orientation=layout.orientation)
     bar.ax.tick_params(labelsize=11)
-    if layout["orientation"] == "horizontal":
+    if layout.orientation == "horizontal":
         # The unit beside the bar's right end, where nothing else is drawn and nothing is cut.
-        bar_axes.text(1.03, 0.5, f"{field} [\u00b5K]", transform=bar_axes.transAxes, va="center", ha="left", fontsize=12)
+        bar_axes.text(
+            1.03, 0.5, f"{field} [\u00b5K]", transform=bar_axes.transAxes, va="center", ha="left", fontsize=12
+        )
     else:
         bar_axes.set_title(f"{field} [\u00b5K]", fontsize=12, pad=8)
     return figure

@@ -21,12 +21,13 @@ from fastapi import APIRouter, Form, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES
 from schemas.io import format_location
 from schemas.states import CampaignState, RealizationState
+from service.auth.login_links import LINK_PATH, redeem_login_link
 from service.auth.service import principal_for_token
 from service.campaigns import service as campaigns
 from service.dashboard import queries
@@ -268,6 +269,28 @@ def login(
     return response
 
 
+@pages.get(LINK_PATH, response_class=HTMLResponse)
+def login_with_link(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    secret: Annotated[str, Query(max_length=200)] = "",
+) -> Response:
+    """A one-time login link (``mapcampaign up`` prints one): log in as its token's user, once."""
+    principal = redeem_login_link(session=session, secret=secret)
+    if principal is None:
+        error = (
+            "This login link was used already, has expired or was never made here. "
+            "Paste a user token below, or restart `mapcampaign up` for a new link."
+        )
+        return render(request, "login.html", {"next": "/", "error": error, "notice": ""}, status_code=401)
+    session.commit()
+    response = redirect("/")  # the secret leaves the address bar and the history
+    cookie = make_cookie(session_key(request), principal=principal, max_age_s=settings.session_max_age_s)
+    set_session_cookie(response, value=cookie, settings=settings)
+    return response
+
+
 @pages.post("/logout")
 def logout(
     request: Request, user: DashboardUser, settings: SettingsDep, csrf_token: Annotated[str, Form(max_length=200)] = ""
@@ -345,35 +368,6 @@ def workers_page(request: Request, user: DashboardUser, session: ReadSessionDep)
 @pages.get("/plans", response_class=HTMLResponse)
 def plans_page(request: Request, user: DashboardUser, session: ReadSessionDep) -> Response:
     return render(request, "plans.html", dashboard.plans_page(session=session, owner_id=user.user_id), user=user)
-
-
-@pages.get("/products", response_class=HTMLResponse)
-def products_page(request: Request, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep) -> Response:
-    context = dashboard.products_page(session=session, owner_id=user.user_id, settings=settings)
-    return render(request, "products.html", context, user=user)
-
-
-@pages.get("/campaigns/{campaign_id}/downloads/{name}")
-def product_download(
-    campaign_id: RowId, name: str, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
-) -> Response:
-    """A file of the campaign's Monte Carlo aggregates (the REST API's, for a browser with the session cookie)."""
-    from service.products import service as products  # deferred: service.products imports this package
-
-    if name not in dashboard.DOWNLOADS:
-        raise NotFound(f"no download {name!r}; one of {', '.join(dashboard.DOWNLOADS)}")
-    what, fmt = dashboard.DOWNLOADS[name]
-    arguments = {"session": session, "owner_id": user.user_id, "campaign_id": campaign_id}
-    if what == "spectra":
-        download = products.spectra_download(**arguments, products_dir=settings.products_dir, fmt=fmt)
-    else:
-        download = products.map_download(**arguments, products_dir=settings.products_dir, which=what, fmt=fmt)
-    return FileResponse(
-        download.path,
-        media_type=download.media_type,
-        filename=download.filename,
-        headers={"Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"},
-    )
 
 
 @pages.post("/campaigns/{campaign_id}/cancel")

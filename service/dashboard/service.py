@@ -130,9 +130,7 @@ def campaign_page(
         "results_window": queries.latest_results_window(session=session, campaign_id=campaign.id),
         "results_window_size": queries.RESULTS_WINDOW,
         "realizations": realizations,
-        "rows": queries.table_rows(
-            session=session, campaign=campaign, indices=[item.index for item in realizations]
-        ),
+        "rows": queries.table_rows(session=session, campaign=campaign, indices=[item.index for item in realizations]),
         "realizations_state": state,
         "realizations_next_cursor": next_cursor,
         "products_panel": collect_products_panel(session=session, campaign=campaign, settings=settings),
@@ -199,51 +197,3 @@ def products_panel_json(*, session: Session, owner_id: int, campaign_id: int, se
 
 def plans_page(*, session: Session, owner_id: int) -> dict[str, Any]:
     return {"plans": queries.plans_of_owner(session=session, owner_id=owner_id)}
-
-
-# Files of a campaign's Monte Carlo aggregates the products page links to: name -> (what, format).
-DOWNLOADS = {
-    "spectra.json": ("spectra", "json"),
-    "spectra.npz": ("spectra", "npz"),
-    "spectra.fits": ("spectra", "fits"),
-    "mean-map.fits": ("mean-map", "fits"),
-    "mean-map.npz": ("mean-map", "npz"),
-    "variance-map.fits": ("variance-map", "fits"),
-    "variance-map.npz": ("variance-map", "npz"),
-    "mask.fits": ("mask", "fits"),
-}
-PRODUCTS_PAGE_CAMPAIGNS = 200
-
-
-def products_page(*, session: Session, owner_id: int, settings: Settings) -> dict[str, Any]:
-    """The owner's newest campaigns that have Monte Carlo aggregates, with what can be downloaded of each."""
-    # Deferred: service.products imports this package's panels (it registers the products panel).
-    from service.products.aggregates import load_state
-    from service.storage import CampaignProducts
-
-    rows, _ = campaigns.list_campaigns(session=session, owner_id=owner_id, limit=PRODUCTS_PAGE_CAMPAIGNS)
-    items = []
-    for campaign in rows:
-        state = load_state(CampaignProducts(settings.products_dir, campaign.id))
-        if state is None or not state.has_products:
-            continue
-        offered = []
-        if state.n_spectra:
-            offered += ["spectra.json", "spectra.npz", "spectra.fits"]
-        if state.n_maps:
-            offered += ["mean-map.fits", "mean-map.npz"]
-        if state.n_maps >= 2:
-            offered += ["variance-map.fits", "variance-map.npz"]
-        if state.mask is not None:
-            offered.append("mask.fits")
-        items.append(
-            {
-                "campaign": campaign,
-                "included": state.n_included,
-                "spectra": state.n_spectra,
-                "maps": state.n_maps,
-                "updated_at": state.updated_at,
-                "downloads": offered,
-            }
-        )
-    return {"items": items, "limit": PRODUCTS_PAGE_CAMPAIGNS}

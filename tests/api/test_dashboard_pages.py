@@ -197,3 +197,57 @@ def test_products_page_links_downloads_and_the_panel_appears(api, mapped):
     login(api, api.bob)
     assert api.client.get(f"/campaigns/{campaign_id}/downloads/spectra.json").status_code == 404
     assert f"/campaigns/{campaign_id}" not in api.client.get("/products").text
+
+
+# --------------------------------------------------------------------------- one-time login link
+
+
+def new_link(api, token: str | None = None):
+    return api.post("/login-links", token)
+
+
+def test_a_login_link_logs_in_once(api):
+    answer = new_link(api)
+    assert answer.status_code == 201, answer.text
+    url = answer.json()["url"]
+    assert url.startswith("http://testserver/login/link?secret=mcl_")
+    path = url.removeprefix("http://testserver")
+    api.client.cookies.clear()
+    opened = api.client.get(path, follow_redirects=False)
+    assert opened.status_code == 303 and opened.headers["location"] == "/"
+    assert "mapcampaign_session" in opened.cookies
+    overview = api.client.get("/")
+    assert overview.status_code == 200 and '<span class="who" title="Logged in as">alice</span>' in overview.text
+
+    api.client.cookies.clear()
+    again = api.client.get(path, follow_redirects=False)
+    assert again.status_code == 401 and "used already, has expired" in again.text
+    assert "mapcampaign_session" not in again.cookies
+    assert api.client.get("/", follow_redirects=False).status_code == 303  # not logged in: to the login form
+    for wrong in ("", "mcl_nothing", "mcu_" + path.split("mcl_")[1]):
+        assert api.client.get(f"/login/link?secret={wrong}", follow_redirects=False).status_code == 401
+
+
+def test_a_login_link_expires_and_dies_with_its_token(api, clock):
+    expiring = new_link(api).json()
+    assert expiring["expires_at"]
+    clock.advance(601)  # ten minutes and a second later, on the service's clock
+    api.client.cookies.clear()
+    path = expiring["url"].removeprefix("http://testserver")
+    assert api.client.get(path, follow_redirects=False).status_code == 401
+
+    from sqlalchemy import update
+
+    from service.auth.models import ApiToken
+    from service.auth.service import hash_token
+
+    bobs = new_link(api, api.bob).json()["url"].removeprefix("http://testserver")
+    with api.database.session() as session:
+        session.execute(update(ApiToken).where(ApiToken.token_hash == hash_token(api.bob)).values(revoked_at=clock()))
+        session.commit()
+    assert api.client.get(bobs, follow_redirects=False).status_code == 401
+
+
+def test_only_user_tokens_get_login_links(api):
+    assert new_link(api, api.alice_worker).status_code == 403
+    assert api.client.post("/api/v1/login-links").status_code == 401

@@ -58,7 +58,7 @@ def test_a_ground_patch_is_drawn_gnomonic_and_fills_most_of_the_map(tmp_path):
     assert view.radius_deg == pytest.approx(PATCH_RADIUS_DEG, abs=1.5)
 
     images = quicklook.render_iqu(write(maps, tmp_path), title="ground")
-    zoomed = patch_fraction(images["I"], quicklook.LAYOUTS["gnomonic"]["map"])
+    zoomed = patch_fraction(images["I"], quicklook.LAYOUTS["gnomonic"].map)
     # A disc in a square view ZOOM_MARGIN wider than it: pi / 4 / 1.08^2 = 0.67 of the square, less the
     # pixels' jagged edge.
     assert zoomed > 0.5, zoomed
@@ -67,7 +67,7 @@ def test_a_ground_patch_is_drawn_gnomonic_and_fills_most_of_the_map(tmp_path):
     projector = hp.projector.MollweideProj(xsize=quicklook.IMAGE_WIDTH_PX)
     grid = projector.projmap(maps[0], lambda x, y, z: hp.vec2pix(NSIDE, x, y, z))
     whole = quicklook._draw(grid, projector.get_extent(), field="I", title="ground")
-    assert patch_fraction(whole, quicklook.LAYOUTS["mollweide"]["map"]) < 0.01
+    assert patch_fraction(whole, quicklook.LAYOUTS["mollweide"].map) < 0.01
 
 
 def test_a_wide_partial_sky_is_drawn_cartesian_and_a_full_sky_on_mollweide(tmp_path):
@@ -77,7 +77,7 @@ def test_a_wide_partial_sky_is_drawn_cartesian_and_a_full_sky_on_mollweide(tmp_p
     assert view.latra_deg[0] == pytest.approx(PATCH_CENTRE[1] - 45.0, abs=2.0)
     assert view.latra_deg[1] == pytest.approx(PATCH_CENTRE[1] + 45.0, abs=2.0)
     images = quicklook.render_iqu(write(maps, tmp_path), title="wide")
-    assert patch_fraction(images["Q"], quicklook.LAYOUTS["cartesian"]["map"]) > 0.35
+    assert patch_fraction(images["Q"], quicklook.LAYOUTS["cartesian"].map) > 0.35
 
     full = np.full((3, hp.nside2npix(NSIDE)), 1e-5)
     theta, _ = hp.pix2ang(NSIDE, np.arange(full.shape[1]))
