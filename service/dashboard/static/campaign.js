@@ -399,19 +399,37 @@
     productsPanel.replaceChildren(heading, ...parts);
   }
 
-  const refreshProducts = MC.debounce(async () => {
+  // The aggregates are updated by the service just after it accepts a result, so the success event can
+  // arrive before they exist: an empty answer is asked again a few times, a little later each time
+  // (there is no event for the aggregates themselves).
+  const PANEL_RETRIES = 6;
+  let panelTries = 0;
+  let panelTimer = null;
+
+  async function loadProductsPanel() {
+    panelTimer = null;
     if (!productsShown) {
       let panel;
       try {
         panel = await MC.fetchJSON(`/ui/campaigns/${id}/products-panel`);
       } catch (error) {
-        return; /* the next result tries again */
+        panel = { empty: true };
       }
-      if (panel.empty) return;
+      if (panel.empty) {
+        panelTries += 1;
+        if (panelTries < PANEL_RETRIES) panelTimer = setTimeout(loadProductsPanel, 1000 * panelTries);
+        return;
+      }
       buildProductsPanel(panel);
       productsShown = true;
     }
     MC.charts.renderRegistered(productsPanel);
+  }
+
+  const refreshProducts = MC.debounce(() => {
+    panelTries = 0;
+    if (panelTimer !== null) clearTimeout(panelTimer);
+    loadProductsPanel();
   }, 1500);
 
   /* ------------------------------------------------------------------ events */
