@@ -366,7 +366,9 @@ class PlanInvalid(RequestModel):
 
     task_id: str = Field(max_length=64, description="The realize task (held by the caller) that was given the plan")
     checksum: str = Field(min_length=1, max_length=200, description="Checksum of the plan that was refused")
-    reason: str = Field("", max_length=MAX_MESSAGE_CHARS, description="What was wrong, e.g. the map-maker's refusal message")
+    reason: str = Field(
+        "", max_length=MAX_MESSAGE_CHARS, description="What was wrong, e.g. the map-maker's refusal message"
+    )
 
 
 class TaskAnswer(ApiModel):
@@ -397,3 +399,13 @@ class EventInfo(ApiModel):
     plan_id: int | None = None
     created_at: datetime
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- dashboard login links
+
+
+class LoginLinkInfo(ApiModel):
+    """A one-time dashboard login link (``POST /login-links``): opening ``url`` logs the browser in once."""
+
+    url: str = Field(description="Open in a browser before expires_at; it works once")
+    expires_at: datetime

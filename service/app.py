@@ -22,6 +22,7 @@ from sqlalchemy import text
 
 from schemas.api import API_PREFIX, Health
 from service.admission import AdmissionMiddleware
+from service.auth.router import router as login_links_router
 from service.campaigns.router import router as campaigns_router
 from service.campaigns.service import campaign_visible
 from service.config import Settings
@@ -106,6 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         claims_router,
         tasks_router,
         events_router(campaign_visible),
+        login_links_router,
     ):
         api.include_router(router)
     app.include_router(api)

@@ -142,6 +142,12 @@ def _body_model(request: Request) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
+async def http_exception_json(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own errors (no route: 404, wrong method: 405) in the API's JSON shape."""
+    code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(error.status_code, "http_error")
+    return error_response(error.status_code, str(error.detail), code, getattr(error, "headers", None))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_request: Request, error: DomainError) -> JSONResponse:
@@ -155,9 +161,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return invalid_request_response(list(error.errors()), _body_model(request))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(error.status_code, "http_error")
-        return error_response(error.status_code, str(error.detail), code, getattr(error, "headers", None))
+    async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return await http_exception_json(request, error)
 
     @app.exception_handler(DBAPIError)
     async def _database_error(request: Request, error: DBAPIError) -> JSONResponse:

@@ -1,6 +1,6 @@
 """Every table of the service, imported in one place for Alembic and the metadata."""
 
-from service.auth.models import ApiToken, User
+from service.auth.models import ApiToken, LoginLink, User
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.db import Base
 from service.events.models import Event
@@ -9,4 +9,15 @@ from service.workers.models import Worker
 
 metadata = Base.metadata
 
-__all__ = ["ApiToken", "Attempt", "Campaign", "Event", "PreprocessingPlan", "Realization", "User", "Worker", "metadata"]
+__all__ = [
+    "ApiToken",
+    "Attempt",
+    "Campaign",
+    "Event",
+    "LoginLink",
+    "PreprocessingPlan",
+    "Realization",
+    "User",
+    "Worker",
+    "metadata",
+]

@@ -24,12 +24,29 @@ MaxTasksOption = Annotated[
 ]
 
 
+def _login_link(url: str, token_file: Path) -> str | None:
+    """A one-time dashboard login link for the local user (POST /login-links); None if the service says no."""
+    import httpx
+
+    try:
+        answer = httpx.post(
+            f"{url}/api/v1/login-links", headers={"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        )
+    except (OSError, httpx.HTTPError):
+        return None
+    return str(answer.json()["url"]) if answer.status_code == 201 else None
+
+
 def _describe_stack(stack: object) -> None:
     from mapcampaign.cli._stack import LocalStack
 
     assert isinstance(stack, LocalStack)
     typer.echo(f"API        {stack.url}/api/v1   (OpenAPI: {stack.url}/api/v1/docs)", err=True)
-    typer.echo(f"dashboard  {stack.url}/   (log in with the token in {stack.user_token_file})", err=True)
+    link = _login_link(stack.url, stack.user_token_file)
+    if link:
+        typer.echo(f"dashboard  {link}   (a one-time login link, valid 10 min)", err=True)
+    else:
+        typer.echo(f"dashboard  {stack.url}/   (log in with the token in {stack.user_token_file})", err=True)
     typer.echo(f"data       {stack.data_dir}   (logs in {stack.log_dir})", err=True)
 
 
@@ -71,7 +88,9 @@ def demo(
     max_tasks: MaxTasksOption = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Folder for the Monte Carlo products (default <data dir>/demo/campaign-ID-products)"),
+        typer.Option(
+            "--out", help="Folder for the Monte Carlo products (default <data dir>/demo/campaign-ID-products)"
+        ),
     ] = None,
     stay: Annotated[
         bool, typer.Option("--stay", help="Keep the API and dashboard running after the campaign, until Ctrl-C")
@@ -139,8 +158,13 @@ def _download_products(stack: object, detail: dict, out: Path | None) -> Path | 
     target = out or stack.data_dir / "demo" / f"campaign-{detail['id']}-products"
     try:
         products(
-            detail["id"], format=Format.fits, out=target, realization=None, as_json=False,
-            url=stack.url, token_file=stack.user_token_file,
+            detail["id"],
+            format=Format.fits,
+            out=target,
+            realization=None,
+            as_json=False,
+            url=stack.url,
+            token_file=stack.user_token_file,
         )
     except typer.Exit:  # the products command said why on stderr; the demo still reports the rest
         return None

@@ -35,3 +35,21 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
 
     user: Mapped[User] = relationship(back_populates="tokens")
+
+
+class LoginLink(Base):
+    """A one-time dashboard login link made for a user token (``mapcampaign up`` prints one).
+
+    Only the SHA-256 of the link's secret is kept. Opening the link sets ``used_at``; a used or expired
+    link logs nobody in.
+    """
+
+    __tablename__ = "login_links"
+    __table_args__ = NEVER_REUSE_IDS
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column()
+    used_at: Mapped[datetime | None] = mapped_column(default=None)

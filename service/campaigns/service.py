@@ -204,7 +204,13 @@ def progress(*, session: Session, campaign: Campaign, window_s: float) -> Campai
 
 
 def progress_many(*, session: Session, campaigns: list[Campaign], window_s: float) -> dict[int, CampaignProgress]:
-    """Progress of several campaigns in three grouped queries, whatever their number (pages list many)."""
+    """Progress of several campaigns in a few grouped queries, whatever their number (pages list many).
+
+    Throughput (realisations per hour) of a campaign still running: those finished in the last
+    ``window_s`` seconds over the time since the window's start (or the first claim in it). Of a finished
+    campaign: those finished over its active span, first claim (since its last queueing) to its end; it
+    stays what it was at the end instead of falling with the wall clock.
+    """
     if not campaigns:
         return {}
     ids = [campaign.id for campaign in campaigns]
@@ -216,25 +222,53 @@ def progress_many(*, session: Session, campaigns: list[Campaign], window_s: floa
     )
     for campaign_id, state, count in rows:
         counts[campaign_id][state] = count
+    ended = {c.id for c in campaigns if c.state in FINISHED_CAMPAIGN_STATES and c.finished_at is not None}
+    running = [campaign_id for campaign_id in ids if campaign_id not in ended]
     now = utcnow()
     window_start = now - timedelta(seconds=window_s)
-    finished_recently = dict(
-        session.execute(
-            select(Realization.campaign_id, func.count())
-            .where(
-                Realization.campaign_id.in_(ids),
-                Realization.state.in_((RealizationState.SUCCEEDED, RealizationState.FAILED)),
-                Realization.finished_at >= window_start,
-            )
-            .group_by(Realization.campaign_id)
-        ).all()
-    )
-    first_claims = {}
-    if finished_recently:
-        first_claims = dict(
+    finished_in_span: dict[int, int] = {}
+    span_starts: dict[int, Any] = {}
+    if running:
+        finished_in_span.update(
+            session.execute(
+                select(Realization.campaign_id, func.count())
+                .where(
+                    Realization.campaign_id.in_(running),
+                    Realization.state.in_((RealizationState.SUCCEEDED, RealizationState.FAILED)),
+                    Realization.finished_at >= window_start,
+                )
+                .group_by(Realization.campaign_id)
+            ).all()
+        )
+    if ended:
+        finished_in_span.update(
+            session.execute(
+                select(Realization.campaign_id, func.count())
+                .join(Campaign, Campaign.id == Realization.campaign_id)
+                .where(
+                    Realization.campaign_id.in_(list(ended)),
+                    Realization.state.in_((RealizationState.SUCCEEDED, RealizationState.FAILED)),
+                    Realization.finished_at >= Campaign.queued_at,
+                )
+                .group_by(Realization.campaign_id)
+            ).all()
+        )
+    recent_running = [campaign_id for campaign_id in running if finished_in_span.get(campaign_id)]
+    if recent_running:
+        span_starts.update(
             session.execute(
                 select(Attempt.campaign_id, func.min(Attempt.claimed_at))
-                .where(Attempt.campaign_id.in_(list(finished_recently)), Attempt.claimed_at >= window_start)
+                .where(Attempt.campaign_id.in_(recent_running), Attempt.claimed_at >= window_start)
+                .group_by(Attempt.campaign_id)
+            ).all()
+        )
+    recent_ended = [campaign_id for campaign_id in ended if finished_in_span.get(campaign_id)]
+    if recent_ended:
+        span_starts.update(
+            session.execute(
+                select(Attempt.campaign_id, func.min(Attempt.claimed_at))
+                .join(Campaign, Campaign.id == Attempt.campaign_id)
+                .where(Attempt.campaign_id.in_(recent_ended), Attempt.claimed_at >= Campaign.queued_at)
                 .group_by(Attempt.campaign_id)
             ).all()
         )
@@ -244,11 +278,15 @@ def progress_many(*, session: Session, campaigns: list[Campaign], window_s: floa
         done = sum(per_state[state] for state in RealizationState if state not in UNFINISHED_REALIZATION_STATES)
         remaining = sum(per_state[state] for state in UNFINISHED_REALIZATION_STATES)
         throughput = eta = None
-        recent = finished_recently.get(campaign.id, 0)
+        recent = finished_in_span.get(campaign.id, 0)
         if recent:
-            first_claim = first_claims.get(campaign.id)
-            span_start = max(window_start, first_claim or campaign.queued_at)
-            hours = max((now - span_start).total_seconds(), 1.0) / 3600
+            first_claim = span_starts.get(campaign.id)
+            if campaign.id in ended:
+                assert campaign.finished_at is not None  # how ``ended`` is made
+                span_start, span_end = first_claim or campaign.queued_at, campaign.finished_at
+            else:
+                span_start, span_end = max(window_start, first_claim or campaign.queued_at), now
+            hours = max((span_end - span_start).total_seconds(), 1.0) / 3600
             throughput = recent / hours
             if remaining and campaign.state not in FINISHED_CAMPAIGN_STATES:
                 eta = remaining / throughput * 3600

@@ -324,3 +324,99 @@ def campaigns_by_ids(*, session: Session, owner_id: int, ids: list[int]) -> list
     if not ids:
         return []
     return list(session.scalars(select(Campaign).where(Campaign.owner_id == owner_id, Campaign.id.in_(ids))))
+
+
+def table_rows(*, session: Session, campaign: Campaign, indices: list[int]) -> list[dict[str, Any]]:
+    """Rows of the realisation table: state, attempts used, and the worker of the latest attempt.
+
+    The worker is that of the realisation's latest attempt, so it stays shown once the realisation
+    ends (its lease, and with it ``lease_holder``, is gone by then); ``holding`` says whether that
+    worker still holds it.
+    """
+    if not indices:
+        return []
+    latest = (
+        select(Attempt.realization_id, func.max(Attempt.id).label("attempt_id"))
+        .where(Attempt.campaign_id == campaign.id)
+        .group_by(Attempt.realization_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(
+            Realization.index,
+            Realization.state,
+            Realization.attempts,
+            Realization.lease_holder_id,
+            Realization.finished_at,
+            Worker.name,
+        )
+        .outerjoin(latest, latest.c.realization_id == Realization.id)
+        .outerjoin(Attempt, Attempt.id == latest.c.attempt_id)
+        .outerjoin(Worker, Worker.id == Attempt.worker_id)
+        .where(Realization.campaign_id == campaign.id, Realization.index.in_(indices))
+        .order_by(Realization.index)
+    )
+    return [
+        {
+            "index": index,
+            "state": state,
+            "attempts": attempts,
+            "max_attempts": campaign.max_attempts,
+            "worker": worker,
+            "holding": lease_holder_id is not None,
+            "finished_at": finished_at,
+        }
+        for index, state, attempts, lease_holder_id, finished_at, worker in rows
+    ]
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """An overlap plan and the caller's campaigns that need it (same scan key and ranks)."""
+
+    plan: PlanUse
+    scan_key: str
+    ranks: int
+    campaigns: list[tuple[int, str]]  # (id, name), newest first
+
+
+def plans_of_owner(*, session: Session, owner_id: int, limit: int = 200) -> list[PlanRow]:
+    """Every plan one of the owner's campaigns needs, newest first, with those campaigns.
+
+    Plans are shared by every user with the same pointing; only the caller's own campaigns are named.
+    """
+    pairs = session.execute(
+        select(PreprocessingPlan, Campaign.id, Campaign.name)
+        .join(
+            Campaign,
+            (Campaign.scan_key == PreprocessingPlan.scan_key) & (Campaign.ranks == PreprocessingPlan.ranks),
+        )
+        .where(Campaign.owner_id == owner_id)
+        .order_by(PreprocessingPlan.id.desc(), Campaign.id.desc())
+    )
+    found: dict[int, PlanRow] = {}
+    for plan, campaign_id, campaign_name in pairs:
+        row = found.get(plan.id)
+        if row is None:
+            if len(found) >= limit:
+                break
+            row = found[plan.id] = PlanRow(
+                plan=PlanUse(
+                    id=plan.id,
+                    site=plan.site,
+                    state=plan.state,
+                    build_time_s=plan.build_time_s,
+                    size_bytes=plan.size_bytes,
+                    uses=plan.uses,
+                    uses_here=0,
+                    build_attempts=plan.build_attempts,
+                    last_error=plan.last_error,
+                    created_at=plan.created_at,
+                    ready_at=plan.ready_at,
+                ),
+                scan_key=plan.scan_key,
+                ranks=plan.ranks,
+                campaigns=[],
+            )
+        row.campaigns.append((campaign_id, campaign_name))
+    return list(found.values())

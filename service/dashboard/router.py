@@ -22,10 +22,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES
 from schemas.io import format_location
 from schemas.states import CampaignState, RealizationState
+from service.auth.login_links import LINK_PATH, redeem_login_link
 from service.auth.service import principal_for_token
 from service.campaigns import service as campaigns
 from service.dashboard import queries
@@ -40,6 +42,7 @@ from service.dashboard.session import (
     check_csrf,
     clear_session_cookie,
     make_cookie,
+    optional_session,
     same_origin,
     session_key,
     set_session_cookie,
@@ -54,7 +57,7 @@ from service.deps import (
     SessionDep,
     SettingsDep,
 )
-from service.errors import DomainError, NotFound
+from service.errors import DomainError, NotFound, http_exception_json
 from service.events.router import open_event_stream
 from service.storage import ArtifactStore, CampaignStorage
 
@@ -187,6 +190,8 @@ class PageRoute(APIRoute):
             try:
                 return await handler(request)
             except DomainError as error:
+                if asks_json(request):
+                    raise  # a script or API client that asked for JSON gets the API's error body
                 return error_page(request, error.status_code, error.detail)
             except RequestValidationError as error:  # e.g. /campaigns/99999999999999999999
                 problems = "; ".join(
@@ -197,8 +202,8 @@ class PageRoute(APIRoute):
         return page_handler
 
 
-def error_page(request: Request, status_code: int, detail: str) -> HTMLResponse:
-    user = getattr(request.state, "dashboard_session", None)
+def error_page(request: Request, status_code: int, detail: str, *, user: Any = None) -> HTMLResponse:
+    user = user or getattr(request.state, "dashboard_session", None)
     titles = {
         401: "Log in first",
         403: "Not allowed",
@@ -259,6 +264,28 @@ def login(
     if error or principal is None:
         return render(request, "login.html", {"next": safe_next(next), "error": error, "notice": ""}, status_code=401)
     response = redirect(safe_next(next))
+    cookie = make_cookie(session_key(request), principal=principal, max_age_s=settings.session_max_age_s)
+    set_session_cookie(response, value=cookie, settings=settings)
+    return response
+
+
+@pages.get(LINK_PATH, response_class=HTMLResponse)
+def login_with_link(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    secret: Annotated[str, Query(max_length=200)] = "",
+) -> Response:
+    """A one-time login link (``mapcampaign up`` prints one): log in as its token's user, once."""
+    principal = redeem_login_link(session=session, secret=secret)
+    if principal is None:
+        error = (
+            "This login link was used already, has expired or was never made here. "
+            "Paste a user token below, or restart `mapcampaign up` for a new link."
+        )
+        return render(request, "login.html", {"next": "/", "error": error, "notice": ""}, status_code=401)
+    session.commit()
+    response = redirect("/")  # the secret leaves the address bar and the history
     cookie = make_cookie(session_key(request), principal=principal, max_age_s=settings.session_max_age_s)
     set_session_cookie(response, value=cookie, settings=settings)
     return response
@@ -336,6 +363,11 @@ def realization_page(
 def workers_page(request: Request, user: DashboardUser, session: ReadSessionDep) -> Response:
     workers = dashboard.workers_page(session=session, owner_id=user.user_id)
     return render(request, "workers.html", {"workers": workers}, user=user)
+
+
+@pages.get("/plans", response_class=HTMLResponse)
+def plans_page(request: Request, user: DashboardUser, session: ReadSessionDep) -> Response:
+    return render(request, "plans.html", dashboard.plans_page(session=session, owner_id=user.user_id), user=user)
 
 
 @pages.post("/campaigns/{campaign_id}/cancel")
@@ -488,6 +520,28 @@ def campaign_results(
     )
 
 
+@ui.get("/campaigns/{campaign_id}/rows")
+def campaign_rows(
+    campaign_id: RowId,
+    user: DashboardUser,
+    session: ReadSessionDep,
+    indices: Annotated[str, Query(max_length=2_000, pattern=r"^[0-9,]*$")] = "",
+) -> JSONResponse:
+    wanted = sorted({int(part) for part in indices.split(",") if part and len(part) < 10})[:200]
+    return ui_json(dashboard.rows_json(session=session, owner_id=user.user_id, campaign_id=campaign_id, indices=wanted))
+
+
+@ui.get("/campaigns/{campaign_id}/products-panel")
+def campaign_products_panel(
+    campaign_id: RowId, user: DashboardUser, session: ReadSessionDep, settings: SettingsDep
+) -> JSONResponse:
+    return ui_json(
+        dashboard.products_panel_json(
+            session=session, owner_id=user.user_id, campaign_id=campaign_id, settings=settings
+        )
+    )
+
+
 @ui.get("/workers")
 def workers(user: DashboardUser, session: ReadSessionDep) -> JSONResponse:
     return ui_json(dashboard.workers_json(session=session, owner_id=user.user_id))
@@ -511,7 +565,33 @@ async def events(
 # --------------------------------------------------------------------------- wiring
 
 
+def asks_json(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return "application/json" in accept and "text/html" not in accept
+
+
+def wants_html(request: Request) -> bool:
+    """A browser navigating (it asks for text/html), not a script or an API client."""
+    return "text/html" in request.headers.get("accept", "")
+
+
 def install_dashboard_handlers(app: Any) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, error: StarletteHTTPException) -> Response:
+        path = request.url.path
+        if wants_html(request) and not path.startswith(("/api/", "/ui/", "/static/")):
+            # A path nobody serves (a typo, an old bookmark): the dashboard's page, with the user's menu.
+            def who() -> Any:
+                try:
+                    return optional_session(request)
+                except Exception:  # noqa: BLE001 -- the error page must not fail for want of a session
+                    return None
+
+            user = await anyio.to_thread.run_sync(who)
+            detail = "There is no page at this address." if error.status_code == 404 else str(error.detail)
+            return error_page(request, error.status_code, detail, user=user)
+        return await http_exception_json(request, error)
+
     @app.exception_handler(LoginRequired)
     async def _login_required(request: Request, _error: LoginRequired) -> Response:
         if request.url.path.startswith("/ui/"):

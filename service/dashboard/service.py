@@ -130,6 +130,7 @@ def campaign_page(
         "results_window": queries.latest_results_window(session=session, campaign_id=campaign.id),
         "results_window_size": queries.RESULTS_WINDOW,
         "realizations": realizations,
+        "rows": queries.table_rows(session=session, campaign=campaign, indices=[item.index for item in realizations]),
         "realizations_state": state,
         "realizations_next_cursor": next_cursor,
         "products_panel": collect_products_panel(session=session, campaign=campaign, settings=settings),
@@ -171,3 +172,28 @@ def workers_json(*, session: Session, owner_id: int) -> list[dict[str, Any]]:
         {**worker, "registered_at": iso(worker["registered_at"]), "last_heartbeat_at": iso(worker["last_heartbeat_at"])}
         for worker in queries.workers_with_tasks(session=session, owner_id=owner_id)
     ]
+
+
+def rows_json(*, session: Session, owner_id: int, campaign_id: int, indices: list[int]) -> list[dict[str, Any]]:
+    """The realisation table's rows for these indices, as the campaign page refreshes them after events."""
+    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    return [
+        {**row, "finished_at": iso(row["finished_at"])}
+        for row in queries.table_rows(session=session, campaign=campaign, indices=indices)
+    ]
+
+
+def products_panel_json(*, session: Session, owner_id: int, campaign_id: int, settings: Settings) -> dict[str, Any]:
+    """The products panel as data, for the campaign page to build it when products appear after it loaded."""
+    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    panel = collect_products_panel(session=session, campaign=campaign, settings=settings)
+    return {
+        "empty": panel.empty,
+        "note": panel.note,
+        "figures": [vars(figure) for figure in panel.figures],
+        "charts": [vars(chart) for chart in panel.charts],
+    }
+
+
+def plans_page(*, session: Session, owner_id: int) -> dict[str, Any]:
+    return {"plans": queries.plans_of_owner(session=session, owner_id=owner_id)}

@@ -22,6 +22,7 @@ def mount_products(app: FastAPI) -> None:
     from service.dashboard.panels import products_panel
     from service.products.dashboard import mc_products_panel
     from service.products.dashboard import router as dashboard_router
+    from service.products.pages import router as pages_router
     from service.products.reconcile import update_after_result
     from service.products.router import router as api_router
 
@@ -29,5 +30,6 @@ def mount_products(app: FastAPI) -> None:
     api.include_router(api_router)
     app.include_router(api)
     app.include_router(dashboard_router)
+    app.include_router(pages_router)  # /products and the browser downloads
     on_result_accepted(update_after_result)
     products_panel(mc_products_panel)

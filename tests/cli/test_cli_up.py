@@ -70,6 +70,7 @@ def test_up_serves_runs_a_realisation_and_stops_everything_on_sigterm(tmp_path):
         output, _ = up.communicate(timeout=180)
         assert up.returncode == 0, output
         assert "stopped" in output
+        assert f"dashboard  {url}/login/link?secret=mcl_" in output  # the one-time login link
         assert_no_processes_left(data_dir)
         assert not (data_dir / "up" / "server.json").exists()
     finally:

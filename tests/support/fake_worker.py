@@ -30,8 +30,11 @@ from schemas.spec import CampaignSpec, scan_key, spec_hash
 
 
 @lru_cache(maxsize=8)
-def iqu_map_fits(nside: int = 16, seed: int = 0) -> bytes:
-    """A small CMB-like I/Q/U map (K) as FITS bytes, written with healpy; a cap around a pole unobserved."""
+def iqu_map_fits(nside: int = 16, seed: int = 0, patch: tuple[float, float, float] | None = None) -> bytes:
+    """A small CMB-like I/Q/U map (K) as FITS bytes, written with healpy; a cap around a pole unobserved.
+
+    ``patch=(lon, lat, radius)`` in degrees: only a disc of the sky observed, as by a ground telescope.
+    """
     # Deferred: healpy and numpy take about 3 s to import on the test machine, and most tests that use
     # a FakeWorker never ask for a map.
     import healpy as hp
@@ -45,6 +48,11 @@ def iqu_map_fits(nside: int = 16, seed: int = 0) -> bytes:
     maps = hp.synfast(cls, nside, new=True)
     theta, _ = hp.pix2ang(nside, np.arange(hp.nside2npix(nside)))
     maps[:, theta < np.radians(25)] = hp.UNSEEN  # never scanned: shows as grey
+    if patch is not None:
+        disc = hp.query_disc(nside, hp.ang2vec(patch[0], patch[1], lonlat=True), np.radians(patch[2]))
+        outside = np.ones(maps.shape[1], dtype=bool)
+        outside[disc] = False
+        maps[:, outside] = hp.UNSEEN
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "map_iqu.fits"
         hp.write_map(
@@ -143,10 +151,17 @@ class FakeWorker:
             f"/tasks/{task['task_id']}/started", json={"host": self.host, "scheduler_job_id": job_id}
         ).raise_for_status()
 
-    def succeed(self, task: dict[str, Any], *, with_map: bool = True) -> None:
+    def succeed(
+        self,
+        task: dict[str, Any],
+        *,
+        with_map: bool = True,
+        nside: int = 16,
+        patch: tuple[float, float, float] | None = None,
+    ) -> None:
         products = []
         if with_map:
-            payload = iqu_map_fits(seed=task["realization"] % 4)
+            payload = iqu_map_fits(nside=nside, seed=task["realization"] % 4, patch=patch)
             digest = hashlib.sha256(payload).hexdigest()
             self.client.put(
                 f"/tasks/{task['task_id']}/artifacts/map_iqu.fits",

@@ -304,10 +304,133 @@
     }
   });
 
-  /* ------------------------------------------------------------------ products (charts registered by later issues) */
+  /* ------------------------------------------------------------------ realisation table rows */
 
+  // The rows on this page of the table are re-read after events about them: state, attempts used and
+  // the worker of the latest attempt (kept once the realisation ends), all from one small request.
+  const tableRows = new Map();
+  for (const row of document.querySelectorAll("table.realizations tr[data-index]")) {
+    tableRows.set(Number(row.dataset.index), row);
+  }
+  const staleRows = new Set();
+
+  function showRow(item) {
+    const row = tableRows.get(item.index);
+    if (!row) return;
+    MC.setBadge(row.querySelector("[data-role=state]"), item.state);
+    row.querySelector("[data-role=attempts]").textContent = `${item.attempts} / ${item.max_attempts}`;
+    const worker = row.querySelector("[data-role=worker]");
+    worker.textContent = item.worker || "–";
+    worker.classList.toggle("muted", !!item.worker && !item.holding);
+    worker.title = item.worker && !item.holding ? "the worker of the latest attempt" : "";
+    row.querySelector("[data-role=finished]").textContent = MC.format.when(item.finished_at);
+  }
+
+  const refreshRows = MC.debounce(async () => {
+    const wanted = staleRows.size ? [...staleRows] : [...tableRows.keys()];
+    staleRows.clear();
+    if (!wanted.length) return;
+    try {
+      const rows = await MC.fetchJSON(`/ui/campaigns/${id}/rows?indices=${wanted.join(",")}`);
+      rows.forEach(showRow);
+    } catch (error) {
+      for (const index of wanted) staleRows.add(index); /* the next event tries again */
+    }
+  }, 300);
+
+  function rowChanged(index) {
+    if (index === null || index === undefined) {
+      staleRows.clear(); /* a bulk change: every row */
+      refreshRows();
+    } else if (tableRows.has(index)) {
+      staleRows.add(index);
+      refreshRows();
+    }
+  }
+
+  /* ------------------------------------------------------------------ products panel */
+
+  // The panel's content comes from the providers registered on the server; a page opened before the
+  // campaign had products builds it from /ui/.../products-panel when the first ones appear.
   const productsPanel = document.getElementById("products-panel");
-  const refreshProducts = MC.debounce(() => MC.charts.renderRegistered(productsPanel), 1500);
+  let productsShown = !document.getElementById("products-placeholder");
+
+  function buildProductsPanel(panel) {
+    const parts = [];
+    const heading = productsPanel.querySelector("h2");
+    if (panel.note) {
+      const note = document.createElement("p");
+      note.className = "small";
+      note.textContent = panel.note;
+      parts.push(note);
+    }
+    const maps = document.createElement("div");
+    maps.className = "maps";
+    for (const figure of panel.figures) {
+      const element = document.createElement("figure");
+      const image = document.createElement("img");
+      image.src = figure.src;
+      image.alt = figure.alt || figure.title;
+      const caption = document.createElement("figcaption");
+      caption.textContent = figure.title + (figure.caption ? " — " + figure.caption : "");
+      element.append(image, caption);
+      maps.appendChild(element);
+    }
+    parts.push(maps);
+    for (const chart of panel.charts) {
+      const element = document.createElement("figure");
+      element.className = "chart-figure";
+      const caption = document.createElement("figcaption");
+      caption.textContent = chart.title;
+      const box = document.createElement("div");
+      box.className = "chart";
+      box.dataset.chart = chart.kind;
+      box.dataset.src = chart.src;
+      box.dataset.empty = "No data yet.";
+      element.append(caption, box);
+      if (chart.caption) {
+        const note = document.createElement("p");
+        note.className = "muted small";
+        note.textContent = chart.caption;
+        element.appendChild(note);
+      }
+      parts.push(element);
+    }
+    productsPanel.replaceChildren(heading, ...parts);
+  }
+
+  // The aggregates are updated by the service just after it accepts a result, so the success event can
+  // arrive before they exist: an empty answer is asked again a few times, a little later each time
+  // (there is no event for the aggregates themselves).
+  const PANEL_RETRIES = 6;
+  let panelTries = 0;
+  let panelTimer = null;
+
+  async function loadProductsPanel() {
+    panelTimer = null;
+    if (!productsShown) {
+      let panel;
+      try {
+        panel = await MC.fetchJSON(`/ui/campaigns/${id}/products-panel`);
+      } catch (error) {
+        panel = { empty: true };
+      }
+      if (panel.empty) {
+        panelTries += 1;
+        if (panelTries < PANEL_RETRIES) panelTimer = setTimeout(loadProductsPanel, 1000 * panelTries);
+        return;
+      }
+      buildProductsPanel(panel);
+      productsShown = true;
+    }
+    MC.charts.renderRegistered(productsPanel);
+  }
+
+  const refreshProducts = MC.debounce(() => {
+    panelTries = 0;
+    if (panelTimer !== null) clearTimeout(panelTimer);
+    loadProductsPanel();
+  }, 1500);
 
   /* ------------------------------------------------------------------ events */
 
@@ -320,6 +443,7 @@
     if (event.kind === "realization") {
       if (event.data && event.data.bulk) refreshGrid();
       else if (event.realization !== null && event.state) setCell(event.realization, event.state);
+      rowChanged(event.data && event.data.bulk ? null : event.realization);
       if (event.state === "succeeded") {
         const index = event.realization;
         if (index === null || Math.floor(index / windowSize) === resultsWindow) refreshResults();
@@ -339,8 +463,10 @@
       refreshGrid();
       refreshStatus();
       refreshResults();
+      rowChanged(null);
+      refreshProducts();
     },
   });
   loadResults();
-  MC.charts.renderRegistered(productsPanel);
+  if (productsShown) MC.charts.renderRegistered(productsPanel);
 })();

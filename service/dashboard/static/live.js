@@ -54,6 +54,12 @@
     return perHour === null || perHour === undefined ? "–" : perHour.toFixed(1) + " / h";
   }
 
+  /* As the pages' "when" filter: 2026-11-25 15:30:00 UTC. */
+  function when(iso) {
+    if (!iso) return "–";
+    return new Date(iso).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+  }
+
   function ago(iso) {
     if (!iso) return "never";
     return duration(Math.max((Date.now() - Date.parse(iso)) / 1000, 0)) + " ago";
@@ -140,7 +146,7 @@
   root.pageData = pageData;
   root.fetchJSON = fetchJSON;
   root.debounce = debounce;
-  root.format = { duration, rate, ago };
+  root.format = { duration, rate, ago, when };
   root.setText = setText;
   root.setBadge = setBadge;
   root.showProgress = showProgress;
