@@ -30,9 +30,10 @@ Comput. 39, 340, 2009), started from ``x0 = Z E^-1 Z^T b``:
 With that start every residual stays A-orthogonal to the coarse space,
 and A-DEF2 is then as robust as the symmetric balancing preconditioner
 (same iterates in exact arithmetic) at one map-sized pass per iteration
-instead of two. ``A Z`` [K, n_local, 3] is kept: the only state that
-grows with the map (``24 n_local K`` bytes; 57 MB per 100 coarse columns
-at nside 64's 49,152 pixels).
+instead of two. ``A Z`` [K, n_local, 3] is kept, in single precision once
+the start is made: the only state that grows with the map (``12 n_local K``
+bytes; 28 MiB per 100 coarse columns at nside 64's 49,152 pixels), read
+once per iteration.
 
 Set-up: ``A Z`` is K applications of the PCG operator, each reduced over
 ranks through the solve's own :class:`~mapmaker.parallel.reduction.PixelReduction`,
@@ -127,7 +128,7 @@ class TwoLevelPreconditioner:
         self.comm.Allreduce(MPI.IN_PLACE, coarse, op=MPI.SUM)
         self.coarse_matrix = 0.5 * (coarse + coarse.T)  # symmetric to round-off; made exactly so for Cholesky
         self.factor = scipy.linalg.cho_factor(self.coarse_matrix)
-        self._flat_columns = flat_columns
+        self._flat_columns = flat_columns  # float64 until start() has made the exact residual b - A x0
         self._both = np.empty(2 * self.n_columns)
 
     @property
@@ -152,6 +153,10 @@ class TwoLevelPreconditioner:
         y = scipy.linalg.cho_solve(self.factor, restricted)
         x0 = self._prolong_add(y, np.zeros_like(b))
         residual = b - (y @ self._flat_columns).reshape(b.shape)
+        # From here A Z serves the preconditioner only, where single precision is plenty (M stays one fixed
+        # linear map; PCG's residual recursion never sees it): half the memory and half the pass per iteration.
+        self._flat_columns = self._flat_columns.astype(np.float32)
+        self.operator_columns = self._flat_columns.reshape(self.operator_columns.shape)
         return x0, residual
 
     def apply(self, residual: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -159,7 +164,7 @@ class TwoLevelPreconditioner:
         smoothed = self.apply_blocks(self.inverse_blocks, residual, out=out)
         k = self.n_columns
         self._both[:k] = self._restrict(residual)
-        self._both[k:] = self._flat_columns @ (smoothed.reshape(-1) * self.owned)
+        self._both[k:] = self._flat_columns @ (smoothed.reshape(-1) * self.owned).astype(self._flat_columns.dtype)
         self.comm.Allreduce(MPI.IN_PLACE, self._both, op=MPI.SUM)
         y = scipy.linalg.cho_solve(self.factor, self._both[:k] - self._both[k:])
         return self._prolong_add(y, smoothed)

@@ -66,6 +66,8 @@ class RankStats:
     reduce_seconds_in_solve: float = 0.0
     reductions: int = 0
     coarse_columns: int = 0  # of the two-level preconditioner (0: block-diagonal)
+    coarse_bytes: int = 0  # its memory on this rank
+    coarse_setup_seconds: float = 0.0  # its set-up (A Z, E and the start), before the first iteration
 
 
 class NothingToSolve(ValueError):
@@ -308,10 +310,22 @@ def right_hand_side(setup: RealizationSetUp, timers: Timers) -> np.ndarray:
     return b
 
 
-def solve_realization(setup: RealizationSetUp, *, timers: Timers, say: Progress) -> tuple[PCGResult, RankStats]:
-    """Collective: steps 6-7, the right-hand side and PCG; the solution is this rank's rows [n_local, 3] (K)."""
+def solve_realization(
+    setup: RealizationSetUp,
+    *,
+    timers: Timers,
+    say: Progress,
+    b: np.ndarray | None = None,
+    on_estimate: Callable[[int, np.ndarray], None] | None = None,
+) -> tuple[PCGResult, RankStats]:
+    """Collective: steps 6-7, the right-hand side and PCG; the solution is this rank's rows [n_local, 3] (K).
+
+    ``b`` [n_local, 3]: a right-hand side made already (by :func:`right_hand_side`; benchmarks solve one
+    several times); ``on_estimate(k, x_k)`` is handed to :func:`~mapmaker.solve.solver.pcg`.
+    """
     spec, local, reduction, threads = setup.spec, setup.local, setup.reduction, setup.threads
-    b = right_hand_side(setup, timers)
+    if b is None:
+        b = right_hand_side(setup, timers)
     stats = RankStats(samples=local.n_samples, local_pixels=local.n_local)
     # The solver is done with each result before the next call: one buffer each, no pages faulted per iteration.
     product_buffer, preconditioned_buffer = np.empty_like(b), np.empty_like(b)
@@ -335,10 +349,13 @@ def solve_realization(setup: RealizationSetUp, *, timers: Timers, say: Progress)
 
     x0 = initial_residual = None
     if spec.solver.preconditioner == "two-level":
+        started = MPI.Wtime()
         with timers("calc"):
             two_level = build_two_level(setup)
             x0, initial_residual = two_level.start(b)
         stats.coarse_columns = two_level.n_columns
+        stats.coarse_bytes = two_level.bytes_held
+        stats.coarse_setup_seconds = MPI.Wtime() - started
         say(f"two-level preconditioner: {two_level.n_columns} coarse columns (coarse nside {two_level.coarse_nside}), "
             f"{two_level.bytes_held / 2**20:.0f} MiB on rank 0")
 
@@ -358,6 +375,7 @@ def solve_realization(setup: RealizationSetUp, *, timers: Timers, say: Progress)
         x0=x0,
         initial_residual=initial_residual,
         on_iteration=lambda k, residual: say(f"iteration {k:4d}  residual {residual:.3e}"),
+        on_estimate=on_estimate,
     )
     stats.reduce_bytes, stats.reduce_messages = reduction.bytes_sent, reduction.messages_sent
     stats.reductions = reduction.calls
