@@ -30,9 +30,10 @@ Comput. 39, 340, 2009), started from ``x0 = Z E^-1 Z^T b``:
 With that start every residual stays A-orthogonal to the coarse space,
 and A-DEF2 is then as robust as the symmetric balancing preconditioner
 (same iterates in exact arithmetic) at one map-sized pass per iteration
-instead of two. ``A Z`` [K, n_local, 3] is kept, in single precision once
-the start is made: the only state that grows with the map (``12 n_local K``
-bytes; 28 MiB per 100 coarse columns at nside 64's 49,152 pixels), read
+instead of two. ``A Z`` [K, n_local, 3] is kept, once the start is made
+only at this rank's owned pixels and in single precision: the only state
+that grows with the map (``12 n_owned K`` bytes; 28 MiB per 100 coarse
+columns at nside 64's 49,152 pixels, shared out between the ranks), read
 once per iteration.
 
 Set-up: ``A Z`` is K applications of the PCG operator, each reduced over
@@ -153,10 +154,12 @@ class TwoLevelPreconditioner:
         y = scipy.linalg.cho_solve(self.factor, restricted)
         x0 = self._prolong_add(y, np.zeros_like(b))
         residual = b - (y @ self._flat_columns).reshape(b.shape)
-        # From here A Z serves the preconditioner only, where single precision is plenty (M stays one fixed
-        # linear map; PCG's residual recursion never sees it): half the memory and half the pass per iteration.
-        self._flat_columns = self._flat_columns.astype(np.float32)
-        self.operator_columns = self._flat_columns.reshape(self.operator_columns.shape)
+        # From here A Z serves the preconditioner only, in (A Z)^T u over owned rows: keep those rows alone
+        # (the ranks then hold one copy of A Z between them, not one each) in single precision, which is
+        # plenty there (M stays one fixed linear map; PCG's residual recursion never sees it).
+        self._owned_rows = np.flatnonzero(self.owned)
+        self._flat_columns = np.ascontiguousarray(self._flat_columns[:, self._owned_rows], dtype=np.float32)
+        self.operator_columns = self._flat_columns
         return x0, residual
 
     def apply(self, residual: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -164,7 +167,7 @@ class TwoLevelPreconditioner:
         smoothed = self.apply_blocks(self.inverse_blocks, residual, out=out)
         k = self.n_columns
         self._both[:k] = self._restrict(residual)
-        self._both[k:] = self._flat_columns @ (smoothed.reshape(-1) * self.owned).astype(self._flat_columns.dtype)
+        self._both[k:] = self._flat_columns @ smoothed.reshape(-1)[self._owned_rows].astype(np.float32)
         self.comm.Allreduce(MPI.IN_PLACE, self._both, op=MPI.SUM)
         y = scipy.linalg.cho_solve(self.factor, self._both[:k] - self._both[k:])
         return self._prolong_add(y, smoothed)
