@@ -291,6 +291,8 @@ class NoiseSpec(StrictModel):
 
 
 Reduction = Literal["auto", "allreduce", "alltoallv", "butterfly", "hybrid"]
+Preconditioner = Literal["block-diagonal", "two-level"]
+NoiseFilter = Literal["exact", "finite"]
 
 
 class SolverSpec(StrictModel):
@@ -303,6 +305,31 @@ class SolverSpec(StrictModel):
     allreduce_buffer_pixels: Integer = Field(
         1 << 16, ge=1, le=1 << 28, description="Pixels per buffered Allreduce call (the paper's n_b)"
     )
+    preconditioner: Preconditioner = Field(
+        "block-diagonal",
+        description="block-diagonal: the 3x3 white-noise blocks; two-level: those plus a coarse-space "
+        "correction on coarse_nside pixels (fewer iterations, set-up and memory of 3 x 12 coarse_nside^2 "
+        "operator applications and map-sized columns)",
+    )
+    coarse_nside: Integer = Field(
+        4, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
+        "(capped at the map's nside)"
+    )
+    noise_filter: NoiseFilter = Field(
+        "exact", description="N^-1 per stationary interval: exact (full Fourier transform) or finite (a kernel of "
+        "finite correlation length by overlap-save, within noise_filter_tolerance)"
+    )
+    noise_filter_tolerance: Float = Field(
+        1e-3, gt=0, le=0.1, description="finite filter: largest relative error of its spectrum against 1/PSD; the "
+        "map's noise grows by at most a factor sqrt((1 + t) / (1 - t))"
+    )
+
+    @field_validator("coarse_nside")
+    @classmethod
+    def _coarse_power_of_two(cls, nside: int) -> int:
+        if nside & (nside - 1):
+            raise ValueError(f"coarse_nside must be a power of two (1, 2, 4, ... 64), got {nside}")
+        return nside
 
 
 class ResourceSpec(StrictModel):

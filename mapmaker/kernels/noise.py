@@ -71,11 +71,17 @@ def inverse_noise_diagonal(inverse_psd: np.ndarray, n: int) -> float:
     return float(total / n)
 
 
-def inverse_noise_filters(inverse_psds: list[np.ndarray], lengths: dict[int, int]) -> list[np.ndarray]:
+def inverse_noise_filters(
+    inverse_psds: list[np.ndarray], lengths: dict[int, int], half_widths: list[int | None] | None = None
+) -> list[np.ndarray]:
     """The N^-1 filters :func:`apply_inverse_noise` takes: the inverse PSDs [length // 2 + 1] (K^-2) themselves.
 
     ``lengths`` maps each filter in use to its intervals' length (the fast
-    kernels' filters are planned for it; here it is not needed).
+    kernels' filters are planned for it; here it is not needed), and
+    ``half_widths`` gives the finite-correlation-length filters' kernel
+    half-widths (the fast kernels apply those by overlap-save; this
+    reference applies the same circulant, whose spectrum ``inverse_psds``
+    then holds, with one FFT per interval).
     """
     return list(inverse_psds)
 
@@ -138,3 +144,80 @@ def apply_inverse_white(
     for start, length, scale in rows:
         tod[start : start + length] *= scale
     return tod
+
+
+# --------------------------------------------------------------------------- finite correlation length
+#
+# N^-1 of an interval is the circulant whose kernel is h = irfft(1 / S) [n]. A filter of finite
+# correlation length keeps h(tau) for circular lags |tau| <= L and drops the rest: still a circulant on
+# the interval, so it shares the Fourier basis of N^-1 and its eigenvalues are rfft(truncated h). If
+# they are within a relative delta of 1 / S at every frequency, (1 - delta) N^-1 <= N'^-1 <= (1 + delta) N^-1,
+# and the map m' made with N'^-1 is unbiased with noise covariance (Gauss-Markov with a wrong weight)
+#     Cov(m') <= (1 + delta) / (1 - delta) Cov(m),   Cov(m' - m) = Cov(m') - Cov(m) <= 2 delta / (1 - delta) Cov(m)
+# (W' N W' <= (1 + delta) W' and P^T W' P >= (1 - delta) P^T W P). That is the stated bound: the
+# finite-filter map differs from the exact one by at most sqrt(2 delta / (1 - delta)) of the exact map's
+# noise rms in every pixel and mode, and its noise grows by at most sqrt((1 + delta) / (1 - delta)).
+# The kernel is then applied by overlap-save (:class:`mapmaker.kernels.noise_fast.OverlapSaveFilter`): FFTs of
+# a few times 2 L samples instead of one of the whole interval; this reference applies the same circulant
+# with one FFT of the interval.
+
+FINITE_MIN_HALF_WIDTH = 16
+
+
+def finite_kernel(inverse_psd: np.ndarray, n: int, tolerance: float) -> tuple[int | None, np.ndarray, float]:
+    """The shortest finite-correlation-length N^-1 of an n-sample interval within ``tolerance``.
+
+    inverse_psd [n // 2 + 1] (K^-2) = 1 / S(f_k). Tries half-widths L = 16, 32, 64, ... below n / 4
+    and returns ``(L, spectrum, delta)``: the truncated kernel's eigenvalues [n // 2 + 1] (K^-2) and
+    their largest relative error ``delta`` against ``inverse_psd`` (<= tolerance). When no such L is
+    short enough to pay (the 1/f notch below f_knee is as narrow as 1 / f_min, and a kernel must be that
+    long to follow it) it returns ``(None, inverse_psd, 0.0)``: the exact filter.
+    """
+    inverse_psd = np.asarray(inverse_psd, dtype=np.float64)
+    kernel = np.fft.irfft(inverse_psd, n)
+    half_width = FINITE_MIN_HALF_WIDTH
+    while 4 * half_width < n:
+        truncated = kernel.copy()
+        truncated[half_width + 1 : n - half_width] = 0.0
+        spectrum = np.fft.rfft(truncated).real
+        delta = float(np.max(np.abs(spectrum - inverse_psd) / inverse_psd))
+        if delta <= tolerance:
+            return half_width, spectrum, delta
+        half_width *= 2
+    return None, inverse_psd, 0.0
+
+
+def overlap_save_block(half_width: int) -> int:
+    """FFT length of the overlap-save blocks for a kernel of half-width L: a power of two >= 8 L (75% kept)."""
+    return 1 << max(10, (8 * half_width - 1).bit_length())
+
+
+def kernel_block_spectrum(inverse_spectrum: np.ndarray, n: int, half_width: int, block: int) -> np.ndarray:
+    """rfft [block // 2 + 1] of the truncated kernel (lags |tau| <= L) placed circularly in a block of ``block``."""
+    kernel = np.fft.irfft(inverse_spectrum, n)
+    placed = np.zeros(block)
+    placed[: half_width + 1] = kernel[: half_width + 1]
+    placed[block - half_width :] = kernel[n - half_width :]
+    return np.fft.rfft(placed)
+
+
+def overlap_save(segment: np.ndarray, block_spectrum: np.ndarray, half_width: int, block: int, workers: int = 1) -> np.ndarray:
+    """Circular convolution of segment [n] with a kernel of half-width L, by overlap-save; in place, returns it.
+
+    The segment is padded circularly by L samples on each side (the interval's circulant), cut into
+    blocks of ``block`` samples overlapping by 2 L, each block transformed, multiplied by
+    ``block_spectrum`` [block // 2 + 1] and transformed back; the middle ``block - 2 L`` samples of each are kept.
+    """
+    n = len(segment)
+    step = block - 2 * half_width
+    n_blocks = -(-n // step)
+    padded = np.zeros(n_blocks * step + 2 * half_width)
+    padded[:half_width] = segment[n - half_width :]
+    padded[half_width : half_width + n] = segment
+    padded[half_width + n : 2 * half_width + n] = segment[:half_width]
+    rows = np.lib.stride_tricks.as_strided(padded, shape=(n_blocks, block), strides=(8 * step, 8))
+    spectrum = scipy.fft.rfft(rows, axis=1, workers=workers)
+    spectrum *= block_spectrum
+    filtered = scipy.fft.irfft(spectrum, n=block, axis=1, workers=workers)
+    segment[:] = filtered[:, half_width : half_width + step].reshape(-1)[:n]
+    return segment

@@ -356,11 +356,37 @@ def filter_in_place(segment: np.ndarray, circulant: CirculantFilter) -> None:
     circulant.apply(segment)
 
 
-def inverse_noise_filters(inverse_psds: list[np.ndarray], lengths: dict[int, int]) -> list[CirculantFilter | None]:
-    """One :class:`CirculantFilter` per filter in use, planned for its intervals' length ``lengths[f]``; None
-    for the filters no interval uses. inverse_psds: [length // 2 + 1] float64 arrays (K^-2)."""
+class OverlapSaveFilter:
+    """N^-1 of one interval length n with a kernel of finite correlation length (half-width L), by overlap-save.
+
+    ``inverse_spectrum [n // 2 + 1]`` (K^-2) is the truncated kernel's spectrum
+    (:func:`mapmaker.kernels.noise.finite_kernel`): the same circulant the reference
+    applies with one FFT of n, here with FFTs of :func:`~mapmaker.kernels.noise.overlap_save_block`
+    samples (:func:`mapmaker.kernels.noise.overlap_save`).
+    """
+
+    def __init__(self, inverse_spectrum: np.ndarray, n: int, half_width: int):
+        self.length = n
+        self.half_width = half_width
+        self.block = reference.overlap_save_block(half_width)
+        self.block_spectrum = reference.kernel_block_spectrum(inverse_spectrum, n, half_width, self.block)
+
+    def apply(self, segment: np.ndarray) -> np.ndarray:
+        """Filter a contiguous segment [n] float64 (K) in place; returns it (K^-1)."""
+        return reference.overlap_save(segment, self.block_spectrum, self.half_width, self.block)
+
+
+def inverse_noise_filters(
+    inverse_psds: list[np.ndarray], lengths: dict[int, int], half_widths: list[int | None] | None = None
+) -> list[CirculantFilter | OverlapSaveFilter | None]:
+    """One filter per filter in use, planned for its intervals' length ``lengths[f]``; None for the filters
+    no interval uses. inverse_psds: [length // 2 + 1] float64 arrays (K^-2). A filter with a half-width
+    in ``half_widths`` (finite correlation length) is an :class:`OverlapSaveFilter`, else a :class:`CirculantFilter`."""
+    widths = half_widths or [None] * len(inverse_psds)
     return [
-        CirculantFilter(inverse, lengths[f]) if f in lengths else None for f, inverse in enumerate(inverse_psds)
+        (OverlapSaveFilter(inverse, lengths[f], widths[f]) if widths[f] else CirculantFilter(inverse, lengths[f]))
+        if f in lengths else None
+        for f, inverse in enumerate(inverse_psds)
     ]
 
 

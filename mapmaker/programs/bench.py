@@ -18,7 +18,12 @@ triad ``a = b + s c`` (numba, its T threads, all ranks at once, arrays far
 larger than the caches): the bandwidth one rank gets while the whole
 configuration runs. Each kernel's floor is the time to move the bytes it
 *must* move per sample at that bandwidth, and the table prints the measured
-time over that floor (1.0 = at the hardware limit). Bytes per sample, the
+time over that floor (1.0 = at the hardware limit). The triad reads two
+streams for each one it writes; P and P^T read and write about as a copy
+does, so each floor is given twice: against the triad and against this
+core's copy rate (``np.copyto``, memcpy, measured the same way), which is
+the higher and the honest yardstick of a one-read-one-write kernel; the
+table also prints the must-move bytes per second achieved. Bytes per sample, the
 minimum each kernel must read and write from memory (maps and one
 interval's buffer are assumed to stay in cache; write-allocate reads not
 counted, as STREAM does not count them):
@@ -144,6 +149,19 @@ def stream_triad(comm, repeat: int, elements: int = STREAM_ELEMENTS) -> float:
     triad(a, b, c, 3.0)
     seconds = _best_of(comm, repeat, lambda: triad(a, b, c, 3.0))
     return 24.0 * elements / seconds
+
+
+def copy_rate(comm, repeat: int, elements: int = STREAM_ELEMENTS) -> float:
+    """Bandwidth (bytes/s, read + write) one rank gets copying an array (``np.copyto``: memcpy) while every rank does.
+
+    The other yardstick of the floor: a copy reads and writes each byte once, as P (read the cache, write
+    the TOD) and P^T (read the TOD and the cache) do, where the triad reads two streams for one written.
+    """
+    source = np.ones(elements)
+    target = np.zeros(elements)
+    np.copyto(target, source)
+    seconds = _best_of(comm, repeat, lambda: np.copyto(target, source))
+    return 16.0 * elements / seconds
 
 
 def fft_flops(interval_lengths) -> float:
@@ -294,6 +312,7 @@ def run_bench(
     noise = NoiseModel(spec, layout)
     load_before = os.getloadavg()[0]
     bandwidth = stream_triad(comm, repeat, STREAM_ELEMENTS if samples >= 1 << 20 else 1 << 23)
+    copy_bandwidth = copy_rate(comm, repeat, STREAM_ELEMENTS if samples >= 1 << 20 else 1 << 23)
     flop_rate = fma_rate(comm, repeat)
     results, blocks = {}, {}
     for name in [k.strip() for k in kernels.split(",") if k.strip()]:
@@ -315,12 +334,16 @@ def run_bench(
             seconds = result["seconds"][operation]
             per_sample = BYTES_PER_SAMPLE[operation]
             floor = per_sample * n_samp / bandwidth
+            copy_floor = per_sample * n_samp / copy_bandwidth
             row[name] = {
                 "seconds": seconds,
                 "samples_per_second_per_core": n_samp / (seconds * cores_per_second),
                 "bytes_per_sample": per_sample,
+                "bytes_per_second": per_sample * n_samp / seconds,  # the must-move bytes over the time taken
                 "floor_seconds": floor,
                 "times_floor": seconds / floor,
+                "copy_floor_seconds": copy_floor,
+                "times_copy_floor": seconds / copy_floor,
             }
         table[operation] = row
     report = {
@@ -331,6 +354,7 @@ def run_bench(
         "nside": nside,
         "local_pixels_rank0": next(iter(results.values()))["local_pixels_rank0"],
         "stream_triad_bytes_per_second_per_rank": bandwidth,
+        "copy_bytes_per_second_per_rank": copy_bandwidth,
         "fma_flops_per_second_per_core": flop_rate,
         "n_inverse_fft_flops_per_second_per_core": {
             name: r["fft_flops"] / (r["seconds"]["N^-1"] * cores_per_second) for name, r in results.items()
@@ -372,11 +396,13 @@ def _print_report(report: dict, names: list[str]) -> None:
         f"({report['local_pixels_rank0']:,} local pixels on rank 0); {report['clock']} clock; load average "
         f"{report['load_average']['before']:.2f} -> {report['load_average']['after']:.2f}"
     )
-    print(f"memory bandwidth (triad, per rank, all ranks at once): {report['stream_triad_bytes_per_second_per_rank'] / 1e9:.1f} GB/s; "
+    print(f"memory bandwidth (per rank, all ranks at once): triad {report['stream_triad_bytes_per_second_per_rank'] / 1e9:.1f} GB/s, "
+          f"copy {report['copy_bytes_per_second_per_rank'] / 1e9:.1f} GB/s; "
           f"in-cache FMA loop: {report['fma_flops_per_second_per_core'] / 1e9:.1f} GFlop/s per core")
     header = f"{'operation':<15}{'bytes/sample':>13}"
     for name in names:
-        header += f"{name + ' s':>12}{name + ' samples/s/core':>24}{name + ' x floor':>15}"
+        header += (f"{name + ' s':>12}{name + ' samples/s/core':>24}{name + ' GB/s':>12}{name + ' x triad':>14}"
+                   f"{name + ' x copy':>13}")
     if len(names) == 2:
         header += f"{'speedup':>9}"
     print(header)
@@ -384,7 +410,9 @@ def _print_report(report: dict, names: list[str]) -> None:
         sizes = sorted({str(row[name]["bytes_per_sample"]) for name in names})
         line = f"{operation:<15}{'/'.join(sizes):>13}"
         for name in names:
-            line += f"{row[name]['seconds']:>12.4f}{row[name]['samples_per_second_per_core']:>24.3e}{row[name]['times_floor']:>15.1f}"
+            line += (f"{row[name]['seconds']:>12.4f}{row[name]['samples_per_second_per_core']:>24.3e}"
+                     f"{row[name]['bytes_per_second'] / 1e9:>12.1f}{row[name]['times_floor']:>14.1f}"
+                     f"{row[name]['times_copy_floor']:>13.1f}")
         if len(names) == 2:
             line += f"{row[names[0]]['seconds'] / row[names[1]]['seconds']:>8.1f}x"
         print(line)

@@ -97,6 +97,8 @@ class LocalData:
     position: np.ndarray | None = None
     cut: np.ndarray | None = None
     kernels: Kernels = field(default_factory=implementation.get)
+    half_widths: list[int | None] | None = None  # finite N^-1: kernel half-width per filter (None: exact)
+    filter_error: float = 0.0  # finite N^-1: largest relative spectral error delta of any filter (0: exact)
     _filters: list | None = field(default=None, repr=False)
 
     @property
@@ -191,7 +193,7 @@ class LocalData:
         """
         if self._filters is None:
             lengths = {int(f): int(n) for f, n in zip(self.filter_index.tolist(), self.interval_lengths.tolist(), strict=True)}
-            self._filters = self.kernels.noise.inverse_noise_filters(self.inverse_psds, lengths)
+            self._filters = self.kernels.noise.inverse_noise_filters(self.inverse_psds, lengths, self.half_widths)
         return self._filters
 
     def apply_inverse_noise(self, tod: np.ndarray, workers: int = 1) -> np.ndarray:
@@ -297,6 +299,8 @@ def build_local_data(
     # theirs, so their intervals are filtered together. White weighting needs none.
     filters: dict[tuple[float, int], int] = {}
     inverse_psds: list[np.ndarray] = []
+    half_widths: list[int | None] = []
+    filter_error = 0.0
     filter_index = np.zeros(len(lengths), dtype=np.int64)
     noise_diagonal = np.empty(len(lengths), dtype=np.float64)
     inverse_variance = 1.0 / noise.white_variance[detectors_array] if len(lengths) else np.zeros(0)
@@ -307,7 +311,15 @@ def build_local_data(
         key = (float(noise.white_variance[detector]), length)
         if key not in filters:
             filters[key] = len(inverse_psds)
-            inverse_psds.append(1.0 / noise.weighting_psd(detector, length))
+            inverse_psd = 1.0 / noise.weighting_psd(detector, length)
+            half_width = None
+            if spec.solver.noise_filter == "finite":  # see mapmaker.kernels.noise.finite_kernel for the bound
+                half_width, inverse_psd, delta = noise_kernels.finite_kernel(
+                    inverse_psd, length, spec.solver.noise_filter_tolerance
+                )
+                filter_error = max(filter_error, delta)
+            inverse_psds.append(inverse_psd)
+            half_widths.append(half_width)
         filter_index[i] = filters[key]
         noise_diagonal[i] = noise_kernels.inverse_noise_diagonal(inverse_psds[filters[key]], length)
 
@@ -330,4 +342,6 @@ def build_local_data(
         order=order,
         position=position,
         kernels=kernel_set,
+        half_widths=half_widths if any(half_widths) else None,
+        filter_error=filter_error,
     )

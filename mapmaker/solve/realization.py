@@ -23,6 +23,7 @@ are the ``realize`` program's (:mod:`mapmaker.programs.realize`).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan
 from mapmaker.parallel.planfile import PlanRefused
 from mapmaker.parallel.reduction import PixelReduction, make_reduction, needs_plan, resolve_strategy
+from mapmaker.solve.coarse import TwoLevelPreconditioner
 from mapmaker.solve.local_data import LocalData, build_local_data
 from mapmaker.solve.solver import PCGResult, pcg
 from mapmaker.solve.timing import Timers
@@ -63,6 +65,9 @@ class RankStats:
     reduce_messages: int = 0
     reduce_seconds_in_solve: float = 0.0
     reductions: int = 0
+    coarse_columns: int = 0  # of the two-level preconditioner (0: block-diagonal)
+    coarse_bytes: int = 0  # its memory on this rank
+    coarse_setup_seconds: float = 0.0  # its set-up (A Z, E and the start), before the first iteration
 
 
 class NothingToSolve(ValueError):
@@ -205,6 +210,12 @@ def set_up_realization(
     noise = NoiseModel(spec, layout)
     with timers("calc"):
         local = build_local_data(spec, layout, decomposition.chunks_of(rank), noise, kernels.name)
+    if local.half_widths is not None:
+        widths = sorted({w for w in local.half_widths if w})
+        say(f"N^-1: finite correlation length, kernel half-width(s) {widths} samples, spectral error "
+            f"delta {local.filter_error:.1e} (map noise within a factor {math.sqrt((1 + local.filter_error) / (1 - local.filter_error)):.4f})")
+    elif spec.solver.noise_filter == "finite" and not noise.white_weighting:
+        say("N^-1: no finite correlation length meets solver.noise_filter_tolerance here; exact filter used")
     say(
         f"pointing: {spec.total_samples} samples in {layout.n_chunks} chunks on {size} ranks "
         f"({local.n_samples} samples, {local.n_local} pixels on rank 0)"
@@ -299,10 +310,22 @@ def right_hand_side(setup: RealizationSetUp, timers: Timers) -> np.ndarray:
     return b
 
 
-def solve_realization(setup: RealizationSetUp, *, timers: Timers, say: Progress) -> tuple[PCGResult, RankStats]:
-    """Collective: steps 6-7, the right-hand side and PCG; the solution is this rank's rows [n_local, 3] (K)."""
+def solve_realization(
+    setup: RealizationSetUp,
+    *,
+    timers: Timers,
+    say: Progress,
+    b: np.ndarray | None = None,
+    on_estimate: Callable[[int, np.ndarray], None] | None = None,
+) -> tuple[PCGResult, RankStats]:
+    """Collective: steps 6-7, the right-hand side and PCG; the solution is this rank's rows [n_local, 3] (K).
+
+    ``b`` [n_local, 3]: a right-hand side made already (by :func:`right_hand_side`; benchmarks solve one
+    several times); ``on_estimate(k, x_k)`` is handed to :func:`~mapmaker.solve.solver.pcg`.
+    """
     spec, local, reduction, threads = setup.spec, setup.local, setup.reduction, setup.threads
-    b = right_hand_side(setup, timers)
+    if b is None:
+        b = right_hand_side(setup, timers)
     stats = RankStats(samples=local.n_samples, local_pixels=local.n_local)
     # The solver is done with each result before the next call: one buffer each, no pages faulted per iteration.
     product_buffer, preconditioned_buffer = np.empty_like(b), np.empty_like(b)
@@ -324,7 +347,24 @@ def solve_realization(setup: RealizationSetUp, *, timers: Timers, say: Progress)
         with timers("comm"):
             return setup.pixels.dot(u, v)
 
-    say(f"solve: PCG to ||r||/||b|| < {spec.solver.tol:g}, reduction {reduction.name} (requested {setup.requested})")
+    x0 = initial_residual = None
+    if spec.solver.preconditioner == "two-level":
+        started = MPI.Wtime()
+        with timers("calc"):
+            two_level = build_two_level(setup)
+            x0, initial_residual = two_level.start(b)
+        stats.coarse_columns = two_level.n_columns
+        stats.coarse_bytes = two_level.bytes_held
+        stats.coarse_setup_seconds = MPI.Wtime() - started
+        say(f"two-level preconditioner: {two_level.n_columns} coarse columns (coarse nside {two_level.coarse_nside}), "
+            f"{two_level.bytes_held / 2**20:.0f} MiB on rank 0")
+
+        def apply_preconditioner(residual: np.ndarray) -> np.ndarray:
+            with timers("calc"):
+                return two_level.apply(residual, preconditioned_buffer)
+
+    say(f"solve: PCG to ||r||/||b|| < {spec.solver.tol:g}, reduction {reduction.name} (requested {setup.requested}), "
+        f"{spec.solver.preconditioner} preconditioner")
     result = pcg(
         apply_matrix,
         apply_preconditioner,
@@ -332,11 +372,26 @@ def solve_realization(setup: RealizationSetUp, *, timers: Timers, say: Progress)
         b,
         tol=spec.solver.tol,
         max_iter=spec.solver.max_iter,
+        x0=x0,
+        initial_residual=initial_residual,
         on_iteration=lambda k, residual: say(f"iteration {k:4d}  residual {residual:.3e}"),
+        on_estimate=on_estimate,
     )
     stats.reduce_bytes, stats.reduce_messages = reduction.bytes_sent, reduction.messages_sent
     stats.reductions = reduction.calls
     return result, stats
+
+
+def build_two_level(setup: RealizationSetUp) -> TwoLevelPreconditioner:
+    """Collective: the two-level preconditioner of ``setup`` (its A Z costs one operator application and one
+    reduction per coarse column, through the solve's own reduction)."""
+    local, threads = setup.local, setup.threads
+    return TwoLevelPreconditioner(
+        pixels=setup.pixels, reduction=setup.reduction, nside=setup.spec.pixelization.nside,
+        coarse_nside=setup.spec.solver.coarse_nside, cut=setup.cut, inverse_blocks=setup.inverse_blocks,
+        apply_blocks=setup.kernels.blocks.apply,
+        apply_operator=lambda x, out: local.apply_operator(x, workers=threads, out=out),
+    )
 
 
 def gather_realization(setup: RealizationSetUp, result: PCGResult, stats: RankStats, *, timers: Timers) -> SolveOutcome:

@@ -47,7 +47,14 @@ def test_bench_runs_and_prints_json():
         for figures in row.values():
             assert figures["samples_per_second_per_core"] > 0 and figures["times_floor"] > 0
             assert figures["bytes_per_sample"] in (16, 28, 36)
-    assert report["stream_triad_bytes_per_second_per_rank"] > 0
+            # both floors: the same bytes over the triad's and over the copy's bandwidth
+            assert figures["times_copy_floor"] / figures["times_floor"] == pytest.approx(
+                report["copy_bytes_per_second_per_rank"] / report["stream_triad_bytes_per_second_per_rank"]
+            )
+            assert figures["bytes_per_second"] == pytest.approx(
+                figures["bytes_per_sample"] * report["samples_per_rank"] / figures["seconds"]
+            )
+    assert report["stream_triad_bytes_per_second_per_rank"] > 0 and report["copy_bytes_per_second_per_rank"] > 0
     assert set(report["pcg_split_seconds_per_iteration"]["fast"]) == {"calc", "comm"}
     assert report["ranks"] == 1 and report["samples_per_rank"] > 0
     rounds = report["pcg_rounds"]

@@ -1,0 +1,173 @@
+"""The two-level preconditioner: block-diagonal plus a coarse-space correction (deflation).
+
+After Grigori, Stompor & Szydlarski, "A two-level preconditioner for
+cosmic microwave background map-making", SC'12 (and Szydlarski et al.,
+A&A 572, A39, 2014): the block-diagonal preconditioner ``M_BD`` leaves a
+few slow modes of ``M_BD A`` -- map patterns whose time stream falls in
+the 1/f part of the noise, which N^-1 nearly ignores -- and PCG spends
+its late iterations on them (the plateau of the residual history). A
+coarse space ``Z`` holding those modes is solved exactly at every
+iteration.
+
+The coarse space. Grigori et al. build ``Z`` from the noise model: one
+column per stationary interval, ``M_BD P^T diag(N^-1) 1_interval`` (its
+offset seen in the map). Measured on the satellite example (6 h, 26
+block-diagonal iterations to 1e-6): per-interval offsets give 20
+iterations, 6 offsets per interval (10-minute baselines) 15, 30 per
+interval 15; the slow modes are large-scale *map* patterns, not offsets.
+Piecewise-constant I, Q, U on the pixels of a coarse HEALPix grid
+(``solver.coarse_nside``) give 14 iterations at coarse nside 2 (144
+columns) and 11 at nside 4 (480 observed), so that is the coarse space
+here: column ``(c, s)`` is 1 in Stokes ``s`` of every solved fine pixel
+inside coarse pixel ``c`` (NESTED parents of the RING fine pixels).
+Being an aggregation, ``Z^T v`` is one bincount and ``Z y`` one gather.
+
+The preconditioner is A-DEF2 (Tang, Nabben, Vuik & Erlangga, J. Sci.
+Comput. 39, 340, 2009), started from ``x0 = Z E^-1 Z^T b``:
+
+    M r = M_BD r + Z E^-1 (Z^T r - (A Z)^T M_BD r),   E = Z^T A Z  [K, K]
+
+With that start every residual stays A-orthogonal to the coarse space,
+and A-DEF2 is then as robust as the symmetric balancing preconditioner
+(same iterates in exact arithmetic) at one map-sized pass per iteration
+instead of two. ``A Z`` [K, n_local, 3] is kept, once the start is made
+only at this rank's owned pixels and in single precision: the only state
+that grows with the map (``12 n_owned K`` bytes; 28 MiB per 100 coarse
+columns at nside 64's 49,152 pixels, shared out between the ranks), read
+once per iteration.
+
+Set-up: ``A Z`` is K applications of the PCG operator, each reduced over
+ranks through the solve's own :class:`~mapmaker.parallel.reduction.PixelReduction`,
+so it costs about K iterations. It depends on the pointing, the cut and
+the noise weights only, never on the data: a campaign's realisations
+could share it (not done yet; each realisation builds it).
+
+Distribution. Every rank holds the whole (small) coarse space: ``E``,
+``E``'s Cholesky factor and the K-vectors. ``Z^T v`` and ``(A Z)^T u``
+sum this rank's *owned* pixels (each shared pixel counted once, as the
+dot products do) and one ``Allreduce`` of K numbers per iteration
+completes them; ``A Z``'s columns are consistent across ranks after their
+reduction, so ``Z y`` needs no communication.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import healpy as hp
+import numpy as np
+import scipy.linalg
+from mpi4py import MPI
+
+from mapmaker.parallel.distributed import DistributedPixels
+from mapmaker.parallel.reduction import PixelReduction
+
+Operator = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x [n_local, 3], out) -> A x, not yet reduced
+
+
+class TwoLevelPreconditioner:
+    """A-DEF2 on a coarse HEALPix aggregation space; :meth:`apply` is ``M``, :meth:`start` gives ``x0, b - A x0``.
+
+    Collective construction. ``local_pixels`` [n_local] int64 sorted RING
+    ids of the map at ``nside``; ``cut`` [n_local] bool (pixels out of the
+    solve: no coarse column touches them); ``inverse_blocks`` [n_local, 3, 3]
+    (K^2) and ``apply_blocks(inverse_blocks, r, out)`` the block-diagonal
+    preconditioner; ``apply_operator(x, out)`` this rank's share of
+    ``P^T N^-1 P x`` (K^-1) before the reduction, which ``reduction`` then sums.
+    """
+
+    def __init__(
+        self,
+        *,
+        pixels: DistributedPixels,
+        reduction: PixelReduction,
+        nside: int,
+        coarse_nside: int,
+        cut: np.ndarray,
+        inverse_blocks: np.ndarray,
+        apply_blocks: Callable[..., np.ndarray],
+        apply_operator: Operator,
+    ):
+        self.pixels = pixels
+        self.comm = pixels.comm
+        self.inverse_blocks = inverse_blocks
+        self.apply_blocks = apply_blocks
+        self.coarse_nside = min(int(coarse_nside), int(nside))
+        n_local = pixels.n_local
+        # Coarse parent of each fine pixel: NESTED ids share their leading bits with the parent's.
+        shift = 2 * (int(nside).bit_length() - self.coarse_nside.bit_length())
+        parent = hp.ring2nest(nside, pixels.local_pixels) >> shift if n_local else np.zeros(0, dtype=np.int64)
+        n_coarse = 12 * self.coarse_nside**2
+        solved = ~np.asarray(cut, dtype=bool)
+        seen = np.zeros(n_coarse, dtype=np.int64)
+        seen[np.unique(parent[solved])] = 1
+        self.comm.Allreduce(MPI.IN_PLACE, seen, op=MPI.MAX)
+        active = np.flatnonzero(seen)
+        # Column of each (pixel, Stokes): 3 * (rank of its parent among the observed coarse pixels) + s; K when cut.
+        self.n_columns = 3 * len(active)
+        rank_of = np.full(n_coarse, -1, dtype=np.int64)
+        rank_of[active] = np.arange(len(active))
+        column = 3 * rank_of[parent][:, None] + np.arange(3)[None, :]
+        column[~solved] = self.n_columns
+        self.column = column.reshape(-1)  # [3 n_local]
+        owned = np.zeros((n_local, 3))
+        owned[pixels.owned] = 1.0
+        self.owned = owned.reshape(-1)  # each shared pixel counted once in the global sums
+
+        # A Z, column by column: one operator application and one reduction each (about one PCG iteration).
+        self.operator_columns = np.empty((self.n_columns, n_local, 3))
+        unit = np.zeros((n_local, 3))
+        flat_unit = unit.reshape(-1)
+        for k in range(self.n_columns):
+            flat_unit[:] = self.column == k
+            apply_operator(unit, self.operator_columns[k])
+            reduction.reduce(self.operator_columns[k])
+        flat_columns = self.operator_columns.reshape(self.n_columns, -1)
+        coarse = np.zeros((self.n_columns, self.n_columns))
+        weighted = flat_columns * self.owned
+        for k in range(self.n_columns):  # E[:, k] = Z^T (A z_k), owned rows
+            coarse[:, k] = np.bincount(self.column, weights=weighted[k], minlength=self.n_columns + 1)[:-1]
+        self.comm.Allreduce(MPI.IN_PLACE, coarse, op=MPI.SUM)
+        self.coarse_matrix = 0.5 * (coarse + coarse.T)  # symmetric to round-off; made exactly so for Cholesky
+        self.factor = scipy.linalg.cho_factor(self.coarse_matrix)
+        self._flat_columns = flat_columns  # float64 until start() has made the exact residual b - A x0
+        self._both = np.empty(2 * self.n_columns)
+
+    @property
+    def bytes_held(self) -> int:
+        """Memory of the coarse space on this rank: A Z, E and its factor (bytes)."""
+        return int(self.operator_columns.nbytes + 2 * self.coarse_matrix.nbytes)
+
+    def _restrict(self, v: np.ndarray) -> np.ndarray:
+        """This rank's share of ``Z^T v`` [K] (owned rows) for v [n_local, 3]."""
+        return np.bincount(self.column, weights=v.reshape(-1) * self.owned, minlength=self.n_columns + 1)[:-1]
+
+    def _prolong_add(self, y: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out += Z y`` for y [K]; out [n_local, 3]."""
+        flat = out.reshape(-1)
+        flat += np.append(y, 0.0)[self.column]
+        return out
+
+    def start(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Collective: the coarse solution ``x0 = Z E^-1 Z^T b`` [n_local, 3] and its residual ``b - A x0``."""
+        restricted = self._restrict(b)
+        self.comm.Allreduce(MPI.IN_PLACE, restricted, op=MPI.SUM)
+        y = scipy.linalg.cho_solve(self.factor, restricted)
+        x0 = self._prolong_add(y, np.zeros_like(b))
+        residual = b - (y @ self._flat_columns).reshape(b.shape)
+        # From here A Z serves the preconditioner only, in (A Z)^T u over owned rows: keep those rows alone
+        # (the ranks then hold one copy of A Z between them, not one each) in single precision, which is
+        # plenty there (M stays one fixed linear map; PCG's residual recursion never sees it).
+        self._owned_rows = np.flatnonzero(self.owned)
+        self._flat_columns = np.ascontiguousarray(self._flat_columns[:, self._owned_rows], dtype=np.float32)
+        self.operator_columns = self._flat_columns
+        return x0, residual
+
+    def apply(self, residual: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Collective: ``M r`` into out [n_local, 3] (K^2 K^-1 = K): one map-sized pass over A Z, one Allreduce of 2K."""
+        smoothed = self.apply_blocks(self.inverse_blocks, residual, out=out)
+        k = self.n_columns
+        self._both[:k] = self._restrict(residual)
+        self._both[k:] = self._flat_columns @ smoothed.reshape(-1)[self._owned_rows].astype(np.float32)
+        self.comm.Allreduce(MPI.IN_PLACE, self._both, op=MPI.SUM)
+        y = scipy.linalg.cho_solve(self.factor, self._both[:k] - self._both[k:])
+        return self._prolong_add(y, smoothed)

@@ -1,0 +1,82 @@
+"""The two-level preconditioner and the finite-correlation-length N^-1 against the exact solve (one rank).
+
+Map comparisons: ``|a - b| <= rel * max|b|`` over the solved pixels, per Stokes component.
+"""
+import healpy as hp
+import numpy as np
+import pytest
+from mapmaker_cases import make_spec
+from mpi4py import MPI
+
+from mapmaker.kernels import noise as reference
+from mapmaker.kernels import noise_fast
+from mapmaker.solve.realization import run_realization
+
+# 1/f noise with f_knee 12x the spin frequency, 3 h at 5 Hz, nside 16: the block-diagonal PCG needs ~50
+# iterations to 1e-11, the two-level one (coarse nside 1) ~30.
+ONE_OVER_F = {"noise.f_knee_hz": 0.2, "noise.f_min_hz": 1e-4, "scan.duration_s": 10800.0, "scan.chunk_s": 3600.0}
+
+
+def relative_difference(a, b):
+    solved = b[0] != hp.UNSEEN
+    return max(np.max(np.abs(a[s][solved] - b[s][solved])) / np.max(np.abs(b[s][solved])) for s in range(3))
+
+
+def test_two_level_reaches_the_block_diagonal_map_in_fewer_iterations():
+    base = {**ONE_OVER_F, "solver.tol": 1e-11}
+    block = run_realization(make_spec(base), 0, MPI.COMM_SELF)
+    two_level = run_realization(make_spec({**base, "solver.preconditioner": "two-level", "solver.coarse_nside": 1}),
+                                0, MPI.COMM_SELF)
+    assert block.pcg.converged and two_level.pcg.converged
+    assert relative_difference(two_level.iqu, block.iqu) < 1e-8
+    np.testing.assert_array_equal(two_level.iqu == hp.UNSEEN, block.iqu == hp.UNSEEN)
+    assert two_level.stats.coarse_columns == 3 * 12
+    assert two_level.pcg.iterations < 0.75 * block.pcg.iterations, (two_level.pcg.iterations, block.pcg.iterations)
+
+
+@pytest.mark.parametrize("n", [5001, 12_000, 40_000])
+def test_overlap_save_is_the_circulant_of_the_truncated_kernel(n):
+    """The fast family's overlap-save filter and the reference's one FFT of the interval agree to round-off."""
+    inverse = 1.0 / reference.psd(reference.rfft_frequencies(n, 10.0), 2.0, 0.5, 2.0, 0.2)
+    half_width, spectrum, delta = reference.finite_kernel(inverse, n, 2e-2)
+    assert half_width is not None and half_width < n // 4 and delta <= 2e-2
+    tod = np.random.default_rng(n).standard_normal(n)
+    expected = reference.apply_inverse_noise(tod.copy(), np.array([0]), np.array([n]), np.array([0]), [spectrum])
+    [finite] = noise_fast.inverse_noise_filters([spectrum], {0: n}, [half_width])
+    assert isinstance(finite, noise_fast.OverlapSaveFilter)
+    got = finite.apply(tod.copy())
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12 * np.max(np.abs(expected)))
+    # and the truncated circulant is within delta of the exact one on this TOD
+    exact = reference.apply_inverse_noise(tod.copy(), np.array([0]), np.array([n]), np.array([0]), [inverse])
+    assert np.linalg.norm(got - exact) <= delta * np.linalg.norm(exact) * 1.01
+
+
+def test_finite_kernel_falls_back_to_the_exact_filter_for_a_deep_notch():
+    """1/S 1000x below white at f_min = 1e-4 Hz: only a kernel as long as the interval follows it."""
+    n = 72_000
+    inverse = 1.0 / reference.psd(reference.rfft_frequencies(n, 20.0), 1.0, 0.1, 1.0, 1e-4)
+    half_width, spectrum, delta = reference.finite_kernel(inverse, n, 1e-3)
+    assert half_width is None and delta == 0.0 and spectrum is not None
+    np.testing.assert_array_equal(spectrum, inverse)
+
+
+def test_finite_filter_map_is_within_its_stated_bound():
+    """Noise-only; shallow 1/f notch (f_min 0.05 Hz): the finite filter's map differs from the exact map by at
+    most sqrt(2 delta / (1 - delta)) of the exact map's noise rms (Gauss-Markov; see mapmaker.kernels.noise)."""
+    changes = {**ONE_OVER_F, "noise.f_min_hz": 0.05, "solver.tol": 1e-10, "solver.noise_filter_tolerance": 1e-2}
+    exact = run_realization(make_spec(changes, kind="noise-only"), 1, MPI.COMM_SELF)
+    finite_spec = make_spec({**changes, "solver.noise_filter": "finite"}, kind="noise-only")
+    finite = run_realization(finite_spec, 1, MPI.COMM_SELF)
+    from mapmaker.model.decomposition import chunk_layout, decompose
+    from mapmaker.model.noise import NoiseModel
+    from mapmaker.solve.local_data import build_local_data
+
+    layout = chunk_layout(finite_spec)
+    local = build_local_data(finite_spec, layout, decompose(layout, 1).chunks_of(0), NoiseModel(finite_spec, layout))
+    delta = local.filter_error
+    assert local.half_widths is not None and 0 < delta <= 1e-2
+    solved = exact.iqu[0] != hp.UNSEEN
+    for s in range(3):
+        difference = np.sqrt(np.mean((finite.iqu[s][solved] - exact.iqu[s][solved]) ** 2))
+        noise = np.sqrt(np.mean(exact.iqu[s][solved] ** 2))
+        assert 0 < difference <= np.sqrt(2 * delta / (1 - delta)) * noise, (s, difference, noise, delta)
