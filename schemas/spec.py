@@ -22,7 +22,7 @@ import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 SCAN_KEY_VERSION = 1
@@ -138,13 +138,25 @@ ScanSpec = Annotated[SatelliteScan | GroundScan, Field(discriminator="kind")]
 
 
 class Detector(StrictModel):
-    """One detector: its offset from the boresight and its polarisation angle."""
+    """One detector: its offset from the boresight and its polarisation angle, or its quaternion.
+
+    Detectors read from a TOAST focal-plane file carry ``quat`` and their own noise parameters; inline
+    detectors usually give offsets and take the campaign-wide ``noise``.
+    """
 
     name: str = Field(description="Unique within the focal plane; letters, digits and _.:+-")
     offset_x_deg: Float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane x axis")
     offset_y_deg: Float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane y axis")
     pol_angle_deg: Float = Field(0.0, ge=-360, le=360, description="Polarisation angle in the focal plane, from the x axis")
     net_k_sqrt_s: OptionalFloat = Field(None, gt=0, lt=1, description="Override of the noise NET for this detector")
+    quat: tuple[Float, Float, Float, Float] | None = Field(
+        None,
+        description="Rotation of the detector in the boresight frame, TOAST's order [x, y, z, w]; when given it fixes "
+        "the pointing and the polarisation direction (the offsets and pol_angle_deg only describe it)",
+    )
+    f_knee_hz: OptionalFloat = Field(None, ge=0, le=1_000, description="Override of the noise knee frequency")
+    alpha: OptionalFloat = Field(None, gt=0, le=5, description="Override of the noise 1/f slope")
+    f_min_hz: OptionalFloat = Field(None, gt=0, le=100, description="Override of the noise low-frequency flattening")
 
     @field_validator("name")
     @classmethod
@@ -153,22 +165,86 @@ class Detector(StrictModel):
             raise ValueError("detector names are 1-64 characters of letters, digits and _.:+-, starting with a letter or digit")
         return value
 
+    @field_validator("quat")
+    @classmethod
+    def _unit_quaternion(cls, value: tuple[float, float, float, float] | None) -> tuple[float, float, float, float] | None:
+        if value is not None and abs(math.sqrt(sum(c * c for c in value)) - 1.0) > 1e-6:
+            raise ValueError("quat must be a unit quaternion (norm 1 within 1e-6)")
+        return value
+
+
+class DetectorSelection(StrictModel):
+    """Which detectors of a focal-plane file the campaign takes; the conditions combine (all must hold)."""
+
+    names: str | None = Field(None, min_length=1, max_length=200, description="Shell pattern on detector names, e.g. 'D1*-150'")
+    wafer: str | None = Field(None, min_length=1, max_length=200, description="Value of the file's 'wafer' (or 'wafer_slot') column")
+    band: str | None = Field(None, min_length=1, max_length=200, description="Value of the file's 'band' column")
+    first: OptionalInteger = Field(None, ge=1, le=MAX_DETECTORS, description="Keep the first N detectors (in file order) that match")
+
 
 class FocalPlane(StrictModel):
+    """The detectors: typed inline (``detectors``) or read from a TOAST focal-plane HDF5 file (``file``).
+
+    A file is named relative to the instrument folder (the service's and each site's ``instrument_root``) and
+    pinned by its ``sha256``: the file's checksum and the selection enter the scan key.
+    """
+
     sample_rate_hz: Float = Field(20.0, gt=0, le=10_000, description="Samples per second of every detector")
-    detectors: list[Detector] = Field(
-        min_length=1, max_length=MAX_DETECTORS, description="The detectors, one table each (see below)"
+    detectors: list[Detector] | None = Field(
+        None, min_length=1, max_length=MAX_DETECTORS, description="The detectors, one table each (see below); or give file"
     )
+    file: str | None = Field(
+        None, description="TOAST focal-plane HDF5 file (Focalplane.save_hdf5), relative to the instrument_root"
+    )
+    sha256: str | None = Field(None, description="SHA-256 of the file (64 hex digits); required with file")
+    select: DetectorSelection = Field(default_factory=DetectorSelection, description="Part of the file's focal plane to take")
+    # The detectors read from ``file`` (schemas.instrument.resolve_focal_plane): never input, never dumped.
+    _from_file: tuple[Detector, ...] | None = PrivateAttr(None)
 
     @field_validator("detectors")
     @classmethod
-    def _unique_names(cls, detectors: list[Detector]) -> list[Detector]:
+    def _unique_names(cls, detectors: list[Detector] | None) -> list[Detector] | None:
         seen: set[str] = set()
-        for detector in detectors:
+        for detector in detectors or []:
             if detector.name in seen:
                 raise ValueError(f"detector name {detector.name!r} appears more than once")
             seen.add(detector.name)
         return detectors
+
+    @field_validator("file")
+    @classmethod
+    def _file_is_safe(cls, value: str | None) -> str | None:
+        return None if value is None else _check_relative_path(value, (".h5", ".hdf5"), "the instrument folder", "an HDF5 file (.h5 or .hdf5)")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
+            raise ValueError("sha256 must be 64 hexadecimal digits")
+        return None if value is None else value.lower()
+
+    @model_validator(mode="after")
+    def _one_source(self) -> FocalPlane:
+        if (self.detectors is None) == (self.file is None):
+            raise ValueError("give either detectors (inline) or file (a TOAST focal-plane file), not both")
+        if self.file is not None and self.sha256 is None:
+            raise ValueError("a focal-plane file needs its sha256 (sha256sum FILE)")
+        if self.file is None and (self.sha256 is not None or self.select != DetectorSelection()):
+            raise ValueError("sha256 and select go with file")
+        return self
+
+    @property
+    def detector_rows(self) -> list[Detector]:
+        """The campaign's detectors: the inline ones, or those read from the file (which must have been read)."""
+        if self.detectors is not None:
+            return self.detectors
+        if self._from_file is None:
+            raise FocalPlaneNotRead(f"the focal plane of {self.file!r} has not been read (schemas.instrument.resolve_focal_plane)")
+        return list(self._from_file)
+
+
+class FocalPlaneNotRead(RuntimeError):
+    """A program asked for the detectors of a file-based focal plane before reading the file."""
 
 
 # --------------------------------------------------------------------------- pixelisation, sky
@@ -191,19 +267,24 @@ class Pixelization(StrictModel):
         return 12 * self.nside * self.nside
 
 
-def _check_relative_path(value: str) -> str:
-    """Refuse paths that could leave the folder they are resolved in."""
+def _check_relative_path(
+    value: str,
+    suffixes: tuple[str, ...] = (".fits", ".fit", ".fits.gz"),
+    folder: str = "the sky-map folder",
+    kind: str = "a FITS file (.fits, .fit or .fits.gz)",
+) -> str:
+    """Refuse paths that could leave the folder they are resolved in, or that name another kind of file."""
     if not value or len(value) > 255:
         raise ValueError("path must be 1-255 characters")
     if CONTROL_CHARACTERS.search(value) or "\\" in value:
         raise ValueError("path must not contain control characters or backslashes")
     path = PurePosixPath(value)
     if path.is_absolute() or value.startswith("~"):
-        raise ValueError("path must be relative to the sky-map folder, not absolute")
+        raise ValueError(f"path must be relative to {folder}, not absolute")
     if any(part in ("..", ".") for part in path.parts):
         raise ValueError("path must not contain '.' or '..' components")
-    if not value.lower().endswith((".fits", ".fit", ".fits.gz")):
-        raise ValueError("path must name a FITS file (.fits, .fit or .fits.gz)")
+    if not value.lower().endswith(suffixes):
+        raise ValueError(f"path must name {kind}")
     return value
 
 
@@ -379,7 +460,7 @@ class CampaignSpec(StrictModel):
 
     @property
     def total_samples(self) -> int:
-        return self.samples_per_detector * len(self.focal_plane.detectors)
+        return self.samples_per_detector * len(self.focal_plane.detector_rows)
 
     @property
     def simulates_signal(self) -> bool:
@@ -404,9 +485,23 @@ def _sha256(value: Any) -> str:
 
 def pointing_fingerprint(spec: CampaignSpec) -> dict[str, Any]:
     """The part of a spec that fixes the pointing and the decomposition into chunks."""
-    focal_plane = spec.focal_plane.model_dump(mode="json")
-    for detector in focal_plane["detectors"]:
-        detector.pop("net_k_sqrt_s", None)  # noise, not pointing
+    plane = spec.focal_plane
+    focal_plane: dict[str, Any]
+    if plane.file is not None:
+        # The file's content (its checksum) and the selection fix the detectors, wherever the file sits.
+        focal_plane = {
+            "sample_rate_hz": plane.sample_rate_hz,
+            "file_sha256": plane.sha256,
+            "select": plane.select.model_dump(mode="json"),
+        }
+    else:
+        focal_plane = {"sample_rate_hz": plane.sample_rate_hz, "detectors": []}
+        for detector in plane.model_dump(mode="json")["detectors"]:
+            for noise_field in ("net_k_sqrt_s", "f_knee_hz", "alpha", "f_min_hz"):
+                detector.pop(noise_field, None)  # noise, not pointing
+            if detector["quat"] is None:
+                del detector["quat"]  # keeps the keys of offset-only focal planes as they were
+            focal_plane["detectors"].append(detector)
     return {
         "version": SCAN_KEY_VERSION,
         "scan": spec.scan.model_dump(mode="json"),

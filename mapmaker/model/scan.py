@@ -53,13 +53,20 @@ def boresight_quaternions(
 
 
 def detector_quaternions(focal_plane: FocalPlane) -> np.ndarray:
-    """Fixed rotation of every detector in the boresight frame, [n_detectors, 4]."""
-    return np.array(
-        [
-            pointing.detector_quaternion(d.offset_x_deg * DEG, d.offset_y_deg * DEG, d.pol_angle_deg * DEG)
-            for d in focal_plane.detectors
-        ]
-    )
+    """Fixed rotation of every detector in the boresight frame, [n_detectors, 4], scalar first.
+
+    A detector with a quaternion (from a TOAST focal-plane file) is taken as it is: TOAST's order
+    [x, y, z, w] becomes [w, x, y, z]. Both frames have the line of sight along +z and the polarisation
+    direction along +x, so TOAST's rotation needs no other change. Others are built from their offsets.
+    """
+    rows = []
+    for d in focal_plane.detector_rows:
+        if d.quat is not None:
+            x, y, z, w = d.quat
+            rows.append(np.array([w, x, y, z], dtype=np.float64))
+        else:
+            rows.append(pointing.detector_quaternion(d.offset_x_deg * DEG, d.offset_y_deg * DEG, d.pol_angle_deg * DEG))
+    return np.array(rows)
 
 
 class ChunkPointing:

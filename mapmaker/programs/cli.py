@@ -71,6 +71,10 @@ def _add_realize(commands: argparse._SubParsersAction) -> None:
         help="folder that a spec's sky.path (kind 'map') is relative to; paths may not leave it",
     )
     parser.add_argument(
+        "--instrument-root", type=Path, default=None, metavar="DIR",
+        help="folder that a spec's focal_plane.file (a TOAST focal-plane HDF5 file) is relative to",
+    )
+    parser.add_argument(
         "--plan", type=Path, default=None, metavar="PLAN",
         help="overlap plan from 'preprocess' for this spec and rank count; a mismatched or damaged plan exits 3",
     )
@@ -103,6 +107,10 @@ def _add_preprocess(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--buffer-pixels", type=_positive_int, default=None, metavar="N",
         help="pixels per range of the buffered allgather (default: the spec's solver.allreduce_buffer_pixels)",
+    )
+    parser.add_argument(
+        "--instrument-root", type=Path, default=None, metavar="DIR",
+        help="folder that a spec's focal_plane.file (a TOAST focal-plane HDF5 file) is relative to",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 

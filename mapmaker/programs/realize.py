@@ -322,7 +322,7 @@ def rng_stream_records(spec: CampaignSpec, realization: int, cap: int = 64) -> t
     if spec.simulates_noise:
         layout = chunk_layout(spec)
         noise = NoiseModel(spec, layout)
-        names = [d.name for d in spec.focal_plane.detectors]
+        names = [d.name for d in spec.focal_plane.detector_rows]
         for chunk_id in range(layout.n_chunks):
             if len(records) >= cap:
                 break
