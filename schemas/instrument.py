@@ -139,7 +139,7 @@ def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection
         table = QTable.read(path, path=DATASET, format="hdf5")
     except FocalPlaneFileError:
         raise
-    except Exception as error:  # h5py and astropy raise OSError, KeyError, ValueError ... on a damaged file
+    except (OSError, KeyError, ValueError, TypeError) as error:  # h5py and astropy on a damaged file
         raise FocalPlaneFileError(file, "", f"is not a readable HDF5 focal-plane table ({type(error).__name__}: {error})") from None
 
     for column in ("name", QUATERNION_COLUMN):
