@@ -95,13 +95,14 @@ def mpi(ranks: int, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     return elapsed, done
 
 
-def run_one(folder: Path, sha256: str, detectors: int, ranks: int, duration: float, chunk: float) -> dict:
-    spec = folder / f"spec-{detectors}.toml"
+def run_one(folder: Path, sha256: str, detectors: int, ranks: int, duration: float, chunk: float, tag: str = "") -> dict:
+    """Preprocess and realise the first ``detectors`` of the file; files named by ``tag`` and the count."""
+    spec = folder / f"spec{tag}-{detectors}.toml"
     spec.write_text(SPEC.format(duration=duration, chunk=chunk, sha256=sha256, detectors=detectors))
-    plan = folder / f"plan-{detectors}.bin"
+    plan = folder / f"plan{tag}-{detectors}.bin"
     root = str(folder)
     preprocess_s, _ = mpi(ranks, "-m", "mapmaker", "preprocess", "--spec", str(spec), "--out", str(plan), "--instrument-root", root, "--quiet")
-    out = folder / f"out-{detectors}"
+    out = folder / f"out{tag}-{detectors}"
     realize_s, _ = mpi(
         ranks, "-m", "mapmaker", "realize", "--spec", str(spec), "--realization", "0", "--out", str(out),
         "--plan", str(plan), "--instrument-root", root, "--quiet",
@@ -135,7 +136,7 @@ def main() -> int:
         folder = Path(name)
         sha = hexagon_focal_plane(folder / "hexagon.h5")
         # One untimed run first: the compiled kernels are built and cached by the first process that needs them.
-        run_one(folder, sha, min(counts), args.ranks, min(args.duration, 2 * args.chunk), args.chunk)
+        run_one(folder, sha, min(counts), args.ranks, min(args.duration, 2 * args.chunk), args.chunk, tag="-warmup")
         rows = [run_one(folder, sha, n, args.ranks, args.duration, args.chunk) for n in counts]
     base = rows[0]
     quiet = args.json == "-"
