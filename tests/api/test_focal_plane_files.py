@@ -90,3 +90,27 @@ def test_a_wrong_checksum_or_no_instrument_root_is_refused(make_api, instruments
     answer = without_root.post("/campaigns", json=file_spec("fp.h5", sha))
     assert answer.status_code == 422 and "instrument_root" in answer.text
     assert api.get("/campaigns").json()["items"] == []
+
+
+def test_the_campaign_page_shows_the_focal_plane(make_api, instruments):
+    """Inline detectors: their count and one mark per detector in the plot; a file: its name, checksum, selection."""
+    api = make_api(instrument_root=instruments)
+    inline = api.create()
+    _, sha = quad(instruments, band=["f150", "f150", "f090", "f090"])
+    answer = api.post("/campaigns", json=file_spec("fp.h5", sha, band="f150", first=2))
+    assert answer.status_code == 201, answer.text
+    from_file = answer.json()
+    answer = api.client.post("/login", data={"token": api.alice, "next": "/"}, follow_redirects=False)
+    assert answer.status_code == 303, answer.text
+
+    page = api.client.get(f"/campaigns/{inline['id']}").text
+    detectors = inline["spec"]["focal_plane"]["detectors"]
+    assert f"<b>{len(detectors)}</b> detectors" in page
+    assert page.count('<g class="detector">') == len(detectors)
+    for detector in detectors:
+        assert f"<title>{detector['name']}:" in page
+
+    page = api.client.get(f"/campaigns/{from_file['id']}").text
+    assert "TOAST focal-plane file <code>fp.h5</code>" in page and sha[:12] in page
+    assert "band = <code>f150</code>" in page and "first = <code>2</code>" in page
+    assert 'id="focal-plane-plot"' not in page
