@@ -114,11 +114,9 @@ def _column_values(table: Any, column: str, unit: str, file: str) -> Any:
     return array
 
 
-def _text_column(table: Any, column: str, file: str) -> list[str]:
-    values = []
-    for value in table[column]:
-        values.append(value.decode() if isinstance(value, bytes) else str(value))
-    return values
+def _text_column(table: Any, column: str) -> list[str]:
+    """A text column as str (HDF5 keeps fixed-width bytes)."""
+    return [value.decode() if isinstance(value, bytes) else str(value) for value in table[column]]
 
 
 def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection) -> FocalPlaneTable:
@@ -145,7 +143,7 @@ def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection
     for column in ("name", QUATERNION_COLUMN):
         if column not in table.colnames:
             raise FocalPlaneFileError(file, column, "the column is missing")
-    names = _text_column(table, "name", file)
+    names = _text_column(table, "name")
     quats = np.asarray(table[QUATERNION_COLUMN], dtype=np.float64)
     if quats.ndim != 2 or quats.shape[1] != 4:
         raise FocalPlaneFileError(file, QUATERNION_COLUMN, f"must hold 4 numbers [x, y, z, w] per detector, has shape {quats.shape}")
@@ -154,14 +152,14 @@ def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection
     if selection.names is not None:
         keep &= np.array([fnmatch.fnmatchcase(name, selection.names) for name in names], dtype=bool)
     if selection.wafer is not None:
-        column = next((c for c in WAFER_COLUMNS if c in table.colnames), None)
-        if column is None:
+        wafer_column = next((c for c in WAFER_COLUMNS if c in table.colnames), None)
+        if wafer_column is None:
             raise FocalPlaneFileError(file, WAFER_COLUMNS[0], "select.wafer needs this column (or 'wafer_slot'); it is missing")
-        keep &= np.array([value == selection.wafer for value in _text_column(table, column, file)], dtype=bool)
+        keep &= np.array([value == selection.wafer for value in _text_column(table, wafer_column)], dtype=bool)
     if selection.band is not None:
         if BAND_COLUMN not in table.colnames:
             raise FocalPlaneFileError(file, BAND_COLUMN, "select.band needs this column; it is missing")
-        keep &= np.array([value == selection.band for value in _text_column(table, BAND_COLUMN, file)], dtype=bool)
+        keep &= np.array([value == selection.band for value in _text_column(table, BAND_COLUMN)], dtype=bool)
     rows = np.flatnonzero(keep)
     if selection.first is not None:
         rows = rows[: selection.first]
