@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.spec import MAX_DETECTORS, CampaignSpec, Detector, DetectorSelection, FocalPlane
+from schemas.spec import (
+    MAX_DETECTORS,
+    CampaignSpec,
+    Detector,
+    DetectorSelection,
+    FocalPlane,
+    GroundScheduleScan,
+    ScheduledScan,
+)
 
 DATASET = "focalplane"
 QUATERNION_COLUMN = "quat"
@@ -272,4 +280,124 @@ def resolve_focal_plane(spec: CampaignSpec, instrument_root: str | Path | None) 
     plane = spec.focal_plane
     if plane.file is not None and plane._from_file is None:
         plane._from_file = read_focal_plane(plane, instrument_root).detectors
+    return spec
+
+
+# --------------------------------------------------------------------------- ground schedules
+
+SCHEDULE_COLUMNS = ("start_time", "stop_time", "name", "azmin", "azmax", "el")
+
+
+class ScheduleFileError(FocalPlaneFileError):
+    """A schedule file that cannot be used: ``file``, ``column`` (or ""), why (the same shape as a focal plane's)."""
+
+    def __init__(self, file: str, column: str, reason: str):
+        super().__init__(file, column, reason)
+        where = f"column {column!r} of " if column else ""
+        self.args = (f"{where}schedule file {file!r}: {reason}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def local_sidereal_time_deg(unix_s: float, longitude_deg: float) -> float:
+    """Local mean sidereal time (degrees, [0, 360)) at a UTC instant, taking UT1 = UTC.
+
+    GMST = Earth rotation angle + the IAU 2006 precession polynomial (Capitaine et al. 2003, the first
+    two terms); the 0.9 s at most between UT1 and UTC turn the sky by at most 14 arcsec. Written out
+    because astropy's ``Time.sidereal_time`` needs UT1 from IERS tables it would download.
+    """
+    days = unix_s / 86_400.0 + 2_440_587.5 - 2_451_545.0  # since J2000.0
+    era = 360.0 * (0.7790572732640 + 1.00273781191135448 * days)
+    centuries = days / 36_525.0
+    gmst = era + (0.014506 + 4612.156534 * centuries) / 3600.0
+    return float((gmst + longitude_deg) % 360.0)
+
+
+def read_ground_schedule(
+    path: Path, *, file: str, chunk_s: float, first_scans: int | None
+) -> tuple[float, tuple[ScheduledScan, ...]]:
+    """The site latitude (degrees) and the scans of a TOAST 3 ground schedule in ECSV (astropy reads it).
+
+    Each scan keeps its whole chunks of ``chunk_s``; a scan shorter than one chunk is refused (it would
+    hold no data), as are a stop before a start, scans out of time order and an elevation outside (0, 90).
+    """
+    from datetime import datetime
+
+    import astropy.units as u
+    from astropy.io import ascii as astropy_ascii
+
+    try:
+        table = astropy_ascii.read(path, format="ecsv", guess=False)
+    except (OSError, KeyError, ValueError, TypeError) as error:
+        raise ScheduleFileError(file, "", f"is not a TOAST ECSV schedule ({type(error).__name__}: {error})") from None
+    for column in SCHEDULE_COLUMNS:
+        if column not in table.colnames:
+            raise ScheduleFileError(file, column, "the column is missing")
+    site: dict[str, float] = {}
+    for key in ("site_lat", "site_lon"):
+        value = table.meta.get(key)
+        if value is None:
+            raise ScheduleFileError(file, key, "the site's coordinate is missing from the header")
+        site[key] = float(u.Quantity(value, u.deg).to_value(u.deg))
+
+    def degrees(column: str) -> Any:
+        values = table[column]
+        unit = getattr(values, "unit", None)
+        return u.Quantity(values, unit or u.deg).to_value(u.deg)
+
+    azmin, azmax, elevation = degrees("azmin"), degrees("azmax"), degrees("el")
+    rows = range(len(table)) if first_scans is None else range(min(first_scans, len(table)))
+    scans = []
+    offset = 0.0
+    previous_stop = -math.inf
+    for row in rows:
+        name = str(table["name"][row])
+        try:
+            start = datetime.fromisoformat(str(table["start_time"][row])).timestamp()
+            stop = datetime.fromisoformat(str(table["stop_time"][row])).timestamp()
+        except ValueError as error:
+            raise ScheduleFileError(file, "start_time", f"scan {row} ({name!r}): {error}") from None
+        if stop <= start or start < previous_stop:
+            raise ScheduleFileError(file, "stop_time", f"scan {row} ({name!r}) ends before it starts or overlaps the one before")
+        chunks = int((stop - start) // chunk_s)
+        if chunks < 1:
+            raise ScheduleFileError(file, "stop_time", f"scan {row} ({name!r}) is shorter than one chunk ({chunk_s:g} s)")
+        try:
+            scan = ScheduledScan(
+                name=name,
+                offset_s=offset,
+                chunks=chunks,
+                start_lst_deg=local_sidereal_time_deg(start, site["site_lon"]),
+                azimuth_min_deg=float(azmin[row]),
+                azimuth_max_deg=float(azmax[row]),
+                elevation_deg=float(elevation[row]),
+            )
+        except ValueError as error:
+            raise ScheduleFileError(file, "el", f"scan {row} ({name!r}): {_first_message(error)}") from None
+        if scan.azimuth_max_deg <= scan.azimuth_min_deg:
+            raise ScheduleFileError(file, "azmax", f"scan {row} ({name!r}): azmax must be greater than azmin")
+        scans.append(scan)
+        offset += chunks * chunk_s
+        previous_stop = stop
+    if not scans:
+        raise ScheduleFileError(file, "", "holds no scan")
+    return site["site_lat"], tuple(scans)
+
+
+def resolve_files(spec: CampaignSpec, instrument_root: str | Path | None) -> CampaignSpec:
+    """The spec with its focal-plane file and its schedule file read (both under ``instrument_root``)."""
+    resolve_focal_plane(spec, instrument_root)
+    scan = spec.scan
+    if isinstance(scan, GroundScheduleScan) and scan._scans is None:
+        try:
+            path = resolve_instrument_path(instrument_root, scan.file)
+        except FocalPlaneFileError as error:
+            raise ScheduleFileError(scan.file, "", error.reason) from None
+        digest = file_sha256(path)
+        if digest != scan.sha256:
+            raise ScheduleFileError(scan.file, "", f"its sha256 is {digest}, the spec says {scan.sha256}")
+        latitude, scans = read_ground_schedule(path, file=scan.file, chunk_s=scan.chunk_s, first_scans=scan.first_scans)
+        scan._site_latitude_deg = latitude
+        scan._scans = scans
     return spec

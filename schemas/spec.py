@@ -124,6 +124,73 @@ class GroundScan(StrictModel):
         return self
 
 
+class ScheduledScan(StrictModel):
+    """One constant-elevation scan of a schedule, as the map-maker observes it (read from the file)."""
+
+    name: str = Field(description="The schedule's patch name")
+    offset_s: Float = Field(ge=0, description="Where the scan starts on the observation's time axis (gaps removed)")
+    chunks: Integer = Field(ge=1, description="Whole chunks of chunk_s the scan holds (a shorter tail is left out)")
+    start_lst_deg: Float = Field(description="Local sidereal time at the scan's start")
+    azimuth_min_deg: Float
+    azimuth_max_deg: Float
+    elevation_deg: Float = Field(gt=0, lt=90)
+
+
+class GroundScheduleScan(StrictModel):
+    """Constant-elevation scans read from a TOAST 3 ground schedule (``GroundSchedule.write`` to ``.ecsv``).
+
+    Each scheduled scan (start and stop time, azimuth range, elevation; the site's latitude and longitude from
+    the file) is cut into whole chunks of ``chunk_s``; the time between scans is not observed, and a chunk (so a
+    stationary noise interval) never spans two scans. The sky drifts through each scan as the Earth turns, from
+    the local sidereal time of the scan's start. Map frame: equatorial (RA, Dec). The file lives under the
+    instrument_root, pinned by its sha256, like a focal-plane file.
+    """
+
+    kind: Literal["ground-schedule"] = "ground-schedule"
+    file: str = Field(description="TOAST ground schedule (.ecsv), relative to the instrument_root")
+    sha256: str = Field(description="SHA-256 of the file (64 hex digits)")
+    chunk_s: Float = Field(600.0, gt=0, le=86_400, description="Length of one data chunk; each scan holds whole chunks")
+    azimuth_rate_deg_s: Float = Field(1.0, gt=0, le=30, description="Scan speed in azimuth")
+    earth_rotation: bool = Field(True, description="Let the sky drift through the scan as the Earth turns")
+    first_scans: OptionalInteger = Field(None, ge=1, le=1_000_000, description="Take only the first N scans of the file")
+    # The scans read from ``file`` (schemas.instrument.resolve_files) and the site's latitude: never input, never dumped.
+    _scans: tuple[ScheduledScan, ...] | None = PrivateAttr(None)
+    _site_latitude_deg: float | None = PrivateAttr(None)
+
+    @field_validator("file")
+    @classmethod
+    def _file_is_safe(cls, value: str) -> str:
+        return _check_relative_path(value, (".ecsv",), "the instrument folder", "a TOAST schedule in ECSV (.ecsv)")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
+            raise ValueError("sha256 must be 64 hexadecimal digits")
+        return value.lower()
+
+    @property
+    def scans(self) -> tuple[ScheduledScan, ...]:
+        if self._scans is None:
+            raise ScheduleNotRead(f"the schedule {self.file!r} has not been read (schemas.instrument.resolve_files)")
+        return self._scans
+
+    @property
+    def site_latitude_deg(self) -> float:
+        _ = self.scans  # refuses an unread schedule
+        assert self._site_latitude_deg is not None
+        return self._site_latitude_deg
+
+    @property
+    def duration_s(self) -> float:
+        """Observed time: the whole chunks of every scan (the schedule must have been read)."""
+        return sum(scan.chunks for scan in self.scans) * self.chunk_s
+
+
+class ScheduleNotRead(RuntimeError):
+    """A program asked for the scans of a schedule before reading the file."""
+
+
 def _check_chunk(chunk_s: float, duration_s: float) -> None:
     if chunk_s > duration_s:
         raise ValueError("chunk_s must not exceed duration_s")
@@ -131,7 +198,7 @@ def _check_chunk(chunk_s: float, duration_s: float) -> None:
         raise ValueError("duration_s / chunk_s gives more than 10 million chunks per detector")
 
 
-ScanSpec = Annotated[SatelliteScan | GroundScan, Field(discriminator="kind")]
+ScanSpec = Annotated[SatelliteScan | GroundScan | GroundScheduleScan, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- focal plane
@@ -502,9 +569,12 @@ def pointing_fingerprint(spec: CampaignSpec) -> dict[str, Any]:
             if detector["quat"] is None:
                 del detector["quat"]  # keeps the keys of offset-only focal planes as they were
             focal_plane["detectors"].append(detector)
+    scan = spec.scan.model_dump(mode="json")
+    if isinstance(spec.scan, GroundScheduleScan):
+        del scan["file"]  # the content (sha256) fixes the scans, wherever the file sits
     return {
         "version": SCAN_KEY_VERSION,
-        "scan": spec.scan.model_dump(mode="json"),
+        "scan": scan,
         "focal_plane": focal_plane,
         "nside": spec.pixelization.nside,
     }

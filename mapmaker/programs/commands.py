@@ -28,7 +28,7 @@ from mapmaker.programs.products import OutputExists, OutputUnusable, refuse_exis
 from mapmaker.programs.realize import realize_to_folder
 from mapmaker.solve.realization import NothingToSolve
 from schemas.files import atomic_write_json
-from schemas.instrument import FocalPlaneFileError, resolve_focal_plane
+from schemas.instrument import FocalPlaneFileError, resolve_files
 from schemas.io import SpecError, load_spec
 from schemas.programs import MapmakerExit
 
@@ -62,7 +62,7 @@ def run_realize(args: argparse.Namespace) -> int:
 
     # Every rank checks the same inputs and reaches the same verdict; only --out is checked once.
     try:
-        spec = resolve_focal_plane(load_spec(args.spec), args.instrument_root)
+        spec = resolve_files(load_spec(args.spec), args.instrument_root)
     except SpecError as error:
         return fail("invalid spec\n" + str(error))
     except FocalPlaneFileError as error:
@@ -158,7 +158,7 @@ def run_preprocess_command(args: argparse.Namespace) -> int:
         return code
 
     try:
-        spec = resolve_focal_plane(load_spec(args.spec), args.instrument_root)
+        spec = resolve_files(load_spec(args.spec), args.instrument_root)
     except SpecError as error:
         return fail("invalid spec\n" + str(error))
     except FocalPlaneFileError as error:

@@ -214,7 +214,7 @@ def write_products(
     with timers("io"):
         folder = ProductFolder(out)
         header = [("REALIZ", realization), ("SCANKEY", scan_key(spec))]
-        coord = "C" if spec.scan.kind == "ground" else "E"  # equatorial / ecliptic
+        coord = "E" if spec.scan.kind == "satellite" else "C"  # ecliptic / equatorial
         records = products.write_maps(folder, outcome.iqu, outcome.hits, outcome.rcond, header, coord)
     with timers("calc"):
         measured = spectra.for_campaign(spec, outcome.iqu, coupling)

@@ -21,7 +21,7 @@ from schemas.api import (
     RealizationSummary,
     realize_task_id,
 )
-from schemas.instrument import FocalPlaneFileError, read_focal_plane
+from schemas.instrument import FocalPlaneFileError, ScheduleFileError, resolve_files
 from schemas.spec import CampaignSpec, scan_key, spec_hash
 from schemas.states import (
     FINISHED_CAMPAIGN_STATES,
@@ -56,18 +56,20 @@ log = logging.getLogger("mapcampaign.service")
 
 
 def check_focal_plane_file(spec: CampaignSpec, instrument_root: Path | None) -> int | None:
-    """Read a spec's focal-plane file as the map-maker will; return its selected detector count (None: inline).
+    """Read a spec's focal-plane and schedule files as the map-maker will; return the selected detector count of a
+    focal-plane file (None: inline detectors).
 
     A missing, changed (sha256) or malformed file, or a detector without noise parameters, is refused
     here, at submit, with the file and the column named (:class:`InvalidField`, a 422), before anything
     is stored.
     """
-    if spec.focal_plane.file is None:
-        return None
     try:
-        return len(read_focal_plane(spec.focal_plane, instrument_root).detectors)
+        resolve_files(spec, instrument_root)  # reads into the spec's private fields; its JSON does not change
+    except ScheduleFileError as error:
+        raise InvalidField(("body", "scan", "file"), str(error)) from None
     except FocalPlaneFileError as error:
         raise InvalidField(("body", "focal_plane", "file"), str(error)) from None
+    return None if spec.focal_plane.file is None else len(spec.focal_plane.detector_rows)
 
 
 def create_campaign(

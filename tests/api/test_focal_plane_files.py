@@ -114,3 +114,28 @@ def test_the_campaign_page_shows_the_focal_plane(make_api, instruments):
     assert "TOAST focal-plane file <code>fp.h5</code>" in page and sha[:12] in page
     assert "band = <code>f150</code>" in page and "first = <code>2</code>" in page
     assert 'id="focal-plane-plot"' not in page
+
+
+def test_a_ground_schedule_is_read_at_submit(make_api, instruments):
+    """A TOAST schedule under the instrument_root: accepted when whole, a 422 naming it and the column when not."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.support.toast_files import write_ground_schedule
+
+    api = make_api(instrument_root=instruments)
+    start = datetime(2026, 6, 1, 3, tzinfo=UTC)
+    scans = [{"name": "field", "start": start, "stop": start + timedelta(hours=1), "az_min": 120.0, "az_max": 150.0, "el": 50.0}]
+    sha = write_ground_schedule(instruments / "good.ecsv", scans, -22.96, -67.79)
+    data = spec_data()
+    data["scan"] = {"kind": "ground-schedule", "file": "good.ecsv", "sha256": sha, "chunk_s": 600.0}
+    answer = api.post("/campaigns", json=data)
+    assert answer.status_code == 201, answer.text
+
+    short = [{**scans[0], "stop": start + timedelta(seconds=60)}]
+    data["scan"] = {**data["scan"], "file": "short.ecsv", "sha256": write_ground_schedule(instruments / "short.ecsv", short, -22.96, -67.79)}
+    answer = api.post("/campaigns", json=data)
+    assert answer.status_code == 422, answer.text
+    [problem] = answer.json()["detail"]
+    assert problem["loc"] == ["body", "scan", "file"]
+    assert "column 'stop_time' of schedule file 'short.ecsv'" in problem["msg"]
+    assert len(api.get("/campaigns").json()["items"]) == 1  # only the good one

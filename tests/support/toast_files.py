@@ -94,3 +94,33 @@ def hexagon_focal_plane(path: Path, n_pix: int, sample_rate_hz: float = 5.0, wid
     with toast.io.H5File(str(path), "w", comm=None) as handle:
         focal_plane.save_hdf5(handle.handle, comm=None)
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_ground_schedule(path: Path, scans: Sequence[dict], site_lat_deg: float, site_lon_deg: float) -> str:
+    """Write a TOAST 3 ground schedule (``GroundSchedule.write`` to ``.ecsv``); return its sha256.
+
+    ``scans``: dicts of ``name``, ``start``/``stop`` (timezone-aware datetimes), ``az_min``, ``az_max``, ``el`` (deg).
+    """
+    from toast.schedule import GroundScan, GroundSchedule
+
+    schedule = GroundSchedule(
+        scans=[
+            GroundScan(
+                name=scan["name"],
+                start=scan["start"],
+                stop=scan["stop"],
+                az_min=scan["az_min"] * u.deg,
+                az_max=scan["az_max"] * u.deg,
+                el=scan["el"] * u.deg,
+                scan_indx=index,
+            )
+            for index, scan in enumerate(scans)
+        ],
+        site_name="site",
+        telescope_name="telescope",
+        site_lat=site_lat_deg * u.deg,
+        site_lon=site_lon_deg * u.deg,
+        site_alt=5_200 * u.m,
+    )
+    schedule.write(str(path))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
