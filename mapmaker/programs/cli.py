@@ -163,6 +163,10 @@ def _add_model(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--ranks", required=True, type=_rank_list, metavar="P1,P2,...", help="rank counts, e.g. 256,1024,4096,16384"
     )
+    parser.add_argument(
+        "--instrument-root", type=Path, default=None, metavar="DIR",
+        help="folder that a spec's focal_plane.file or schedule file is relative to",
+    )
     parser.add_argument("--alpha", type=_positive_float, default=None, metavar="S", help="latency per message (s)")
     parser.add_argument("--beta", type=_positive_float, default=None, metavar="S_PER_BYTE", help="inverse bandwidth (s/byte)")
     parser.add_argument(

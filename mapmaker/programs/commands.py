@@ -237,9 +237,12 @@ def run_model(args: argparse.Namespace) -> int:
         print("mapmaker model: give either --alpha/--beta or --calibration, not both", file=sys.stderr)
         return MapmakerExit.BAD_INPUT
     try:
-        spec = load_spec(args.spec)
+        spec = resolve_files(load_spec(args.spec), args.instrument_root)
     except SpecError as error:
         print(f"mapmaker model: invalid spec\n{error}", file=sys.stderr)
+        return MapmakerExit.BAD_INPUT
+    except FocalPlaneFileError as error:
+        print(f"mapmaker model: {error}", file=sys.stderr)
         return MapmakerExit.BAD_INPUT
     if args.alpha is not None:
         machine = Machine.uniform(args.alpha, args.beta, f"alpha {args.alpha:g} s, beta {args.beta:g} s/byte")

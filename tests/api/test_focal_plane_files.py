@@ -130,6 +130,9 @@ def test_a_ground_schedule_is_read_at_submit(make_api, instruments):
     data["scan"] = {"kind": "ground-schedule", "file": "good.ecsv", "sha256": sha, "chunk_s": 600.0}
     answer = api.post("/campaigns", json=data)
     assert answer.status_code == 201, answer.text
+    api.client.post("/login", data={"token": api.alice, "next": "/"}, follow_redirects=False)
+    page = api.client.get(f"/campaigns/{answer.json()['id']}").text
+    assert "TOAST ground schedule <code>good.ecsv</code>" in page and sha[:12] in page
 
     short = [{**scans[0], "stop": start + timedelta(seconds=60)}]
     data["scan"] = {**data["scan"], "file": "short.ecsv", "sha256": write_ground_schedule(instruments / "short.ecsv", short, -22.96, -67.79)}
