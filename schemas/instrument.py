@@ -62,9 +62,11 @@ BAND_COLUMN = "band"
 class FocalPlaneFileError(ValueError):
     """A focal-plane file that cannot be used: ``file`` (as the spec names it), ``column`` (or ""), why."""
 
+    what = "focal-plane file"
+
     def __init__(self, file: str, column: str, reason: str):
         where = f"column {column!r} of " if column else ""
-        super().__init__(f"{where}focal-plane file {file!r}: {reason}")
+        super().__init__(f"{where}{self.what} {file!r}: {reason}")
         self.file = file
         self.column = column
         self.reason = reason
@@ -289,15 +291,9 @@ SCHEDULE_COLUMNS = ("start_time", "stop_time", "name", "azmin", "azmax", "el")
 
 
 class ScheduleFileError(FocalPlaneFileError):
-    """A schedule file that cannot be used: ``file``, ``column`` (or ""), why (the same shape as a focal plane's)."""
+    """A schedule file that cannot be used: ``file``, ``column`` (or ""), why (caught with the focal plane's)."""
 
-    def __init__(self, file: str, column: str, reason: str):
-        super().__init__(file, column, reason)
-        where = f"column {column!r} of " if column else ""
-        self.args = (f"{where}schedule file {file!r}: {reason}",)
-
-    def __str__(self) -> str:
-        return str(self.args[0])
+    what = "schedule file"
 
 
 def local_sidereal_time_deg(unix_s: float, longitude_deg: float) -> float:
