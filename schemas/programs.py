@@ -128,6 +128,7 @@ def mapmaker_realize_args(
     threads: int,
     plan_file: Path | None,
     sky_root: Path | None,
+    instrument_root: Path | None = None,
 ) -> list[str]:
     """``python -m mpi4py -m mapmaker realize ...`` (mpi4py in front: an exception on one rank aborts all)."""
     args = [
@@ -141,14 +142,21 @@ def mapmaker_realize_args(
         args += ["--plan", str(plan_file)]
     if sky_root is not None:
         args += ["--sky-root", str(sky_root)]
+    if instrument_root is not None:
+        args += ["--instrument-root", str(instrument_root)]
     return args
 
 
-def mapmaker_preprocess_args(python: str, *, spec_file: Path, out: Path, report: Path) -> list[str]:
-    """``python -m mpi4py -m mapmaker preprocess --spec F --out PLAN --report REPORT.json``."""
-    return [
+def mapmaker_preprocess_args(
+    python: str, *, spec_file: Path, out: Path, report: Path, instrument_root: Path | None = None
+) -> list[str]:
+    """``python -m mpi4py -m mapmaker preprocess --spec F --out PLAN --report REPORT.json [--instrument-root DIR]``."""
+    args = [
         python, "-m", "mpi4py", "-m", "mapmaker", "preprocess",
         "--spec", str(spec_file),
         "--out", str(out),
         "--report", str(report),
     ]  # fmt: skip
+    if instrument_root is not None:
+        args += ["--instrument-root", str(instrument_root)]
+    return args

@@ -23,7 +23,7 @@ import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 SCAN_KEY_VERSION = 1
@@ -127,6 +127,73 @@ class GroundScan(StrictModel):
         return self
 
 
+class ScheduledScan(StrictModel):
+    """One constant-elevation scan of a schedule, as the map-maker observes it (read from the file)."""
+
+    name: str = Field(description="The schedule's patch name")
+    offset_s: Float = Field(ge=0, description="Where the scan starts on the observation's time axis (gaps removed)")
+    chunks: Integer = Field(ge=1, description="Whole chunks of chunk_s the scan holds (a shorter tail is left out)")
+    start_lst_deg: Float = Field(description="Local sidereal time at the scan's start")
+    azimuth_min_deg: Float
+    azimuth_max_deg: Float
+    elevation_deg: Float = Field(gt=0, lt=90)
+
+
+class GroundScheduleScan(StrictModel):
+    """Constant-elevation scans read from a TOAST 3 ground schedule (``GroundSchedule.write`` to ``.ecsv``).
+
+    Each scheduled scan (start and stop time, azimuth range, elevation; the site's latitude and longitude from
+    the file) is cut into whole chunks of ``chunk_s``; the time between scans is not observed, and a chunk (so a
+    stationary noise interval) never spans two scans. The sky drifts through each scan as the Earth turns, from
+    the local sidereal time of the scan's start. Map frame: equatorial (RA, Dec). The file lives under the
+    instrument_root, pinned by its sha256, like a focal-plane file.
+    """
+
+    kind: Literal["ground-schedule"] = "ground-schedule"
+    file: str = Field(description="TOAST ground schedule (.ecsv), relative to the instrument_root")
+    sha256: str = Field(description="SHA-256 of the file (64 hex digits)")
+    chunk_s: Float = Field(600.0, gt=0, le=86_400, description="Length of one data chunk; each scan holds whole chunks")
+    azimuth_rate_deg_s: Float = Field(1.0, gt=0, le=30, description="Scan speed in azimuth")
+    earth_rotation: bool = Field(True, description="Let the sky drift through the scan as the Earth turns")
+    first_scans: OptionalInteger = Field(None, ge=1, le=1_000_000, description="Take only the first N scans of the file")
+    # The scans read from ``file`` (schemas.instrument.resolve_files) and the site's latitude: never input, never dumped.
+    _scans: tuple[ScheduledScan, ...] | None = PrivateAttr(None)
+    _site_latitude_deg: float | None = PrivateAttr(None)
+
+    @field_validator("file")
+    @classmethod
+    def _file_is_safe(cls, value: str) -> str:
+        return _check_relative_path(value, (".ecsv",), "the instrument folder", "a TOAST schedule in ECSV (.ecsv)")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
+            raise ValueError("sha256 must be 64 hexadecimal digits")
+        return value.lower()
+
+    @property
+    def scans(self) -> tuple[ScheduledScan, ...]:
+        if self._scans is None:
+            raise ScheduleNotRead(f"the schedule {self.file!r} has not been read (schemas.instrument.resolve_files)")
+        return self._scans
+
+    @property
+    def site_latitude_deg(self) -> float:
+        _ = self.scans  # refuses an unread schedule
+        assert self._site_latitude_deg is not None
+        return self._site_latitude_deg
+
+    @property
+    def duration_s(self) -> float:
+        """Observed time: the whole chunks of every scan (the schedule must have been read)."""
+        return sum(scan.chunks for scan in self.scans) * self.chunk_s
+
+
+class ScheduleNotRead(RuntimeError):
+    """A program asked for the scans of a schedule before reading the file."""
+
+
 def _check_chunk(chunk_s: float, duration_s: float) -> None:
     if chunk_s > duration_s:
         raise ValueError("chunk_s must not exceed duration_s")
@@ -134,14 +201,18 @@ def _check_chunk(chunk_s: float, duration_s: float) -> None:
         raise ValueError("duration_s / chunk_s gives more than 10 million chunks per detector")
 
 
-ScanSpec = Annotated[SatelliteScan | GroundScan, Field(discriminator="kind")]
+ScanSpec = Annotated[SatelliteScan | GroundScan | GroundScheduleScan, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- focal plane
 
 
 class Detector(StrictModel):
-    """One detector: its offset from the boresight and its polarisation angle."""
+    """One detector: its offset from the boresight and its polarisation angle, or its quaternion.
+
+    Detectors read from a TOAST focal-plane file carry ``quat`` and their own noise parameters; inline
+    detectors usually give offsets and take the campaign-wide ``noise``.
+    """
 
     name: str = Field(description="Unique within the focal plane; letters, digits and _.:+-")
     offset_x_deg: Float = Field(
@@ -154,6 +225,14 @@ class Detector(StrictModel):
         0.0, ge=-360, le=360, description="Polarisation angle in the focal plane, from the x axis"
     )
     net_k_sqrt_s: OptionalFloat = Field(None, gt=0, lt=1, description="Override of the noise NET for this detector")
+    quat: tuple[Float, Float, Float, Float] | None = Field(
+        None,
+        description="Rotation of the detector in the boresight frame, TOAST's order [x, y, z, w]; when given it fixes "
+        "the pointing and the polarisation direction (the offsets and pol_angle_deg only describe it)",
+    )
+    f_knee_hz: OptionalFloat = Field(None, ge=0, le=1_000, description="Override of the noise knee frequency")
+    alpha: OptionalFloat = Field(None, gt=0, le=5, description="Override of the noise 1/f slope")
+    f_min_hz: OptionalFloat = Field(None, gt=0, le=100, description="Override of the noise low-frequency flattening")
 
     @field_validator("name")
     @classmethod
@@ -164,22 +243,86 @@ class Detector(StrictModel):
             )
         return value
 
+    @field_validator("quat")
+    @classmethod
+    def _unit_quaternion(cls, value: tuple[float, float, float, float] | None) -> tuple[float, float, float, float] | None:
+        if value is not None and abs(math.sqrt(sum(c * c for c in value)) - 1.0) > 1e-6:
+            raise ValueError("quat must be a unit quaternion (norm 1 within 1e-6)")
+        return value
+
+
+class DetectorSelection(StrictModel):
+    """Which detectors of a focal-plane file the campaign takes; the conditions combine (all must hold)."""
+
+    names: str | None = Field(None, min_length=1, max_length=200, description="Shell pattern on detector names, e.g. 'D1*-150'")
+    wafer: str | None = Field(None, min_length=1, max_length=200, description="Value of the file's 'wafer' (or 'wafer_slot') column")
+    band: str | None = Field(None, min_length=1, max_length=200, description="Value of the file's 'band' column")
+    first: OptionalInteger = Field(None, ge=1, le=MAX_DETECTORS, description="Keep the first N detectors (in file order) that match")
+
 
 class FocalPlane(StrictModel):
+    """The detectors: typed inline (``detectors``) or read from a TOAST focal-plane HDF5 file (``file``).
+
+    A file is named relative to the instrument folder (the service's and each site's ``instrument_root``) and
+    pinned by its ``sha256``: the file's checksum and the selection enter the scan key.
+    """
+
     sample_rate_hz: Float = Field(20.0, gt=0, le=10_000, description="Samples per second of every detector")
-    detectors: list[Detector] = Field(
-        min_length=1, max_length=MAX_DETECTORS, description="The detectors, one table each (see below)"
+    detectors: list[Detector] | None = Field(
+        None, min_length=1, max_length=MAX_DETECTORS, description="The detectors, one table each (see below); or give file"
     )
+    file: str | None = Field(
+        None, description="TOAST focal-plane HDF5 file (Focalplane.save_hdf5), relative to the instrument_root"
+    )
+    sha256: str | None = Field(None, description="SHA-256 of the file (64 hex digits); required with file")
+    select: DetectorSelection = Field(default_factory=DetectorSelection, description="Part of the file's focal plane to take")
+    # The detectors read from ``file`` (schemas.instrument.resolve_focal_plane): never input, never dumped.
+    _from_file: tuple[Detector, ...] | None = PrivateAttr(None)
 
     @field_validator("detectors")
     @classmethod
-    def _unique_names(cls, detectors: list[Detector]) -> list[Detector]:
+    def _unique_names(cls, detectors: list[Detector] | None) -> list[Detector] | None:
         seen: set[str] = set()
-        for detector in detectors:
+        for detector in detectors or []:
             if detector.name in seen:
                 raise ValueError(f"detector name {detector.name!r} appears more than once")
             seen.add(detector.name)
         return detectors
+
+    @field_validator("file")
+    @classmethod
+    def _file_is_safe(cls, value: str | None) -> str | None:
+        return None if value is None else _check_relative_path(value, (".h5", ".hdf5"), "the instrument folder", "an HDF5 file (.h5 or .hdf5)")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
+            raise ValueError("sha256 must be 64 hexadecimal digits")
+        return None if value is None else value.lower()
+
+    @model_validator(mode="after")
+    def _one_source(self) -> FocalPlane:
+        if (self.detectors is None) == (self.file is None):
+            raise ValueError("give either detectors (inline) or file (a TOAST focal-plane file), not both")
+        if self.file is not None and self.sha256 is None:
+            raise ValueError("a focal-plane file needs its sha256 (sha256sum FILE)")
+        if self.file is None and (self.sha256 is not None or self.select != DetectorSelection()):
+            raise ValueError("sha256 and select go with file")
+        return self
+
+    @property
+    def detector_rows(self) -> list[Detector]:
+        """The campaign's detectors: the inline ones, or those read from the file (which must have been read)."""
+        if self.detectors is not None:
+            return self.detectors
+        if self._from_file is None:
+            raise FocalPlaneNotRead(f"the focal plane of {self.file!r} has not been read (schemas.instrument.resolve_focal_plane)")
+        return list(self._from_file)
+
+
+class FocalPlaneNotRead(RuntimeError):
+    """A program asked for the detectors of a file-based focal plane before reading the file."""
 
 
 # --------------------------------------------------------------------------- pixelisation, sky
@@ -202,19 +345,24 @@ class Pixelization(StrictModel):
         return 12 * self.nside * self.nside
 
 
-def _check_relative_path(value: str) -> str:
-    """Refuse paths that could leave the folder they are resolved in."""
+def _check_relative_path(
+    value: str,
+    suffixes: tuple[str, ...] = (".fits", ".fit", ".fits.gz"),
+    folder: str = "the sky-map folder",
+    kind: str = "a FITS file (.fits, .fit or .fits.gz)",
+) -> str:
+    """Refuse paths that could leave the folder they are resolved in, or that name another kind of file."""
     if not value or len(value) > 255:
         raise ValueError("path must be 1-255 characters")
     if CONTROL_CHARACTERS.search(value) or "\\" in value:
         raise ValueError("path must not contain control characters or backslashes")
     path = PurePosixPath(value)
     if path.is_absolute() or value.startswith("~"):
-        raise ValueError("path must be relative to the sky-map folder, not absolute")
+        raise ValueError(f"path must be relative to {folder}, not absolute")
     if any(part in ("..", ".") for part in path.parts):
         raise ValueError("path must not contain '.' or '..' components")
-    if not value.lower().endswith((".fits", ".fit", ".fits.gz")):
-        raise ValueError("path must name a FITS file (.fits, .fit or .fits.gz)")
+    if not value.lower().endswith(suffixes):
+        raise ValueError(f"path must name {kind}")
     return value
 
 
@@ -424,7 +572,7 @@ class CampaignSpec(StrictModel):
 
     @property
     def total_samples(self) -> int:
-        return self.samples_per_detector * len(self.focal_plane.detectors)
+        return self.samples_per_detector * len(self.focal_plane.detector_rows)
 
     @property
     def simulates_signal(self) -> bool:
@@ -449,12 +597,29 @@ def _sha256(value: Any) -> str:
 
 def pointing_fingerprint(spec: CampaignSpec) -> dict[str, Any]:
     """The part of a spec that fixes the pointing and the decomposition into chunks."""
-    focal_plane = spec.focal_plane.model_dump(mode="json")
-    for detector in focal_plane["detectors"]:
-        detector.pop("net_k_sqrt_s", None)  # noise, not pointing
+    plane = spec.focal_plane
+    focal_plane: dict[str, Any]
+    if plane.file is not None:
+        # The file's content (its checksum) and the selection fix the detectors, wherever the file sits.
+        focal_plane = {
+            "sample_rate_hz": plane.sample_rate_hz,
+            "file_sha256": plane.sha256,
+            "select": plane.select.model_dump(mode="json"),
+        }
+    else:
+        focal_plane = {"sample_rate_hz": plane.sample_rate_hz, "detectors": []}
+        for detector in plane.model_dump(mode="json")["detectors"]:
+            for noise_field in ("net_k_sqrt_s", "f_knee_hz", "alpha", "f_min_hz"):
+                detector.pop(noise_field, None)  # noise, not pointing
+            if detector["quat"] is None:
+                del detector["quat"]  # keeps the keys of offset-only focal planes as they were
+            focal_plane["detectors"].append(detector)
+    scan = spec.scan.model_dump(mode="json")
+    if isinstance(spec.scan, GroundScheduleScan):
+        del scan["file"]  # the content (sha256) fixes the scans, wherever the file sits
     return {
         "version": SCAN_KEY_VERSION,
-        "scan": spec.scan.model_dump(mode="json"),
+        "scan": scan,
         "focal_plane": focal_plane,
         "nside": spec.pixelization.nside,
     }

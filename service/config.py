@@ -31,6 +31,11 @@ class Settings(BaseSettings):
     auto_migrate: bool | None = Field(
         None, description="Run migrations at start; default: only for the embedded SQLite database"
     )
+    instrument_root: Path | None = Field(
+        None,
+        description="Folder that focal_plane.file paths are relative to (the files the sites see under their "
+        "instrument_root); unset: campaigns with a focal-plane file are refused",
+    )
     host: str = Field("127.0.0.1", min_length=1, description="Listen address; loopback only unless told")
     port: int = Field(8765, ge=1, le=65_535)
     lease_s: float = Field(300.0, ge=0.05, le=7 * 86_400, description="Lease of a claimed task; heartbeats renew it")

@@ -183,6 +183,9 @@ class SiteConfig(SiteModel):
         None, description="Plans, products, work folders; default <MAPCAMPAIGN_DATA_DIR>/sites/<name>"
     )
     sky_root: Path | None = Field(None, description="Folder that sky.kind = 'map' paths are relative to")
+    instrument_root: Path | None = Field(
+        None, description="Folder that focal_plane.file paths (TOAST focal-plane files) are relative to"
+    )
     python: str | None = Field(None, description="Python on the nodes that run tasks; default: the worker's own")
     provider: ProviderSpec
     mpi: MpiSpec = Field(default_factory=MpiSpec)
@@ -231,7 +234,7 @@ def parse_site(data: dict, *, source: str = "site file", base_dir: Path | None =
         )
         raise SiteError(f"{source}: invalid site\n{problems}") from None
     updates = {}
-    for name in ("data_dir", "sky_root"):
+    for name in ("data_dir", "sky_root", "instrument_root"):
         value = getattr(site, name)
         if value is not None:
             value = value.expanduser()

@@ -74,7 +74,7 @@ def chunk_layout(spec: CampaignSpec) -> ChunkLayout:
     rate = spec.focal_plane.sample_rate_hz
     samples_per_chunk = max(1, round(spec.scan.chunk_s * rate))
     return ChunkLayout(
-        n_detectors=len(spec.focal_plane.detectors),
+        n_detectors=len(spec.focal_plane.detector_rows),
         samples_per_detector=spec.samples_per_detector,
         samples_per_chunk=min(samples_per_chunk, spec.samples_per_detector),
     )

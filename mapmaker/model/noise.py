@@ -9,6 +9,9 @@ does not depend on which rank holds the chunk.
 The solve weights with the same PSD the noise was drawn from. When the
 realisation simulates no noise (``noise.enabled = false`` or a signal-only
 campaign) it weights with the white level ``sigma^2 = NET^2 f_s``.
+
+Each detector has its own NET, knee, slope and f_min: a detector's own value (a TOAST focal-plane file
+gives all four, an inline detector may override its NET) or else the campaign-wide ``noise``.
 """
 from __future__ import annotations
 
@@ -25,12 +28,17 @@ class NoiseModel:
         noise = spec.noise
         self.sample_rate_hz = spec.focal_plane.sample_rate_hz
         self.simulated = spec.simulates_noise
-        self.white_variance = np.array(
-            [(d.net_k_sqrt_s or noise.net_k_sqrt_s) ** 2 * self.sample_rate_hz for d in spec.focal_plane.detectors]
-        )
-        self.f_knee_hz = noise.f_knee_hz
-        self.alpha = noise.alpha
-        self.f_min_hz = noise.f_min_hz
+        detectors = spec.focal_plane.detector_rows
+
+        def each(field: str, default: float) -> np.ndarray:
+            """[n_detectors] float64: the detector's own value of ``field``, else ``default``."""
+            values = [getattr(d, field) for d in detectors]
+            return np.array([default if v is None else v for v in values], dtype=np.float64)
+
+        self.white_variance = each("net_k_sqrt_s", noise.net_k_sqrt_s) ** 2 * self.sample_rate_hz  # [n_det] K^2
+        self.f_knee_hz = each("f_knee_hz", noise.f_knee_hz)  # [n_det] Hz
+        self.alpha = each("alpha", noise.alpha)  # [n_det]
+        self.f_min_hz = each("f_min_hz", noise.f_min_hz)  # [n_det] Hz
         per_interval = layout.samples_per_chunk
         if noise.interval_s is not None:
             per_interval = min(per_interval, max(1, round(noise.interval_s * self.sample_rate_hz)))
@@ -40,7 +48,16 @@ class NoiseModel:
     @property
     def white_weighting(self) -> bool:
         """True when N^-1 is diagonal: no noise simulated, or no 1/f part."""
-        return not self.simulated or self.f_knee_hz == 0
+        return not self.simulated or not bool(np.any(self.f_knee_hz > 0))
+
+    def parameters(self, detector: int) -> tuple[float, float, float, float]:
+        """``(sigma^2, f_knee, alpha, f_min)`` of ``detector``: equal tuples, equal PSDs."""
+        return (
+            float(self.white_variance[detector]),
+            float(self.f_knee_hz[detector]),
+            float(self.alpha[detector]),
+            float(self.f_min_hz[detector]),
+        )
 
     def chunk_intervals(self, chunk: Chunk) -> list[tuple[int, int, int]]:
         """``(first sample within the chunk, length, global interval index)`` of each interval of a chunk."""
@@ -53,7 +70,8 @@ class NoiseModel:
     def psd(self, detector: int, n: int) -> np.ndarray:
         """PSD [n // 2 + 1] (K^2) of an n-sample interval of ``detector`` (the simulated one)."""
         frequencies = noise_kernels.rfft_frequencies(n, self.sample_rate_hz)
-        return noise_kernels.psd(frequencies, self.white_variance[detector], self.f_knee_hz, self.alpha, self.f_min_hz)
+        sigma2, f_knee, alpha, f_min = self.parameters(detector)
+        return noise_kernels.psd(frequencies, sigma2, f_knee, alpha, f_min)
 
     def weighting_psd(self, detector: int, n: int) -> np.ndarray:
         """PSD the solve weights with: the simulated one, or white when no noise is simulated."""

@@ -13,7 +13,7 @@ import numpy as np
 from mapmaker.kernels import boresight, implementation, pointing
 from mapmaker.kernels.implementation import Kernels
 from mapmaker.model.decomposition import ChunkLayout
-from schemas.spec import CampaignSpec, FocalPlane, GroundScan, SatelliteScan
+from schemas.spec import CampaignSpec, FocalPlane, GroundScan, GroundScheduleScan, SatelliteScan
 
 DEG = math.pi / 180.0
 
@@ -52,14 +52,46 @@ def boresight_quaternions(
     raise TypeError(f"unknown scan kind {type(scan).__name__}")
 
 
+def scheduled_boresight(
+    schedule: GroundScheduleScan, time_chunk: int, times_s: np.ndarray, kernels: ModuleType = boresight
+) -> np.ndarray:
+    """Boresight [n, 4] of one time chunk of a schedule: the constant-elevation scan that holds the chunk.
+
+    ``times_s`` [n] are on the observation's time axis (scans back to back, gaps removed); the scan's
+    own clock starts at its ``offset_s``, its sky at its ``start_lst_deg``.
+    """
+    first = 0
+    for scan in schedule.scans:
+        if time_chunk < first + scan.chunks:
+            return kernels.ground(
+                np.asarray(times_s, dtype=np.float64) - scan.offset_s,
+                site_latitude=schedule.site_latitude_deg * DEG,
+                elevation=scan.elevation_deg * DEG,
+                azimuth_min=scan.azimuth_min_deg * DEG,
+                azimuth_max=scan.azimuth_max_deg * DEG,
+                azimuth_rate=schedule.azimuth_rate_deg_s * DEG,
+                start_lst=scan.start_lst_deg * DEG,
+                earth_rotation=schedule.earth_rotation,
+            )
+        first += scan.chunks
+    raise IndexError(f"time chunk {time_chunk} is beyond the schedule's {first} chunks")
+
+
 def detector_quaternions(focal_plane: FocalPlane) -> np.ndarray:
-    """Fixed rotation of every detector in the boresight frame, [n_detectors, 4]."""
-    return np.array(
-        [
-            pointing.detector_quaternion(d.offset_x_deg * DEG, d.offset_y_deg * DEG, d.pol_angle_deg * DEG)
-            for d in focal_plane.detectors
-        ]
-    )
+    """Fixed rotation of every detector in the boresight frame, [n_detectors, 4], scalar first.
+
+    A detector with a quaternion (from a TOAST focal-plane file) is taken as it is: TOAST's order
+    [x, y, z, w] becomes [w, x, y, z]. Both frames have the line of sight along +z and the polarisation
+    direction along +x, so TOAST's rotation needs no other change. Others are built from their offsets.
+    """
+    rows = []
+    for d in focal_plane.detector_rows:
+        if d.quat is not None:
+            x, y, z, w = d.quat
+            rows.append(np.array([w, x, y, z], dtype=np.float64))
+        else:
+            rows.append(pointing.detector_quaternion(d.offset_x_deg * DEG, d.offset_y_deg * DEG, d.pol_angle_deg * DEG))
+    return np.array(rows)
 
 
 class ChunkPointing:
@@ -84,7 +116,10 @@ class ChunkPointing:
     def boresight(self, time_chunk: int) -> np.ndarray:
         if time_chunk != self._cached_time_chunk:
             times = sample_times(self._layout, time_chunk, self._rate)
-            self._cached_boresight = boresight_quaternions(self._scan, times, self._kernels.boresight)
+            if isinstance(self._scan, GroundScheduleScan):
+                self._cached_boresight = scheduled_boresight(self._scan, time_chunk, times, self._kernels.boresight)
+            else:
+                self._cached_boresight = boresight_quaternions(self._scan, times, self._kernels.boresight)
             self._cached_time_chunk = time_chunk
         return self._cached_boresight
 

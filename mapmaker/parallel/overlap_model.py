@@ -70,7 +70,7 @@ def chunk_sets(spec: CampaignSpec, time_step: int = 1, progress: Progress | None
     """Step 1: the pixels of every chunk, one pointing per focal-plane position."""
     started = time.perf_counter()
     layout = chunk_layout(spec)
-    offsets = [(d.offset_x_deg, d.offset_y_deg) for d in spec.focal_plane.detectors]
+    offsets = [(d.offset_x_deg, d.offset_y_deg) for d in spec.focal_plane.detector_rows]
     positions = sorted(set(offsets), key=offsets.index)
     position_of = np.array([positions.index(o) for o in offsets], dtype=np.int64)
     representative = [offsets.index(p) for p in positions]

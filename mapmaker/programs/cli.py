@@ -71,6 +71,10 @@ def _add_realize(commands: argparse._SubParsersAction) -> None:
         help="folder that a spec's sky.path (kind 'map') is relative to; paths may not leave it",
     )
     parser.add_argument(
+        "--instrument-root", type=Path, default=None, metavar="DIR",
+        help="folder that a spec's focal_plane.file (a TOAST focal-plane HDF5 file) is relative to",
+    )
+    parser.add_argument(
         "--plan", type=Path, default=None, metavar="PLAN",
         help="overlap plan from 'preprocess' for this spec and rank count; a mismatched or damaged plan exits 3",
     )
@@ -103,6 +107,10 @@ def _add_preprocess(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--buffer-pixels", type=_positive_int, default=None, metavar="N",
         help="pixels per range of the buffered allgather (default: the spec's solver.allreduce_buffer_pixels)",
+    )
+    parser.add_argument(
+        "--instrument-root", type=Path, default=None, metavar="DIR",
+        help="folder that a spec's focal_plane.file (a TOAST focal-plane HDF5 file) is relative to",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -154,6 +162,10 @@ def _add_model(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--spec", required=True, type=Path, metavar="FILE", help="campaign spec (TOML, YAML or JSON)")
     parser.add_argument(
         "--ranks", required=True, type=_rank_list, metavar="P1,P2,...", help="rank counts, e.g. 256,1024,4096,16384"
+    )
+    parser.add_argument(
+        "--instrument-root", type=Path, default=None, metavar="DIR",
+        help="folder that a spec's focal_plane.file or schedule file is relative to",
     )
     parser.add_argument("--alpha", type=_positive_float, default=None, metavar="S", help="latency per message (s)")
     parser.add_argument("--beta", type=_positive_float, default=None, metavar="S_PER_BYTE", help="inverse bandwidth (s/byte)")

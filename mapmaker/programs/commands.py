@@ -28,6 +28,7 @@ from mapmaker.programs.products import OutputExists, OutputUnusable, refuse_exis
 from mapmaker.programs.realize import realize_to_folder
 from mapmaker.solve.realization import NothingToSolve
 from schemas.files import atomic_write_json
+from schemas.instrument import FocalPlaneFileError, resolve_files
 from schemas.io import SpecError, load_spec
 from schemas.programs import MapmakerExit
 
@@ -61,9 +62,11 @@ def run_realize(args: argparse.Namespace) -> int:
 
     # Every rank checks the same inputs and reaches the same verdict; only --out is checked once.
     try:
-        spec = load_spec(args.spec)
+        spec = resolve_files(load_spec(args.spec), args.instrument_root)
     except SpecError as error:
         return fail("invalid spec\n" + str(error))
+    except FocalPlaneFileError as error:
+        return fail(str(error))
     if args.realization >= spec.realizations:
         return fail(f"--realization {args.realization} is out of range: the spec has {spec.realizations} (0 .. {spec.realizations - 1})")
     try:
@@ -155,9 +158,11 @@ def run_preprocess_command(args: argparse.Namespace) -> int:
         return code
 
     try:
-        spec = load_spec(args.spec)
+        spec = resolve_files(load_spec(args.spec), args.instrument_root)
     except SpecError as error:
         return fail("invalid spec\n" + str(error))
+    except FocalPlaneFileError as error:
+        return fail(str(error))
     problem = None
     if rank == 0:  # one verdict for every rank: the paths are checked once
         for option, path in (("--out", args.out), ("--report", args.report)):
@@ -232,9 +237,12 @@ def run_model(args: argparse.Namespace) -> int:
         print("mapmaker model: give either --alpha/--beta or --calibration, not both", file=sys.stderr)
         return MapmakerExit.BAD_INPUT
     try:
-        spec = load_spec(args.spec)
+        spec = resolve_files(load_spec(args.spec), args.instrument_root)
     except SpecError as error:
         print(f"mapmaker model: invalid spec\n{error}", file=sys.stderr)
+        return MapmakerExit.BAD_INPUT
+    except FocalPlaneFileError as error:
+        print(f"mapmaker model: {error}", file=sys.stderr)
         return MapmakerExit.BAD_INPUT
     if args.alpha is not None:
         machine = Machine.uniform(args.alpha, args.beta, f"alpha {args.alpha:g} s, beta {args.beta:g} s/byte")

@@ -214,7 +214,7 @@ def write_products(
     with timers("io"):
         folder = ProductFolder(out)
         header = [("REALIZ", realization), ("SCANKEY", scan_key(spec))]
-        coord = "C" if spec.scan.kind == "ground" else "E"  # equatorial / ecliptic
+        coord = "E" if spec.scan.kind == "satellite" else "C"  # ecliptic / equatorial
         records = products.write_maps(folder, outcome.iqu, outcome.hits, outcome.rcond, header, coord)
     with timers("calc"):
         measured = spectra.for_campaign(spec, outcome.iqu, coupling)
@@ -322,7 +322,7 @@ def rng_stream_records(spec: CampaignSpec, realization: int, cap: int = 64) -> t
     if spec.simulates_noise:
         layout = chunk_layout(spec)
         noise = NoiseModel(spec, layout)
-        names = [d.name for d in spec.focal_plane.detectors]
+        names = [d.name for d in spec.focal_plane.detector_rows]
         for chunk_id in range(layout.n_chunks):
             if len(records) >= cap:
                 break

@@ -295,9 +295,9 @@ def build_local_data(
     lengths_array = np.array(lengths, dtype=np.int64)
     detectors_array = np.array(detectors, dtype=np.int64)
 
-    # One N^-1 filter per (white level, length): detectors without a NET override share
-    # theirs, so their intervals are filtered together. White weighting needs none.
-    filters: dict[tuple[float, int], int] = {}
+    # One N^-1 filter per (noise parameters, length): detectors with the same NET, knee, slope and
+    # f_min share theirs, so their intervals are filtered together. White weighting needs none.
+    filters: dict[tuple[tuple[float, float, float, float], int], int] = {}
     inverse_psds: list[np.ndarray] = []
     half_widths: list[int | None] = []
     filter_error = 0.0
@@ -308,7 +308,7 @@ def build_local_data(
         if noise.white_weighting:
             noise_diagonal[i] = inverse_variance[i]
             continue
-        key = (float(noise.white_variance[detector]), length)
+        key = (noise.parameters(detector), length)
         if key not in filters:
             filters[key] = len(inverse_psds)
             inverse_psd = 1.0 / noise.weighting_psd(detector, length)

@@ -59,7 +59,11 @@ def create_campaign(
     idempotency_key: IdempotencyKey = None,
 ) -> CampaignDetail:
     campaign, created = service.create_campaign(
-        session=session, owner_id=user.user_id, spec=spec, idempotency_key=idempotency_key
+        session=session,
+        owner_id=user.user_id,
+        spec=spec,
+        idempotency_key=idempotency_key,
+        instrument_root=settings.instrument_root,
     )
     if not created:
         response.status_code = status.HTTP_200_OK

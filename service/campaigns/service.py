@@ -21,6 +21,7 @@ from schemas.api import (
     RealizationSummary,
     realize_task_id,
 )
+from schemas.instrument import FocalPlaneFileError, ScheduleFileError, resolve_files
 from schemas.spec import CampaignSpec, scan_key, spec_hash
 from schemas.states import (
     FINISHED_CAMPAIGN_STATES,
@@ -43,6 +44,7 @@ from service.campaigns.errors import (
 )
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.db import utcnow
+from service.errors import InvalidField
 from service.events.service import record_event
 from service.pagination import decode_cursor, encode_cursor
 from service.storage import CampaignStorage
@@ -53,14 +55,38 @@ log = logging.getLogger("mapcampaign.service")
 # --------------------------------------------------------------------------- create
 
 
+def check_focal_plane_file(spec: CampaignSpec, instrument_root: Path | None) -> int | None:
+    """Read a spec's focal-plane and schedule files as the map-maker will; return the selected detector count of a
+    focal-plane file (None: inline detectors).
+
+    A missing, changed (sha256) or malformed file, or a detector without noise parameters, is refused
+    here, at submit, with the file and the column named (:class:`InvalidField`, a 422), before anything
+    is stored.
+    """
+    try:
+        resolve_files(spec, instrument_root)  # reads into the spec's private fields; its JSON does not change
+    except ScheduleFileError as error:
+        raise InvalidField(("body", "scan", "file"), str(error)) from None
+    except FocalPlaneFileError as error:
+        raise InvalidField(("body", "focal_plane", "file"), str(error)) from None
+    return None if spec.focal_plane.file is None else len(spec.focal_plane.detector_rows)
+
+
 def create_campaign(
-    *, session: Session, owner_id: int, spec: CampaignSpec, idempotency_key: str | None = None
+    *,
+    session: Session,
+    owner_id: int,
+    spec: CampaignSpec,
+    idempotency_key: str | None = None,
+    instrument_root: Path | None = None,
 ) -> tuple[Campaign, bool]:
     """Store the campaign and its queued realisations; return it and whether it is new.
 
     A repeated ``idempotency_key`` with the same spec returns the campaign made the
-    first time; with a different spec it is refused.
+    first time; with a different spec it is refused. A focal-plane file is read from
+    ``instrument_root`` and checked first (:func:`check_focal_plane_file`).
     """
+    check_focal_plane_file(spec, instrument_root)
     digest = spec_hash(spec)
     if idempotency_key is not None:
         existing = _by_idempotency_key(session, owner_id, idempotency_key)

@@ -40,6 +40,21 @@ def test_realize_and_preprocess_arguments():
     ]  # fmt: skip
 
 
+
+def test_the_instrument_root_goes_to_both_programs():
+    """A site's instrument_root reaches realize and preprocess: both read a spec's focal-plane file."""
+    realize = mapmaker_realize_args(
+        PY, spec_file=Path("s"), realization=0, out=Path("o"), threads=1, plan_file=None, sky_root=None,
+        instrument_root=Path("/data/instruments"),
+    )  # fmt: skip
+    preprocess = mapmaker_preprocess_args(
+        PY, spec_file=Path("s"), out=Path("p"), report=Path("r"), instrument_root=Path("/data/instruments")
+    )
+    for args in (realize, preprocess):
+        assert args[-2:] == ["--instrument-root", "/data/instruments"]
+    assert "--instrument-root" not in mapmaker_preprocess_args(PY, spec_file=Path("s"), out=Path("p"), report=Path("r"))
+
+
 def test_runner_arguments():
     limits = RunnerLimits(walltime_s=600.0, grace_s=2.5, liveness_timeout_s=30.0)
     args = runner_args(PY, workdir=Path("/w/t 1"), marker="local:w:abc:realize-3", limits=limits)

@@ -140,7 +140,8 @@ def task_command(placement: Placement, site: SiteConfig, *, python: str) -> str:
     threads = placement.task.spec.resources.threads_per_rank
     if isinstance(placement, PreprocessPlacement):
         program = mapmaker_preprocess_args(
-            python, spec_file=spec_file, out=placement.plan_file, report=placement.report_file
+            python, spec_file=spec_file, out=placement.plan_file, report=placement.report_file,
+            instrument_root=site.instrument_root,
         )
     else:
         program = mapmaker_realize_args(
@@ -151,6 +152,7 @@ def task_command(placement: Placement, site: SiteConfig, *, python: str) -> str:
             threads=threads,
             plan_file=placement.plan_file,
             sky_root=site.sky_root,
+            instrument_root=site.instrument_root,
         )
     runner = runner_args(
         python, workdir=placement.workdir, marker=placement.marker, limits=runner_limits(placement, site)

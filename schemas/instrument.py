@@ -1,0 +1,399 @@
+"""Focal planes from TOAST files: read, check and select the detectors of a ``Focalplane.save_hdf5`` file.
+
+TOAST 3 writes a focal plane as an astropy table in the HDF5 dataset ``focalplane`` (astropy's own
+HDF5 table format, with the column units in its metadata). This module reads it with astropy, so units
+are converted by astropy, not by hand, and turns each selected row into a :class:`schemas.spec.Detector`:
+
+==============  ===========================  ============================================
+TOAST column    unit in the file             detector field
+==============  ===========================  ============================================
+``name``        --                           ``name``
+``quat``        -- ([x, y, z, w])            ``quat`` (and the offsets derived from it)
+``pol_angle``   angle (or ``psi_pol``)       ``pol_angle_deg`` (described; the quat rules)
+``psd_net``     K s^1/2                      ``net_k_sqrt_s``
+``psd_fknee``   Hz                           ``f_knee_hz``
+``psd_fmin``    Hz                           ``f_min_hz``
+``psd_alpha``   --                           ``alpha``
+==============  ===========================  ============================================
+
+Columns the campaign does not use (``fwhm``, ``bandcenter``, ``uid``, a collaboration's own ...) are
+left alone. A problem is a :class:`FocalPlaneFileError` naming the file and the column; the service
+answers it with a 422 at submit, the map-maker refuses to run with it.
+
+Both the service (to check a spec at submit) and the map-maker (to run it) read the file, so the reader
+lives here, below both. The file is found under an *instrument root*, a folder the deployment declares
+(``MAPCAMPAIGN_INSTRUMENT_ROOT`` for the service, ``instrument_root`` in a site file for its workers),
+the way a ``sky.kind = "map"`` path is found under a site's ``sky_root``; its ``sha256`` in the spec pins
+the content, so a site whose copy differs refuses to run instead of mapping another instrument.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schemas.spec import (
+    MAX_DETECTORS,
+    CampaignSpec,
+    Detector,
+    DetectorSelection,
+    FocalPlane,
+    GroundScheduleScan,
+    ScheduledScan,
+)
+
+DATASET = "focalplane"
+QUATERNION_COLUMN = "quat"
+NOISE_COLUMNS = {  # TOAST column -> (Detector field, astropy unit string)
+    "psd_net": ("net_k_sqrt_s", "K s(1/2)"),
+    "psd_fknee": ("f_knee_hz", "Hz"),
+    "psd_fmin": ("f_min_hz", "Hz"),
+    "psd_alpha": ("alpha", ""),
+}
+POL_ANGLE_COLUMNS = ("pol_angle", "psi_pol")
+WAFER_COLUMNS = ("wafer", "wafer_slot")
+BAND_COLUMN = "band"
+
+
+class FocalPlaneFileError(ValueError):
+    """A focal-plane file that cannot be used: ``file`` (as the spec names it), ``column`` (or ""), why."""
+
+    what = "focal-plane file"
+
+    def __init__(self, file: str, column: str, reason: str):
+        where = f"column {column!r} of " if column else ""
+        super().__init__(f"{where}{self.what} {file!r}: {reason}")
+        self.file = file
+        self.column = column
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class FocalPlaneTable:
+    """The selected detectors of a file, and what the file said about itself."""
+
+    detectors: tuple[Detector, ...]
+    file_detectors: int  # rows in the file before the selection
+    file_sample_rate_hz: float | None  # the table's ``sample_rate`` metadata, if any
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def resolve_instrument_path(instrument_root: str | Path | None, relative: str) -> Path:
+    """The file ``relative`` under ``instrument_root``, refusing anything that leaves it (``..``, symlinks)."""
+    if instrument_root is None:
+        raise FocalPlaneFileError(relative, "", "no instrument_root is configured here to find it in")
+    root = Path(instrument_root).resolve()
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root):
+        raise FocalPlaneFileError(relative, "", "resolves outside the instrument_root")
+    if not path.is_file():
+        raise FocalPlaneFileError(relative, "", f"no such file under the instrument_root {str(root)!r}")
+    return path
+
+
+def _column_values(table: Any, column: str, unit: str, file: str) -> Any:
+    """The float64 values [n] of ``column`` in ``unit`` (astropy converts); a missing or odd column is an error."""
+    import astropy.units as u
+    import numpy as np
+
+    if column not in table.colnames:
+        raise FocalPlaneFileError(file, column, "the column is missing")
+    values = table[column]
+    try:
+        if isinstance(values, u.Quantity):
+            array = values.to_value(u.Unit(unit)) if unit else values.to_value(u.dimensionless_unscaled)
+        else:
+            array = np.asarray(values, dtype=np.float64)
+    except (u.UnitConversionError, u.UnitsError, TypeError, ValueError) as error:
+        raise FocalPlaneFileError(file, column, f"cannot be read as {unit or 'a number'}: {error}") from None
+    array = np.asarray(array, dtype=np.float64)
+    if array.ndim != 1:
+        raise FocalPlaneFileError(file, column, f"must hold one number per detector, has shape {array.shape}")
+    return array
+
+
+def _text_column(table: Any, column: str) -> list[str]:
+    """A text column as str (HDF5 keeps fixed-width bytes)."""
+    return [value.decode() if isinstance(value, bytes) else str(value) for value in table[column]]
+
+
+def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection) -> FocalPlaneTable:
+    """Read, check and select the detectors of a TOAST focal-plane file.
+
+    ``path``: where the file is; ``file``: its name in the spec (for messages). Every selected detector must
+    have a finite unit quaternion and noise parameters (``psd_net`` > 0, ``psd_fknee`` >= 0, ``psd_fmin`` > 0,
+    ``psd_alpha`` > 0, and ``psd_fmin < psd_fknee`` when the knee is not 0).
+    """
+    import h5py
+    import numpy as np
+    from astropy.table import QTable
+
+    try:
+        with h5py.File(path, "r") as handle:
+            if DATASET not in handle:
+                raise FocalPlaneFileError(file, "", f"has no {DATASET!r} dataset (write it with toast.instrument.Focalplane.save_hdf5)")
+        table = QTable.read(path, path=DATASET, format="hdf5")
+    except FocalPlaneFileError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError) as error:  # h5py and astropy on a damaged file
+        raise FocalPlaneFileError(file, "", f"is not a readable HDF5 focal-plane table ({type(error).__name__}: {error})") from None
+
+    for column in ("name", QUATERNION_COLUMN):
+        if column not in table.colnames:
+            raise FocalPlaneFileError(file, column, "the column is missing")
+    names = _text_column(table, "name")
+    quats = np.asarray(table[QUATERNION_COLUMN], dtype=np.float64)
+    if quats.ndim != 2 or quats.shape[1] != 4:
+        raise FocalPlaneFileError(file, QUATERNION_COLUMN, f"must hold 4 numbers [x, y, z, w] per detector, has shape {quats.shape}")
+
+    keep = np.ones(len(table), dtype=bool)
+    if selection.names is not None:
+        keep &= np.array([fnmatch.fnmatchcase(name, selection.names) for name in names], dtype=bool)
+    if selection.wafer is not None:
+        wafer_column = next((c for c in WAFER_COLUMNS if c in table.colnames), None)
+        if wafer_column is None:
+            raise FocalPlaneFileError(file, WAFER_COLUMNS[0], "select.wafer needs this column (or 'wafer_slot'); it is missing")
+        keep &= np.array([value == selection.wafer for value in _text_column(table, wafer_column)], dtype=bool)
+    if selection.band is not None:
+        if BAND_COLUMN not in table.colnames:
+            raise FocalPlaneFileError(file, BAND_COLUMN, "select.band needs this column; it is missing")
+        keep &= np.array([value == selection.band for value in _text_column(table, BAND_COLUMN)], dtype=bool)
+    rows = np.flatnonzero(keep)
+    if selection.first is not None:
+        rows = rows[: selection.first]
+    if len(rows) == 0:
+        raise FocalPlaneFileError(file, "", f"the selection {selection.model_dump(exclude_none=True)} keeps no detector")
+    if len(rows) > MAX_DETECTORS:
+        raise FocalPlaneFileError(file, "", f"the selection keeps {len(rows)} detectors, more than {MAX_DETECTORS}")
+
+    noise = {field: _column_values(table, column, unit, file) for column, (field, unit) in NOISE_COLUMNS.items()}
+    pol_column = next((c for c in POL_ANGLE_COLUMNS if c in table.colnames), None)
+    pol_angle = _column_values(table, pol_column, "deg", file) if pol_column else np.zeros(len(table))
+
+    detectors = []
+    for row in rows.tolist():
+        name = names[row]
+        q = quats[row]
+        if not np.all(np.isfinite(q)) or abs(np.linalg.norm(q) - 1.0) > 1e-6:
+            raise FocalPlaneFileError(file, QUATERNION_COLUMN, f"detector {name!r}: {q.tolist()} is not a unit quaternion")
+        values = {field: float(noise[field][row]) for field in noise}
+        for column, (field, _unit) in NOISE_COLUMNS.items():
+            if not math.isfinite(values[field]):
+                raise FocalPlaneFileError(file, column, f"detector {name!r} has no value ({values[field]})")
+        if values["f_knee_hz"] > 0 and values["f_min_hz"] >= values["f_knee_hz"]:
+            raise FocalPlaneFileError(file, "psd_fmin", f"detector {name!r}: psd_fmin must be below psd_fknee")
+        try:
+            detector = Detector(
+                name=name,
+                pol_angle_deg=float(np.remainder(pol_angle[row] + 360.0, 720.0) - 360.0),
+                quat=(float(q[0]), float(q[1]), float(q[2]), float(q[3])),
+                **values,
+            )
+        except ValueError as error:  # pydantic's ValidationError: a value out of the spec's range
+            column = _column_of(error)
+            raise FocalPlaneFileError(file, column, f"detector {name!r}: {_first_message(error)}") from None
+        # The offsets only describe the quaternion (plots, the overlap model); a wide focal plane may reach
+        # beyond the +-10 degrees an inline offset may take, so they are set without that bound.
+        offset_x, offset_y = quaternion_offsets_deg(q)
+        detectors.append(detector.model_copy(update={"offset_x_deg": offset_x, "offset_y_deg": offset_y}))
+    seen: set[str] = set()
+    for detector in detectors:
+        if detector.name in seen:
+            raise FocalPlaneFileError(file, "name", f"detector name {detector.name!r} appears more than once")
+        seen.add(detector.name)
+
+    rate = table.meta.get("sample_rate")
+    rate_hz = None
+    if rate is not None:
+        import astropy.units as u
+
+        rate_hz = float(rate.to_value(u.Hz)) if isinstance(rate, u.Quantity) else float(rate)
+    return FocalPlaneTable(detectors=tuple(detectors), file_detectors=len(table), file_sample_rate_hz=rate_hz)
+
+
+_FIELD_COLUMNS = {
+    "name": "name",
+    "offset_x_deg": "quat",
+    "offset_y_deg": "quat",
+    "quat": "quat",
+    "pol_angle_deg": "pol_angle",
+    **{field: column for column, (field, _unit) in NOISE_COLUMNS.items()},
+}
+
+
+def _column_of(error: ValueError) -> str:
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        for item in errors():
+            if item.get("loc"):
+                return _FIELD_COLUMNS.get(str(item["loc"][0]), str(item["loc"][0]))
+    return ""
+
+
+def _first_message(error: ValueError) -> str:
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        for item in errors():
+            return str(item.get("msg", error))
+    return str(error)
+
+
+def quaternion_offsets_deg(q_xyzw: Any) -> tuple[float, float]:
+    """The offsets (degrees) of the line of sight of a TOAST detector quaternion [x, y, z, w].
+
+    The line of sight is the quaternion's rotation of +z, ``(sin ox cos oy, sin oy, cos ox cos oy)`` in the
+    offsets of :func:`mapmaker.kernels.pointing.detector_quaternion`.
+    """
+    x, y, z, w = (float(c) for c in q_xyzw)
+    vx = 2.0 * (x * z + w * y)
+    vy = 2.0 * (y * z - w * x)
+    vz = 1.0 - 2.0 * (x * x + y * y)
+    return math.degrees(math.atan2(vx, vz)), math.degrees(math.asin(max(-1.0, min(1.0, vy))))
+
+
+def read_focal_plane(plane: FocalPlane, instrument_root: str | Path | None) -> FocalPlaneTable:
+    """Find, check the checksum of, and read the file of a file-based focal plane."""
+    if plane.file is None:
+        raise ValueError("the focal plane is inline; there is no file to read")
+    path = resolve_instrument_path(instrument_root, plane.file)
+    digest = file_sha256(path)
+    if digest != plane.sha256:
+        raise FocalPlaneFileError(plane.file, "", f"its sha256 is {digest}, the spec says {plane.sha256}")
+    return read_focal_plane_file(path, file=plane.file, selection=plane.select)
+
+
+def resolve_focal_plane(spec: CampaignSpec, instrument_root: str | Path | None) -> CampaignSpec:
+    """The spec with its file-based focal plane read (``spec.focal_plane.detector_rows`` then works).
+
+    An inline focal plane is returned as it is. The spec itself, and so its hashes, do not change.
+    """
+    plane = spec.focal_plane
+    if plane.file is not None and plane._from_file is None:
+        plane._from_file = read_focal_plane(plane, instrument_root).detectors
+    return spec
+
+
+# --------------------------------------------------------------------------- ground schedules
+
+SCHEDULE_COLUMNS = ("start_time", "stop_time", "name", "azmin", "azmax", "el")
+
+
+class ScheduleFileError(FocalPlaneFileError):
+    """A schedule file that cannot be used: ``file``, ``column`` (or ""), why (caught with the focal plane's)."""
+
+    what = "schedule file"
+
+
+def local_sidereal_time_deg(unix_s: float, longitude_deg: float) -> float:
+    """Local mean sidereal time (degrees, [0, 360)) at a UTC instant, taking UT1 = UTC.
+
+    GMST = Earth rotation angle + the IAU 2006 precession polynomial (Capitaine et al. 2003, the first
+    two terms); the 0.9 s at most between UT1 and UTC turn the sky by at most 14 arcsec. Written out
+    because astropy's ``Time.sidereal_time`` needs UT1 from IERS tables it would download.
+    """
+    days = unix_s / 86_400.0 + 2_440_587.5 - 2_451_545.0  # since J2000.0
+    era = 360.0 * (0.7790572732640 + 1.00273781191135448 * days)
+    centuries = days / 36_525.0
+    gmst = era + (0.014506 + 4612.156534 * centuries) / 3600.0
+    return float((gmst + longitude_deg) % 360.0)
+
+
+def read_ground_schedule(
+    path: Path, *, file: str, chunk_s: float, first_scans: int | None
+) -> tuple[float, tuple[ScheduledScan, ...]]:
+    """The site latitude (degrees) and the scans of a TOAST 3 ground schedule in ECSV (astropy reads it).
+
+    Each scan keeps its whole chunks of ``chunk_s``; a scan shorter than one chunk is refused (it would
+    hold no data), as are a stop before a start, scans out of time order and an elevation outside (0, 90).
+    """
+    from datetime import datetime
+
+    import astropy.units as u
+    from astropy.io import ascii as astropy_ascii
+
+    try:
+        table = astropy_ascii.read(path, format="ecsv", guess=False)
+    except (OSError, KeyError, ValueError, TypeError) as error:
+        raise ScheduleFileError(file, "", f"is not a TOAST ECSV schedule ({type(error).__name__}: {error})") from None
+    for column in SCHEDULE_COLUMNS:
+        if column not in table.colnames:
+            raise ScheduleFileError(file, column, "the column is missing")
+    site: dict[str, float] = {}
+    for key in ("site_lat", "site_lon"):
+        value = table.meta.get(key)
+        if value is None:
+            raise ScheduleFileError(file, key, "the site's coordinate is missing from the header")
+        site[key] = float(u.Quantity(value, u.deg).to_value(u.deg))
+
+    def degrees(column: str) -> Any:
+        values = table[column]
+        unit = getattr(values, "unit", None)
+        return u.Quantity(values, unit or u.deg).to_value(u.deg)
+
+    azmin, azmax, elevation = degrees("azmin"), degrees("azmax"), degrees("el")
+    rows = range(len(table)) if first_scans is None else range(min(first_scans, len(table)))
+    scans = []
+    offset = 0.0
+    previous_stop = -math.inf
+    for row in rows:
+        name = str(table["name"][row])
+        try:
+            start = datetime.fromisoformat(str(table["start_time"][row])).timestamp()
+            stop = datetime.fromisoformat(str(table["stop_time"][row])).timestamp()
+        except ValueError as error:
+            raise ScheduleFileError(file, "start_time", f"scan {row} ({name!r}): {error}") from None
+        if stop <= start or start < previous_stop:
+            raise ScheduleFileError(file, "stop_time", f"scan {row} ({name!r}) ends before it starts or overlaps the one before")
+        chunks = int((stop - start) // chunk_s)
+        if chunks < 1:
+            raise ScheduleFileError(file, "stop_time", f"scan {row} ({name!r}) is shorter than one chunk ({chunk_s:g} s)")
+        try:
+            scan = ScheduledScan(
+                name=name,
+                offset_s=offset,
+                chunks=chunks,
+                start_lst_deg=local_sidereal_time_deg(start, site["site_lon"]),
+                azimuth_min_deg=float(azmin[row]),
+                azimuth_max_deg=float(azmax[row]),
+                elevation_deg=float(elevation[row]),
+            )
+        except ValueError as error:
+            raise ScheduleFileError(file, "el", f"scan {row} ({name!r}): {_first_message(error)}") from None
+        if scan.azimuth_max_deg <= scan.azimuth_min_deg:
+            raise ScheduleFileError(file, "azmax", f"scan {row} ({name!r}): azmax must be greater than azmin")
+        scans.append(scan)
+        offset += chunks * chunk_s
+        previous_stop = stop
+    if not scans:
+        raise ScheduleFileError(file, "", "holds no scan")
+    return site["site_lat"], tuple(scans)
+
+
+def resolve_files(spec: CampaignSpec, instrument_root: str | Path | None) -> CampaignSpec:
+    """The spec with its focal-plane file and its schedule file read (both under ``instrument_root``)."""
+    resolve_focal_plane(spec, instrument_root)
+    scan = spec.scan
+    if isinstance(scan, GroundScheduleScan) and scan._scans is None:
+        try:
+            path = resolve_instrument_path(instrument_root, scan.file)
+        except FocalPlaneFileError as error:
+            raise ScheduleFileError(scan.file, "", error.reason) from None
+        digest = file_sha256(path)
+        if digest != scan.sha256:
+            raise ScheduleFileError(scan.file, "", f"its sha256 is {digest}, the spec says {scan.sha256}")
+        latitude, scans = read_ground_schedule(path, file=scan.file, chunk_s=scan.chunk_s, first_scans=scan.first_scans)
+        scan._site_latitude_deg = latitude
+        scan._scans = scans
+    return spec
