@@ -88,9 +88,7 @@ def demo(
     max_tasks: MaxTasksOption = None,
     out: Annotated[
         Path | None,
-        typer.Option(
-            "--out", help="Folder for the Monte Carlo products (default <data dir>/demo/campaign-ID-products)"
-        ),
+        typer.Option("--out", help="Folder for the Monte Carlo products (default <data dir>/demo/campaign-ID-products)"),
     ] = None,
     stay: Annotated[
         bool, typer.Option("--stay", help="Keep the API and dashboard running after the campaign, until Ctrl-C")
@@ -158,13 +156,8 @@ def _download_products(stack: object, detail: dict, out: Path | None) -> Path | 
     target = out or stack.data_dir / "demo" / f"campaign-{detail['id']}-products"
     try:
         products(
-            detail["id"],
-            format=Format.fits,
-            out=target,
-            realization=None,
-            as_json=False,
-            url=stack.url,
-            token_file=stack.user_token_file,
+            detail["id"], format=Format.fits, out=target, realization=None, as_json=False,
+            url=stack.url, token_file=stack.user_token_file,
         )
     except typer.Exit:  # the products command said why on stderr; the demo still reports the rest
         return None
