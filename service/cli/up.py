@@ -30,7 +30,9 @@ def _login_link(url: str, token_file: Path) -> str | None:
 
     try:
         answer = httpx.post(
-            f"{url}/api/v1/login-links", headers={"Authorization": f"Bearer {token_file.read_text().strip()}"}
+            f"{url}/api/v1/login-links",
+            headers={"Authorization": f"Bearer {token_file.read_text().strip()}"},
+            timeout=30.0,  # the API has just started, beside a worker registering: the first answers are slow
         )
     except (OSError, httpx.HTTPError):
         return None
