@@ -366,9 +366,7 @@ class PlanInvalid(RequestModel):
 
     task_id: str = Field(max_length=64, description="The realize task (held by the caller) that was given the plan")
     checksum: str = Field(min_length=1, max_length=200, description="Checksum of the plan that was refused")
-    reason: str = Field(
-        "", max_length=MAX_MESSAGE_CHARS, description="What was wrong, e.g. the map-maker's refusal message"
-    )
+    reason: str = Field("", max_length=MAX_MESSAGE_CHARS, description="What was wrong, e.g. the map-maker's refusal message")
 
 
 class TaskAnswer(ApiModel):

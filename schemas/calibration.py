@@ -4,7 +4,6 @@
 operation is fitted to the alpha-beta form the reduction model uses for it
 (``formula``): alpha in seconds per message, beta in seconds per byte.
 """
-
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field

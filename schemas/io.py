@@ -1,5 +1,4 @@
 """Read campaign specs from TOML, YAML or JSON files, with errors that name the field."""
-
 from __future__ import annotations
 
 import difflib
@@ -97,9 +96,7 @@ def load_spec(path: str | Path) -> CampaignSpec:
     """Read and validate one spec file; raise :class:`SpecError` naming the file and field."""
     path = Path(path)
     if path.suffix.lower() not in SPEC_SUFFIXES:
-        raise SpecError(
-            str(path), [("", f"unknown spec format {path.suffix!r}; use one of {', '.join(SPEC_SUFFIXES)}")]
-        )
+        raise SpecError(str(path), [("", f"unknown spec format {path.suffix!r}; use one of {', '.join(SPEC_SUFFIXES)}")])
     try:
         raw = path.read_bytes()
     except OSError as error:

@@ -4,7 +4,6 @@ The worker reads it to report the plan to the service (``path``,
 ``checksum``, ``size_bytes``, ``build_time_s`` are the fields of
 :class:`schemas.api.PlanBuilt`). Times are seconds, sizes bytes.
 """
-
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field

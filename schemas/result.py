@@ -4,7 +4,6 @@ The record is complete enough to reproduce the realisation: the spec hash,
 the RNG key of every random stream, the package versions, and the rank and
 thread counts. Times are seconds; sizes are bytes.
 """
-
 from __future__ import annotations
 
 from typing import Literal, get_args
@@ -118,15 +117,11 @@ class DecoupledBandpowers(ResultModel):
         None,
         description="The simulated CMB's input C_l with its beam through the bandpower windows (K^2); None without one",
     )
-    mask_sha256: str = Field(
-        description="SHA-256 of the analysis mask as little-endian float64: the coupling's identity"
-    )
+    mask_sha256: str = Field(description="SHA-256 of the analysis mask as little-endian float64: the coupling's identity")
     coupling_source: Literal["file", "built"] = Field(
         description="Where the mode coupling came from: read from realize --coupling, or built by this run"
     )
-    coupling_build_s: float | None = Field(
-        None, description="Seconds this run spent building the coupling (None: read)"
-    )
+    coupling_build_s: float | None = Field(None, description="Seconds this run spent building the coupling (None: read)")
     bandpowers_s: float = Field(description="Seconds for the bandpowers given the coupling (transforms and decoupling)")
 
 
@@ -183,9 +178,7 @@ class RealizationResult(ResultModel):
     timing: TimingSplit
     communication: CommunicationStats
     peak_memory_mb: Spread = Field(description="Peak resident memory per rank (MiB): the RSS high-water mark")
-    kernels: str | None = Field(
-        None, description="Map-maker kernels used: 'fast' (numba + ducc0) or 'numpy' (reference)"
-    )
+    kernels: str | None = Field(None, description="Map-maker kernels used: 'fast' (numba + ducc0) or 'numpy' (reference)")
     rng_streams: list[RngStream] = Field(
         default_factory=list,
         description="Keys of the first streams the run drew (the sky first, then noise in time-major order), at most 64",

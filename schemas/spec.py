@@ -13,7 +13,6 @@ Two hashes name what a spec fixes:
 * :func:`spec_hash` hashes the whole spec, defaults included, so two specs
   that differ only by an omitted default hash the same.
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -88,9 +87,7 @@ class SatelliteScan(StrictModel):
     )
     precession_angle_deg: Float = Field(45.0, ge=0, lt=180, description="Spin-axis angle from the anti-Sun direction")
     drift_deg_per_day: Float = Field(360.0 / 365.25, ge=0, le=3_600, description="Motion of the anti-Sun direction")
-    start_longitude_deg: Float = Field(
-        0.0, ge=-360, le=360, description="Ecliptic longitude of the anti-Sun direction at t=0"
-    )
+    start_longitude_deg: Float = Field(0.0, ge=-360, le=360, description="Ecliptic longitude of the anti-Sun direction at t=0")
 
     @model_validator(mode="after")
     def _chunk_fits(self) -> SatelliteScan:
@@ -215,15 +212,9 @@ class Detector(StrictModel):
     """
 
     name: str = Field(description="Unique within the focal plane; letters, digits and _.:+-")
-    offset_x_deg: Float = Field(
-        0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane x axis"
-    )
-    offset_y_deg: Float = Field(
-        0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane y axis"
-    )
-    pol_angle_deg: Float = Field(
-        0.0, ge=-360, le=360, description="Polarisation angle in the focal plane, from the x axis"
-    )
+    offset_x_deg: Float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane x axis")
+    offset_y_deg: Float = Field(0.0, ge=-10, le=10, description="Offset from the boresight along the focal-plane y axis")
+    pol_angle_deg: Float = Field(0.0, ge=-360, le=360, description="Polarisation angle in the focal plane, from the x axis")
     net_k_sqrt_s: OptionalFloat = Field(None, gt=0, lt=1, description="Override of the noise NET for this detector")
     quat: tuple[Float, Float, Float, Float] | None = Field(
         None,
@@ -238,9 +229,7 @@ class Detector(StrictModel):
     @classmethod
     def _name_is_safe(cls, value: str) -> str:
         if not _DETECTOR_NAME.match(value):
-            raise ValueError(
-                "detector names are 1-64 characters of letters, digits and _.:+-, starting with a letter or digit"
-            )
+            raise ValueError("detector names are 1-64 characters of letters, digits and _.:+-, starting with a letter or digit")
         return value
 
     @field_validator("quat")
@@ -409,17 +398,13 @@ class NoiseSpec(StrictModel):
     still weights samples by the white level.
     """
 
-    enabled: bool = Field(True, description='Simulate noise; false (or noise = "off") gives noiseless TOD')
-    net_k_sqrt_s: Float = Field(
-        50e-6, gt=0, lt=1, description="White-noise level of every detector without an override"
-    )
+    enabled: bool = Field(True, description="Simulate noise; false (or noise = \"off\") gives noiseless TOD")
+    net_k_sqrt_s: Float = Field(50e-6, gt=0, lt=1, description="White-noise level of every detector without an override")
     f_knee_hz: Float = Field(0.0, ge=0, le=1_000, description="Knee frequency; 0 gives white noise")
     alpha: Float = Field(1.0, gt=0, le=5, description="Slope of the 1/f part")
     f_min_hz: Float = Field(1e-4, gt=0, le=100, description="Below this frequency the PSD is flat")
     interval_s: OptionalFloat = Field(
-        None,
-        gt=0,
-        description="Length of a stationary interval; default: the scan's chunk_s. Chunks are cut into intervals.",
+        None, gt=0, description="Length of a stationary interval; default: the scan's chunk_s. Chunks are cut into intervals."
     )
 
     @model_validator(mode="before")
@@ -502,9 +487,7 @@ class ProductSpec(StrictModel):
         8, ge=1, le=1_000, description="Multipoles per bin of the pseudo-spectra and of the bandpowers"
     )
     lmax: OptionalInteger = Field(
-        None,
-        ge=2,
-        le=24_576,
+        None, ge=2, le=24_576,
         description="Last multipole of the pseudo-spectra (default: 2 nside); the bandpowers always run to 3 nside - 2",
     )
     apodization_deg: Float = Field(
@@ -528,8 +511,7 @@ class CampaignSpec(StrictModel):
     name: str = Field(min_length=1, max_length=200, description="Shown in listings and the dashboard")
     description: str = Field("", max_length=4_000, description="Free text for people")
     kind: CampaignKind = Field(
-        "signal+noise",
-        description="What the TOD holds; noise-only gives the noise bias, signal-only the transfer function",
+        "signal+noise", description="What the TOD holds; noise-only gives the noise bias, signal-only the transfer function"
     )
     realizations: Integer = Field(1, ge=1, le=MAX_REALIZATIONS, description="Monte Carlo realisations to run")
     seed: Integer = Field(0, ge=0, le=2**63 - 1, description="Campaign seed: keys every random stream")

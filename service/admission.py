@@ -32,7 +32,9 @@ _UNCOUNTED_PREFIXES = ("/static/", "/apidocs/")
 
 def counted(path: str) -> bool:
     """Whether a request to ``path`` takes a permit (it may use the database)."""
-    return path not in _UNCOUNTED_PATHS and not path.startswith(_UNCOUNTED_PREFIXES) and not ARTIFACT_UPLOAD.match(path)
+    return (
+        path not in _UNCOUNTED_PATHS and not path.startswith(_UNCOUNTED_PREFIXES) and not ARTIFACT_UPLOAD.match(path)
+    )
 
 
 class AdmissionMiddleware:
@@ -60,3 +62,4 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
         finally:
             self._semaphore.release()
+

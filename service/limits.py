@@ -44,10 +44,7 @@ class BodyLimitMiddleware:
                 too_large = False
             if too_large:
                 refusal = error_response(
-                    413,
-                    f"request body larger than the limit of {limit} bytes",
-                    "too_large",
-                    headers={"Connection": "close"},
+                    413, f"request body larger than the limit of {limit} bytes", "too_large", headers={"Connection": "close"}
                 )
                 await refusal(scope, receive, send)
                 return
@@ -63,3 +60,4 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, counted_receive, send)
+

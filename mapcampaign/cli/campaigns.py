@@ -42,9 +42,7 @@ def spec_files(paths: list[Path]) -> tuple[list[Path], list[dict[str, Any]]]:
         if path.is_dir():
             found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SPEC_SUFFIXES)
             if not found:
-                missing.append(
-                    _outcome(path, "invalid", problems=[("", "folder holds no .toml/.yaml/.yml/.json spec")])
-                )
+                missing.append(_outcome(path, "invalid", problems=[("", "folder holds no .toml/.yaml/.yml/.json spec")]))
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -88,7 +86,9 @@ def submit_one(client: ApiClient | None, path: Path, *, dry_run: bool, new: bool
     if new:
         key += "-" + secrets.token_hex(8)
     try:
-        answer = client.http.post("/campaigns", json=spec.model_dump(mode="json"), headers={"Idempotency-Key": key})
+        answer = client.http.post(
+            "/campaigns", json=spec.model_dump(mode="json"), headers={"Idempotency-Key": key}
+        )
     except httpx.HTTPError as error:
         return _outcome(path, "error", reason=f"cannot reach the service at {client.server}: {error}", **summary)
     if answer.status_code == 422:
@@ -267,24 +267,18 @@ def cancel(
         )
         if answer.status_code == 409:
             detail = client.get(f"/campaigns/{campaign_id}")
-            if (
-                detail["state"] != CampaignState.CANCELLED
-            ):  # succeeded or failed: nothing to cancel, and not what was asked
+            if detail["state"] != CampaignState.CANCELLED:  # succeeded or failed: nothing to cancel, and not what was asked
                 fail_on_answer(answer, f"POST /campaigns/{campaign_id}/cancel")
             if as_json:
                 print_json(detail)
             else:
-                typer.echo(
-                    f"campaign {campaign_id} was already cancelled ({detail.get('cancel_reason') or 'no reason'})"
-                )
+                typer.echo(f"campaign {campaign_id} was already cancelled ({detail.get('cancel_reason') or 'no reason'})")
             return
         detail = answer.json()
     if as_json:
         print_json(detail)
         return
-    typer.echo(
-        f"campaign {campaign_id}: {detail['state']} ({detail['progress']['counts'].get('cancelled', 0)} cancelled)"
-    )
+    typer.echo(f"campaign {campaign_id}: {detail['state']} ({detail['progress']['counts'].get('cancelled', 0)} cancelled)")
 
 
 def retry(campaign_id: CampaignId, as_json: JsonOption = False) -> None:
@@ -324,9 +318,7 @@ def logs(
         if attempt is not None:
             detail["attempt_history"] = [a for a in detail["attempt_history"] if a["number"] == attempt]
     if as_json:
-        print_json(
-            [{"realization": d["index"], "state": d["state"], "attempts": d["attempt_history"]} for d in details]
-        )
+        print_json([{"realization": d["index"], "state": d["state"], "attempts": d["attempt_history"]} for d in details])
         return
     if not details:
         typer.echo(f"campaign {campaign_id} has no failed realisation; pass --realization N for any other")

@@ -42,8 +42,7 @@ def plans(
             item["scan_key"][:16],
             str(item["ranks"]),
             item["site"],
-            item["state"]
-            + (f" ({item['last_error'][:60]})" if item.get("last_error") and item["state"] != "ready" else ""),
+            item["state"] + (f" ({item['last_error'][:60]})" if item.get("last_error") and item["state"] != "ready" else ""),
             str(item["uses"]),
             duration(item.get("build_time_s")),
             "-" if size is None else f"{size / 1024:.0f} KiB",

@@ -30,7 +30,9 @@ def _login_link(url: str, token_file: Path) -> str | None:
 
     try:
         answer = httpx.post(
-            f"{url}/api/v1/login-links", headers={"Authorization": f"Bearer {token_file.read_text().strip()}"}
+            f"{url}/api/v1/login-links",
+            headers={"Authorization": f"Bearer {token_file.read_text().strip()}"},
+            timeout=30.0,  # the API has just started, beside a worker registering: the first answers are slow
         )
     except (OSError, httpx.HTTPError):
         return None
@@ -88,9 +90,7 @@ def demo(
     max_tasks: MaxTasksOption = None,
     out: Annotated[
         Path | None,
-        typer.Option(
-            "--out", help="Folder for the Monte Carlo products (default <data dir>/demo/campaign-ID-products)"
-        ),
+        typer.Option("--out", help="Folder for the Monte Carlo products (default <data dir>/demo/campaign-ID-products)"),
     ] = None,
     stay: Annotated[
         bool, typer.Option("--stay", help="Keep the API and dashboard running after the campaign, until Ctrl-C")
@@ -158,13 +158,8 @@ def _download_products(stack: object, detail: dict, out: Path | None) -> Path | 
     target = out or stack.data_dir / "demo" / f"campaign-{detail['id']}-products"
     try:
         products(
-            detail["id"],
-            format=Format.fits,
-            out=target,
-            realization=None,
-            as_json=False,
-            url=stack.url,
-            token_file=stack.user_token_file,
+            detail["id"], format=Format.fits, out=target, realization=None, as_json=False,
+            url=stack.url, token_file=stack.user_token_file,
         )
     except typer.Exit:  # the products command said why on stderr; the demo still reports the rest
         return None

@@ -23,12 +23,7 @@ FINISHED = FINISHED_CAMPAIGN_STATES
 # One bar per state a realisation passes through (claimed counts as running); cancelled gets one when it happens.
 BAR_STATES = tuple(
     state.value
-    for state in (
-        RealizationState.QUEUED,
-        RealizationState.RUNNING,
-        RealizationState.SUCCEEDED,
-        RealizationState.FAILED,
-    )
+    for state in (RealizationState.QUEUED, RealizationState.RUNNING, RealizationState.SUCCEEDED, RealizationState.FAILED)
 )
 
 
@@ -152,9 +147,7 @@ class ProgressView:
                     self.tasks[state],
                     completed=counts.get(state, 0),
                     total=total,
-                    note=note
-                    if state == RealizationState.QUEUED
-                    else (header if state == RealizationState.RUNNING else ""),
+                    note=note if state == RealizationState.QUEUED else (header if state == RealizationState.RUNNING else ""),
                 )
             if counts.get("cancelled") and self.tasks["cancelled"] is None:
                 self.tasks["cancelled"] = self.progress.add_task("cancelled", total=total, note="")
@@ -225,7 +218,9 @@ class PlanWait:
         return self._answer
 
 
-def watch_campaign(client: ApiClient, campaign_id: int, *, poll_s: float = 2.0, quiet: bool = False) -> dict[str, Any]:
+def watch_campaign(
+    client: ApiClient, campaign_id: int, *, poll_s: float = 2.0, quiet: bool = False
+) -> dict[str, Any]:
     """Follow the campaign until it ends; return its final detail."""
     poker = EventPoker(client, campaign_id)
     detail = client.get(f"/campaigns/{campaign_id}")  # 404 ends the command before any thread starts

@@ -42,12 +42,7 @@ def worker(
     from worker.site import SiteError, load_site
 
     # `mapcampaign --server URL worker` means the same as `mapcampaign worker --server URL`.
-    overrides: dict[str, Any] = {
-        "site": site,
-        "server": server or global_options.server,
-        "token_file": token_file,
-        "name": name,
-    }
+    overrides: dict[str, Any] = {"site": site, "server": server or global_options.server, "token_file": token_file, "name": name}
     try:
         settings = WorkerSettings(**{key: value for key, value in overrides.items() if value is not None})
     except ValidationError as error:

@@ -98,9 +98,7 @@ def list_campaigns(
 
 
 @router.get("/{campaign_id}", response_model=CampaignDetail)
-def get_campaign(
-    campaign_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep
-) -> CampaignDetail:
+def get_campaign(campaign_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> CampaignDetail:
     campaign = service.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     return service.detail(
         session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
@@ -155,7 +153,5 @@ def list_realizations(
 
 
 @router.get("/{campaign_id}/realizations/{index}", response_model=RealizationDetail)
-def get_realization(
-    campaign_id: RowId, index: RealizationIndex, user: CurrentUser, session: ReadSessionDep
-) -> RealizationDetail:
+def get_realization(campaign_id: RowId, index: RealizationIndex, user: CurrentUser, session: ReadSessionDep) -> RealizationDetail:
     return service.get_realization(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)

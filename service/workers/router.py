@@ -10,12 +10,7 @@ from schemas.api import ErrorBody, WorkerInfo, WorkerRegistration
 from service.deps import CurrentUser, CurrentWorker, ReadSessionDep, SessionDep
 from service.workers import service
 
-_errors: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody},
-    403: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    409: {"model": ErrorBody},
-}
+_errors: dict[int | str, dict[str, Any]] = {401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
 workers_router = APIRouter(prefix="/workers", tags=["workers"], responses=_errors)
 
 
