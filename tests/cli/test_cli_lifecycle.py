@@ -47,3 +47,24 @@ def test_extend_clone_and_delete(fresh_user, cli_service, tmp_path):
     assert deleted.returncode == 0, deleted.stderr
     gone = run_cli(fresh_user, "extend", str(campaign_id), "1")
     assert gone.returncode == 2 and "no such campaign" in gone.stderr
+
+
+def test_a_held_campaign_is_shown_with_its_reason_and_released_by_retry(fresh_user, cli_service, tmp_path):
+    spec = tmp_path / "held.json"
+    spec.write_text(json.dumps(tiny_spec("held", realizations=4, max_attempts=1, hold_after_failures=2)))
+    campaign_id = int(stdout_json(run_cli(fresh_user, "submit", "--json", str(spec)))[0]["campaign_id"])
+    drive_campaign(cli_service, campaign_id, fail_indexes={0, 1, 2, 3}, name="held")  # stops when nothing is handed out
+
+    watched = run_cli(fresh_user, "watch", "--quiet", str(campaign_id))
+    assert watched.returncode == 1, watched.stderr
+    assert f"campaign {campaign_id} held: 0 succeeded, 2 failed" in watched.stdout
+    assert "failed alike (app_error: Traceback: boom)" in watched.stdout
+    status = run_cli(fresh_user, "status", str(campaign_id))
+    assert "state        held (held: the last 2 attempts failed alike" in status.stdout
+    assert f"`mapcampaign retry {campaign_id}` releases it" in status.stdout
+
+    released = run_cli(fresh_user, "retry", str(campaign_id))
+    assert released.returncode == 0, released.stderr
+    assert f"campaign {campaign_id}: 2 failed realisation(s) queued again; queued" in released.stdout
+    drive_campaign(cli_service, campaign_id, name="held")
+    assert stdout_json(run_cli(fresh_user, "status", "--json", str(campaign_id)))["state"] == "succeeded"
