@@ -18,8 +18,9 @@ Answers are the models of :mod:`schemas.api`; failures raise :mod:`mapcampaign.e
 from __future__ import annotations
 
 import builtins
+import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
@@ -59,6 +60,8 @@ PAGE_SIZE = 500  # the service's largest page of campaigns and plans
 # With the event stream up, events wake the watcher at once; it reads the campaign this often regardless.
 STREAM_SAFETY_POLL_S = 10.0
 CONNECT_WAIT_S = 5.0  # how long watch() waits for the stream before it starts polling
+# Where watch() and wait() stop: the campaign ended, or it is held (fail fast) and waits for its owner.
+STOPPED_STATES = (*FINISHED_CAMPAIGN_STATES, CampaignState.HELD)
 
 
 class Client:
@@ -139,9 +142,33 @@ class Client:
         return CampaignDetail.model_validate_json(answer.content)
 
     def retry(self, campaign_id: int) -> RetryAnswer:
-        """Queue the failed realisations again with a fresh attempt budget."""
+        """Queue the failed realisations again with a fresh attempt budget; release a held campaign."""
         answer = self._request("POST", f"/campaigns/{campaign_id}/retry")
         return RetryAnswer.model_validate_json(answer.content)
+
+    def extend(self, campaign_id: int, realizations: int) -> CampaignDetail:
+        """Add ``realizations`` more to the campaign (running or finished, not cancelled).
+
+        They take the indices after the last, so their seeds differ from every earlier one's; their results
+        go into the same aggregates, and they use the campaign's plan.
+        """
+        answer = self._request("POST", f"/campaigns/{campaign_id}/extend", json={"realizations": realizations})
+        return CampaignDetail.model_validate_json(answer.content)
+
+    def clone(
+        self, campaign_id: int, changes: Mapping[str, Any] | None = None, *, idempotency_key: str | None = None
+    ) -> CampaignDetail:
+        """A new campaign from this one's spec with ``changes`` merged in (a partial spec, tables merged key by
+        key), e.g. ``{"pixelization": {"nside": 128}}``; see :func:`changes_from_assignments` for ``a.b=v``.
+
+        A change that does not validate raises :class:`~mapcampaign.errors.InvalidRequest` naming
+        ``changes.<field path>``.
+        """
+        headers = {IDEMPOTENCY_KEY_HEADER: idempotency_key} if idempotency_key else None
+        answer = self._request(
+            "POST", f"/campaigns/{campaign_id}/clone", json={"changes": dict(changes or {})}, headers=headers
+        )
+        return CampaignDetail.model_validate_json(answer.content)
 
     def delete(self, campaign_id: int) -> None:
         """Delete a finished campaign with its realisations and files (cancel a running one first)."""
@@ -150,7 +177,8 @@ class Client:
     # ------------------------------------------------------------------ progress
 
     def watch(self, campaign_id: int, *, poll_s: float = 2.0) -> Iterator[CampaignDetail]:
-        """The campaign now, then again each time its state or counts change, ending with its finished state.
+        """The campaign now, then again each time its state or counts change, ending with its finished (or held)
+        state.
 
         Driven by the service's event stream; while the stream is down the campaign is read every
         ``poll_s`` seconds. Leaving the loop early is fine: the stream is closed.
@@ -158,13 +186,14 @@ class Client:
         return self._follow(campaign_id, poll_s=poll_s, deadline=None)
 
     def wait(self, campaign_id: int, timeout: float | None = None, *, poll_s: float = 2.0) -> CampaignDetail:
-        """Block until the campaign is finished and return it; after ``timeout`` seconds raise
-        :class:`~mapcampaign.errors.WaitTimeout` (a ``TimeoutError``) carrying its last status."""
+        """Block until the campaign is finished, or held (fail fast: its ``failure_cause`` says why; ``retry``
+        releases it), and return it; after ``timeout`` seconds raise :class:`~mapcampaign.errors.WaitTimeout`
+        (a ``TimeoutError``) carrying its last status."""
         deadline = None if timeout is None else time.monotonic() + timeout
         detail: CampaignDetail | None = None
         for detail in self._follow(campaign_id, poll_s=poll_s, deadline=deadline):
             pass
-        if detail is None or detail.state not in FINISHED_CAMPAIGN_STATES:
+        if detail is None or detail.state not in STOPPED_STATES:
             raise WaitTimeout(campaign_id, timeout or 0.0, detail)
         return detail
 
@@ -176,7 +205,7 @@ class Client:
 
         detail = self.get(campaign_id)  # an unknown campaign raises before any thread starts
         yield detail
-        if detail.state in FINISHED_CAMPAIGN_STATES:
+        if detail.state in STOPPED_STATES:
             return
         shown = _progress_key(detail)
         with CampaignEvents(self._http, campaign_id) as events:
@@ -187,7 +216,7 @@ class Client:
                 if _progress_key(detail) != shown:
                     shown = _progress_key(detail)
                     yield detail
-                if detail.state in FINISHED_CAMPAIGN_STATES:
+                if detail.state in STOPPED_STATES:
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     return
@@ -309,6 +338,32 @@ class Client:
             if not cursor:
                 break
         return items if limit is None else items[:limit]
+
+
+def changes_from_assignments(assignments: Iterable[str]) -> dict[str, Any]:
+    """``["pixelization.nside=128", "name=b"]`` as the nested changes :meth:`Client.clone` takes.
+
+    A value is read as JSON when it parses (``128``, ``true``, ``[1, 2]``, ``"text"``), else kept as text.
+    Raises ValueError for an assignment without ``=`` or with an empty key.
+    """
+    changes: dict[str, Any] = {}
+    for assignment in assignments:
+        path, separator, raw = assignment.partition("=")
+        keys = [key.strip() for key in path.split(".")]
+        if not separator or not all(keys):
+            raise ValueError(f"{assignment!r}: expected FIELD.PATH=VALUE, e.g. pixelization.nside=128")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        table = changes
+        for key in keys[:-1]:
+            table = table.setdefault(key, {})
+            if not isinstance(table, dict):
+                # ValueError like every other malformed assignment: the CLI reports them alike (exit 2).
+                raise ValueError(f"{assignment!r}: {key!r} is given a value and sub-fields")  # noqa: TRY004
+        table[keys[-1]] = value
+    return changes
 
 
 def campaign_spec(spec: SpecSource) -> CampaignSpec:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.programs import MAX_LOG_TAIL_CHARS, MAX_MESSAGE_CHARS
 from schemas.result import RealizationResult
-from schemas.spec import CampaignKind, CampaignSpec
+from schemas.spec import MAX_REALIZATIONS, CampaignKind, CampaignSpec, Integer
 from schemas.states import CampaignState, PlanState, RealizationState
 
 API_PREFIX = "/api/v1"
@@ -39,6 +39,9 @@ REALIZATION_STATES: tuple[RealizationState, ...] = tuple(RealizationState)
 FAILURE_CLASSES: tuple[str, ...] = get_args(FailureClass)
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+# The sky maps a worker declares at registration: a site with more files under its sky_root declares these
+# first ones (sorted), and a spec naming another is refused at submit.
+MAX_DECLARED_SKY_MAPS = 10_000
 ARTIFACT_SHA256_HEADER = "X-Content-SHA256"
 
 # Site and worker names appear in paths, logs and web pages.
@@ -166,6 +169,21 @@ class CancelRequest(RequestModel):
     reason: str = Field("cancelled by the owner", max_length=1_000)
 
 
+class ExtendRequest(RequestModel):
+    """Add realisations to a campaign: new indices after the last, into the same aggregates and plan."""
+
+    realizations: Integer = Field(ge=1, le=MAX_REALIZATIONS, description="How many realisations to add")
+
+
+class CloneRequest(RequestModel):
+    """A new campaign from an existing one's spec (as it stands, extensions included) with ``changes``
+    merged in: nested tables merge key by key, any other value replaces the original."""
+
+    changes: dict[str, Any] = Field(
+        default_factory=dict, description='Partial spec, e.g. {"pixelization": {"nside": 128}, "name": "b"}'
+    )
+
+
 class RetryAnswer(ApiModel):
     requeued: int = Field(description="Failed realisations put back in the queue with a fresh attempt budget")
     campaign: CampaignSummary
@@ -244,6 +262,14 @@ class WorkerRegistration(RequestModel):
     site: str = Field(pattern=NAME_PATTERN, description="Site whose preprocessing plans this worker can use")
     host: str = Field(max_length=255)
     capacity: int = Field(1, ge=1, le=100_000, description="Tasks the worker runs at once")
+    sky_maps: list[Annotated[str, Field(max_length=255)]] | None = Field(
+        None,
+        max_length=MAX_DECLARED_SKY_MAPS,
+        description=(
+            "The sky maps (FITS files) under the site's sky_root, relative to it: a spec naming a map no site "
+            "declares is refused at submit. None: the site has no sky_root"
+        ),
+    )
 
     @field_validator("host")
     @classmethod

@@ -11,7 +11,8 @@ Two hashes name what a spec fixes:
   decomposition (scan pattern, focal-plane geometry, sampling, chunking,
   pixelisation). The overlap preprocessing is keyed by it and the rank count.
 * :func:`spec_hash` hashes the whole spec, defaults included, so two specs
-  that differ only by an omitted default hash the same.
+  that differ only by an omitted default hash the same; the number of
+  realisations is left out (a campaign may be extended).
 """
 from __future__ import annotations
 
@@ -517,6 +518,15 @@ class CampaignSpec(StrictModel):
     seed: Integer = Field(0, ge=0, le=2**63 - 1, description="Campaign seed: keys every random stream")
     priority: Integer = Field(0, ge=-1_000, le=1_000, description="Higher runs first")
     max_attempts: Integer = Field(3, ge=1, le=50, description="Attempts of a realisation before it counts as failed")
+    hold_after_failures: Integer = Field(
+        3,
+        ge=0,
+        le=1_000,
+        description=(
+            "Fail fast: hold the campaign (no more dispatching) when this many attempts in a row, of two "
+            "realisations or more, fail with the same failure class and error; `retry` releases it. 0: never hold"
+        ),
+    )
     scan: ScanSpec = Field(default_factory=SatelliteScan)
     focal_plane: FocalPlane
     pixelization: Pixelization = Field(default_factory=Pixelization)
@@ -613,5 +623,12 @@ def scan_key(spec: CampaignSpec) -> str:
 
 
 def spec_hash(spec: CampaignSpec) -> str:
-    """Stable hash of the whole spec, defaults included (64 hex characters)."""
-    return _sha256(spec.model_dump(mode="json"))
+    """Stable hash of the whole spec, defaults included, but for the number of realisations (64 hex characters).
+
+    The count is left out because a campaign may be extended with more realisations: those made before and
+    after the extension are of one spec, into one set of aggregates. Every realisation's own inputs (the
+    seeds are keyed by its index) are in the hash.
+    """
+    data = spec.model_dump(mode="json")
+    data.pop("realizations", None)
+    return _sha256(data)

@@ -18,7 +18,12 @@ Plan: ``building -> ready | failed``; a failed plan is built again
 
 Campaign: follows its realisations (``queued``, ``running``, ``succeeded``,
 ``failed``); ``cancelled`` only by the user, from an unfinished state; a retry
-takes ``failed`` back to ``queued`` or ``running``.
+takes ``failed`` back to ``queued`` or ``running``, and an extension (more
+realisations) takes ``failed`` or ``succeeded`` to ``running``. ``held``
+(fail fast): from ``running`` when attempts of several realisations fail
+alike; nothing is dispatched until a retry releases it (back to ``queued``
+or ``running``); it may be cancelled, and ends ``failed`` if its last
+running realisations end while it is held.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class CampaignState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    HELD = "held"  # fail fast: attempts failed alike; nothing is dispatched until a retry releases it
 
 
 class RealizationState(StrEnum):
@@ -72,6 +78,7 @@ class Entity(StrEnum):
 State = CampaignState | RealizationState | AttemptState | PlanState
 S = TypeVar("S", CampaignState, RealizationState, AttemptState, PlanState)
 
+# Campaigns whose queued realisations are dispatched (a held one waits for its owner).
 UNFINISHED_CAMPAIGN_STATES = (CampaignState.QUEUED, CampaignState.RUNNING)
 FINISHED_CAMPAIGN_STATES = (CampaignState.SUCCEEDED, CampaignState.FAILED, CampaignState.CANCELLED)
 UNFINISHED_REALIZATION_STATES = (RealizationState.QUEUED, RealizationState.CLAIMED, RealizationState.RUNNING)
@@ -117,9 +124,13 @@ TRANSITIONS: Mapping[Entity, Mapping[State, frozenset[State]]] = {
         # The campaign's state is settled from its realisations' counts, so it may skip a step: QUEUED ->
         # SUCCEEDED when a claim raced the reaper's RUNNING -> QUEUED (every started realisation went back).
         _C.QUEUED: frozenset({_C.RUNNING, _C.SUCCEEDED, _C.FAILED, _C.CANCELLED}),
-        _C.RUNNING: frozenset({_C.QUEUED, _C.SUCCEEDED, _C.FAILED, _C.CANCELLED}),
-        _C.FAILED: frozenset({_C.QUEUED, _C.RUNNING}),  # retry of its failed realisations
-        _C.SUCCEEDED: frozenset(),
+        # HELD: attempts failed alike (a failure report, so the campaign has started).
+        _C.RUNNING: frozenset({_C.QUEUED, _C.SUCCEEDED, _C.FAILED, _C.CANCELLED, _C.HELD}),
+        # Released by a retry; FAILED when its last running realisations end while it is held (the ones that
+        # failed alike are failed or queued, so it cannot have succeeded).
+        _C.HELD: frozenset({_C.QUEUED, _C.RUNNING, _C.FAILED, _C.CANCELLED}),
+        _C.FAILED: frozenset({_C.QUEUED, _C.RUNNING}),  # retry of its failed realisations, or an extension
+        _C.SUCCEEDED: frozenset({_C.RUNNING}),  # extended with more realisations (some had started)
         _C.CANCELLED: frozenset(),
     },
 }

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from importlib import resources
+from types import FrameType
+from typing import Any
 
 import anyio
 from fastapi import APIRouter, FastAPI, Request
@@ -46,6 +50,36 @@ log = logging.getLogger("mapcampaign.service")
 VERSION = "0.1.0"
 
 
+def _close_streams_on_exit_signals(closing: threading.Event) -> Callable[[], None]:
+    """On SIGINT/SIGTERM set ``closing`` too, then let uvicorn's handler stop the server; return the undo.
+
+    uvicorn waits for open connections before it stops, up to its graceful timeout, then cancels them: an
+    event stream (a dashboard tab, a `watch`, the demo's progress) never ends by itself, so each stop of
+    `mapcampaign up` or `demo` wrote a CancelledError traceback into serve.log. With ``closing`` set the
+    streams end within one poll, and the server stops cleanly. Signals are only caught in the main thread
+    (uvicorn's own rule); elsewhere (a test client) nothing is installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous: dict[int, Any] = {}  # signal.getsignal's answers: a handler, SIG_DFL/SIG_IGN or None
+
+    def on_exit_signal(signum: int, frame: FrameType | None) -> None:
+        closing.set()
+        handler = previous.get(signum)
+        if callable(handler):
+            handler(signum, frame)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, on_exit_signal)
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is on_exit_signal:
+                signal.signal(signum, handler)
+
+    return restore
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
@@ -71,9 +105,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             revision,
             settings.reaper_interval_s,
         )
+        restore_signals = _close_streams_on_exit_signals(app.state.closing)
         try:
             yield
         finally:
+            restore_signals()
             stop.set()
             await reaper
             await reconciler
@@ -90,6 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.closing = threading.Event()  # set on SIGINT/SIGTERM: open event streams end (service.events)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
     app.add_middleware(

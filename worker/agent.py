@@ -63,7 +63,7 @@ from worker.leftovers import start_sweep
 from worker.outcome import Outcome, Verdict
 from worker.parsl_config import EXECUTOR_LABEL, build_parsl_config, local_nodefile_text
 from worker.settings import WorkerSettings
-from worker.site import LocalProviderSpec, SiteConfig
+from worker.site import LocalProviderSpec, SiteConfig, declared_sky_maps
 from worker.tasks import TaskContext, TaskRun
 
 log = logging.getLogger("mapcampaign.worker")
@@ -145,7 +145,13 @@ class Agent:
 
     def _register(self) -> bool:
         capacity = self.site.max_tasks
-        registration = WorkerRegistration(name=self.name, site=self.site.name, host=self.host[:255], capacity=capacity)
+        registration = WorkerRegistration(
+            name=self.name,
+            site=self.site.name,
+            host=self.host[:255],
+            capacity=capacity,
+            sky_maps=declared_sky_maps(self.site.sky_root),
+        )
         pause = 1.0
         while True:
             try:

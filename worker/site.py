@@ -16,6 +16,8 @@ Relative paths are relative to the site file's folder.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -23,7 +25,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from schemas.api import NAME_PATTERN
+from schemas.api import MAX_DECLARED_SKY_MAPS, NAME_PATTERN
+
+log = logging.getLogger("mapcampaign.worker")
 
 _WALLTIME = re.compile(r"^(\d+-)?\d{1,3}:\d{2}:\d{2}$")
 
@@ -256,3 +260,38 @@ def load_site(path: str | Path) -> SiteConfig:
     except tomllib.TOMLDecodeError as error:
         raise SiteError(f"{path}: not valid TOML: {error}") from None
     return parse_site(data, source=str(path), base_dir=path.resolve().parent)
+
+
+SKY_MAP_SUFFIXES = (".fits", ".fit", ".fits.gz")
+
+
+def declared_sky_maps(sky_root: Path | None) -> list[str] | None:
+    """The FITS files under ``sky_root`` (relative POSIX paths, sorted), which the worker declares when it
+    registers so that the service refuses at submit a spec naming another; None without a sky_root.
+
+    Files whose real path leaves the root (a symlink out) are left out: the map-maker would refuse them.
+    At most ``MAX_DECLARED_SKY_MAPS``, the first in sorted order.
+    """
+    if sky_root is None:
+        return None
+    root = sky_root.expanduser()
+    if not root.is_dir():
+        log.warning("sky_root %s is not a folder: no sky map is declared", root)
+        return []
+    real_root = root.resolve()
+    found = []
+    for folder, folders, files in os.walk(root):
+        folders.sort()
+        for name in files:
+            if not name.lower().endswith(SKY_MAP_SUFFIXES):
+                continue
+            path = Path(folder) / name
+            if not path.resolve().is_relative_to(real_root):
+                continue
+            relative = path.relative_to(root).as_posix()
+            if len(relative) <= 255:
+                found.append(relative)
+    found.sort()
+    if len(found) > MAX_DECLARED_SKY_MAPS:
+        log.warning("sky_root %s holds %d maps: only the first %d are declared", root, len(found), MAX_DECLARED_SKY_MAPS)
+    return found[:MAX_DECLARED_SKY_MAPS]

@@ -282,13 +282,83 @@ def cancel(
 
 
 def retry(campaign_id: CampaignId, as_json: JsonOption = False) -> None:
-    """Put a campaign's failed realisations back in the queue with a fresh attempt budget."""
+    """Put a campaign's failed realisations back in the queue with a fresh attempt budget; release a held one."""
     with ApiClient() as client:
         answer = client.request("POST", f"/campaigns/{campaign_id}/retry").json()
     if as_json:
         print_json(answer)
         return
-    typer.echo(f"campaign {campaign_id}: {answer['requeued']} failed realisation(s) queued again")
+    typer.echo(
+        f"campaign {campaign_id}: {answer['requeued']} failed realisation(s) queued again; {answer['campaign']['state']}"
+    )
+
+
+def extend(
+    campaign_id: CampaignId,
+    realizations: Annotated[int, typer.Argument(min=1, help="How many realisations to add")],
+    as_json: JsonOption = False,
+) -> None:
+    """Add realisations to a campaign, running or finished: the same spec, aggregates and plan; new seeds."""
+    with ApiClient() as client:
+        detail = client.request("POST", f"/campaigns/{campaign_id}/extend", json={"realizations": realizations}).json()
+    if as_json:
+        print_json(detail)
+        return
+    typer.echo(
+        f"campaign {campaign_id}: {realizations} realisation(s) added, {detail['realizations']} in all; {detail['state']}"
+    )
+
+
+def clone(
+    campaign_id: CampaignId,
+    assignments: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="FIELD=VALUE",
+            help="A change to the spec, e.g. --set pixelization.nside=128 (VALUE read as JSON, else text); repeatable",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="The new campaign's name [default: the original's]")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Submit a new campaign from an existing one's spec with changes; it shares the plan when the scan allows."""
+    from mapcampaign.client import changes_from_assignments
+
+    try:
+        changes = changes_from_assignments(assignments or [])
+    except ValueError as error:
+        fail(f"--set {error}", code=2)
+    if name is not None:
+        changes["name"] = name
+    with ApiClient() as client:
+        detail = client.request(
+            "POST", f"/campaigns/{campaign_id}/clone", json={"changes": changes}, expected=(200, 201)
+        ).json()
+    if as_json:
+        print_json(detail)
+        return
+    typer.echo(
+        f"campaign {detail['id']}: cloned from {campaign_id}; {detail['realizations']} realisation(s) {detail['state']}"
+    )
+
+
+def delete(
+    campaign_id: CampaignId,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask; needed when not on a terminal")] = False,
+) -> None:
+    """Delete a finished campaign with its realisations, maps and products (cancel a running one first)."""
+    import sys
+
+    if not yes:
+        if not sys.stdin.isatty():
+            fail(f"deleting campaign {campaign_id} removes its maps and products: pass --yes", code=2)
+        typer.confirm(f"Delete campaign {campaign_id} with its maps and products?", abort=True)
+    with ApiClient() as client:
+        client.request("DELETE", f"/campaigns/{campaign_id}", expected=(204,))
+    typer.echo(f"campaign {campaign_id}: deleted")
 
 
 # --------------------------------------------------------------------------- logs

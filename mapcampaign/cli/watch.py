@@ -19,7 +19,8 @@ import typer
 from mapcampaign.cli._client import ApiClient, duration, print_json
 from schemas.states import FINISHED_CAMPAIGN_STATES, CampaignState, RealizationState
 
-FINISHED = FINISHED_CAMPAIGN_STATES
+# Where following a campaign stops: it ended, or it is held (fail fast) until its owner's `retry`.
+FINISHED = (*FINISHED_CAMPAIGN_STATES, CampaignState.HELD)
 # One bar per state a realisation passes through (claimed counts as running); cancelled gets one when it happens.
 BAR_STATES = tuple(
     state.value
@@ -28,7 +29,7 @@ BAR_STATES = tuple(
 
 
 def exit_code_for(state: str) -> int:
-    """0 when every realisation succeeded, 1 when any failed or the campaign was cancelled."""
+    """0 when every realisation succeeded, 1 when any failed, the campaign was cancelled or is held."""
     return 0 if state == CampaignState.SUCCEEDED else 1
 
 
@@ -275,8 +276,9 @@ def watch(
 ) -> None:
     """Follow a campaign to its end with live progress bars (queued, running, succeeded, failed, ETA).
 
-    Exit status: 0 when every realisation succeeded, 1 when any failed or the campaign was cancelled,
-    2 for an unknown campaign.
+    Exit status: 0 when every realisation succeeded, 1 when any failed, the campaign was cancelled or is
+    held (fail fast: the same failure again and again; the reason is printed, `retry` releases it), 2 for
+    an unknown campaign.
     """
     with ApiClient(timeout=30.0) as client:
         detail = watch_campaign(client, campaign_id, poll_s=poll_s, quiet=quiet)

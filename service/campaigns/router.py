@@ -12,7 +12,9 @@ from schemas.api import (
     CampaignPage,
     CampaignState,
     CancelRequest,
+    CloneRequest,
     ErrorBody,
+    ExtendRequest,
     RealizationDetail,
     RealizationPage,
     RealizationState,
@@ -58,6 +60,7 @@ def create_campaign(
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> CampaignDetail:
+    service.check_sky_map(session=session, spec=spec)
     campaign, created = service.create_campaign(
         session=session,
         owner_id=user.user_id,
@@ -121,6 +124,55 @@ def cancel_campaign(
 def retry_failed(campaign_id: RowId, user: CurrentUser, session: SessionDep) -> RetryAnswer:
     campaign, requeued = service.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     return RetryAnswer(requeued=requeued, campaign=service.summary(campaign, user.user_name))
+
+
+@router.post(
+    "/{campaign_id}/extend",
+    response_model=CampaignDetail,
+    responses={409: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+)
+def extend_campaign(
+    campaign_id: RowId, body: ExtendRequest, user: CurrentUser, session: SessionDep, settings: SettingsDep
+) -> CampaignDetail:
+    """Add realisations to the campaign (running or finished, not cancelled): same spec, aggregates and plan."""
+    campaign = service.extend_campaign(
+        session=session, owner_id=user.user_id, campaign_id=campaign_id, more=body.realizations
+    )
+    return service.detail(
+        session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
+    )
+
+
+@router.post(
+    "/{campaign_id}/clone",
+    status_code=status.HTTP_201_CREATED,
+    response_model=CampaignDetail,
+    responses={409: {"model": ErrorBody}},
+)
+def clone_campaign(
+    campaign_id: RowId,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    body: CloneRequest | None = None,
+    idempotency_key: IdempotencyKey = None,
+) -> CampaignDetail:
+    """A new campaign from this one's spec with ``changes``; it shares the plan when its scan key is the same."""
+    spec = service.clone_spec(
+        session=session, owner_id=user.user_id, campaign_id=campaign_id, changes=(body or CloneRequest()).changes
+    )
+    service.check_sky_map(session=session, spec=spec, field=("body", "changes", "sky", "path"))
+    campaign, created = service.create_campaign(
+        session=session, owner_id=user.user_id, spec=spec, idempotency_key=idempotency_key
+    )
+    if not created:
+        response.status_code = status.HTTP_200_OK
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"{router.prefix}/{campaign.id}"
+    return service.detail(
+        session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
+    )
 
 
 @router.delete("/{campaign_id}", status_code=status.HTTP_204_NO_CONTENT, responses={409: {"model": ErrorBody}})

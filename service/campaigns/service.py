@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from sqlalchemy import CursorResult, Table, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -22,7 +25,8 @@ from schemas.api import (
     realize_task_id,
 )
 from schemas.instrument import FocalPlaneFileError, ScheduleFileError, resolve_files
-from schemas.spec import CampaignSpec, scan_key, spec_hash
+from schemas.io import problem_message
+from schemas.spec import MAX_REALIZATIONS, CampaignSpec, scan_key, spec_hash
 from schemas.states import (
     FINISHED_CAMPAIGN_STATES,
     UNFINISHED_REALIZATION_STATES,
@@ -91,7 +95,7 @@ def create_campaign(
     if idempotency_key is not None:
         existing = _by_idempotency_key(session, owner_id, idempotency_key)
         if existing is not None:
-            return _replayed(existing, digest, idempotency_key), False
+            return _replayed(existing, digest, idempotency_key, spec.realizations), False
     now = utcnow()
     campaign = Campaign(
         owner_id=owner_id,
@@ -118,7 +122,7 @@ def create_campaign(
         existing = _by_idempotency_key(session, owner_id, idempotency_key or "")
         if existing is None:
             raise
-        return _replayed(existing, digest, idempotency_key or ""), False
+        return _replayed(existing, digest, idempotency_key or "", spec.realizations), False
     session.execute(
         cast(Table, Realization.__table__).insert(),
         [
@@ -148,19 +152,47 @@ def create_campaign(
         existing = _by_idempotency_key(session, owner_id, idempotency_key or "") if idempotency_key else None
         if existing is None:
             raise
-        return _replayed(existing, digest, idempotency_key or ""), False
+        return _replayed(existing, digest, idempotency_key or "", spec.realizations), False
     log.info(
         "campaign %d created: %d realisations, scan key %s", campaign.id, campaign.realizations, campaign.scan_key[:12]
     )
     return campaign, True
 
 
+def check_sky_map(*, session: Session, spec: CampaignSpec, field: tuple[str, ...] = ("body", "sky", "path")) -> None:
+    """Refuse (422 naming ``field``) a spec whose sky map no site declares: the workers list the files under
+    their site's ``sky_root`` when they register (``WorkerRegistration.sky_maps``).
+
+    Without it a missing file is found by the map-maker on the site, after the campaign is stored: every
+    realisation fails alike. The path's form (relative, no ``..``) is the spec's own check.
+    """
+    if spec.sky.kind != "map":
+        return
+    declared = session.execute(select(Worker.site, Worker.sky_maps).where(Worker.sky_maps.is_not(None))).all()
+    if not declared:
+        raise InvalidField(
+            field,
+            f"no site declares a sky_root, so no worker could read {spec.sky.path!r}: set sky_root in the site "
+            "file of a worker (and start it) before submitting a campaign with sky.kind = 'map'",
+        )
+    if any(spec.sky.path in (maps or []) for _, maps in declared):
+        return
+    sites = sorted({site for site, _ in declared})
+    raise InvalidField(
+        field,
+        f"no file {spec.sky.path!r} under the sky_root of any site ({', '.join(sites)}); the path is relative "
+        "to the site's sky_root (a worker lists the maps there when it starts)",
+    )
+
+
 def _by_idempotency_key(session: Session, owner_id: int, key: str) -> Campaign | None:
     return session.scalar(select(Campaign).where(Campaign.owner_id == owner_id, Campaign.idempotency_key == key))
 
 
-def _replayed(existing: Campaign, digest: str, key: str) -> Campaign:
-    if existing.spec_hash != digest:
+def _replayed(existing: Campaign, digest: str, key: str, realizations: int) -> Campaign:
+    # The stored spec keeps the count as submitted (an extension grows the campaign's column only), and the
+    # hash leaves the count out: both are compared.
+    if existing.spec_hash != digest or existing.spec.get("realizations") != realizations:
         raise IdempotencyKeyReused(
             f"Idempotency-Key {key!r} was already used for campaign {existing.id} with a different spec; "
             "send the same spec to retry, or use a new key for a new campaign"
@@ -349,9 +381,14 @@ def summary(campaign: Campaign, owner: str) -> CampaignSummary:
 def detail(*, session: Session, campaign: Campaign, owner: str, window_s: float) -> CampaignDetail:
     return CampaignDetail(
         **summary(campaign, owner).model_dump(),
-        spec=CampaignSpec.model_validate(campaign.spec),
+        spec=current_spec(campaign),
         progress=progress(session=session, campaign=campaign, window_s=window_s),
     )
+
+
+def current_spec(campaign: Campaign) -> CampaignSpec:
+    """The campaign's spec as it stands: as submitted, with the realisations extensions added."""
+    return CampaignSpec.model_validate({**campaign.spec, "realizations": campaign.realizations})
 
 
 def list_realizations(
@@ -435,17 +472,24 @@ def get_realization(*, session: Session, owner_id: int, campaign_id: int, index:
 # --------------------------------------------------------------------------- change
 
 
-def settle_campaign(*, session: Session, campaign: Campaign) -> None:
-    """Make the campaign's state follow its realisations. Call with the campaign row locked."""
+def settle_campaign(*, session: Session, campaign: Campaign, release: bool = False) -> None:
+    """Make the campaign's state follow its realisations. Call with the campaign row locked.
+
+    A held campaign stays held while it has realisations to run, unless ``release`` (a retry).
+    """
     if campaign.state == CampaignState.CANCELLED:
         return
     counts = state_counts(session=session, campaign_id=campaign.id)
     unfinished = sum(counts[state] for state in UNFINISHED_REALIZATION_STATES)
+    if campaign.state == CampaignState.HELD and unfinished and not release:
+        return  # held until its owner releases it (a retry), or until nothing of it is left to run
     before = campaign.state
     failed = counts[RealizationState.FAILED]
     if unfinished == 0:
         settled = CampaignState.FAILED if failed else CampaignState.SUCCEEDED
-        if failed and not campaign.failure_cause:
+        if campaign.state == CampaignState.HELD and not release:
+            pass  # ended while held: the hold's reason stays the cause
+        elif failed and not campaign.failure_cause:
             campaign.failure_cause = f"{failed} of {campaign.realizations} realisations failed"
         campaign.finished_at = campaign.finished_at or utcnow()
     else:
@@ -537,7 +581,7 @@ def fail_unfinished(*, session: Session, campaign: Campaign, state: RealizationS
 
 
 def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[Campaign, int]:
-    """Put failed realisations back in the queue with a fresh attempt budget."""
+    """Put failed realisations back in the queue with a fresh attempt budget; release a held campaign."""
     campaign = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id, lock=True)
     if campaign.state == CampaignState.CANCELLED:
         raise CampaignAlreadyFinished(f"campaign {campaign_id} was cancelled; submit it again instead")
@@ -556,10 +600,11 @@ def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[
         execution_options={"synchronize_session": False},
     )
     requeued = cast("CursorResult[Any]", result).rowcount or 0  # an UPDATE's result is a cursor's
-    if requeued:
+    held = campaign.state == CampaignState.HELD
+    if requeued or held:
         campaign.failure_cause = None
         campaign.finished_at = None
-        campaign.queued_at = utcnow()
+        campaign.queued_at = utcnow()  # also where fail fast starts counting again
         record_event(
             session,
             "realization",
@@ -568,9 +613,93 @@ def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[
             campaign_id=campaign.id,
             data={"count": requeued, "bulk": True, "retry": True},
         )
-        settle_campaign(session=session, campaign=campaign)
+        settle_campaign(session=session, campaign=campaign, release=held)
     session.commit()
     return campaign, requeued
+
+
+def extend_campaign(*, session: Session, owner_id: int, campaign_id: int, more: int) -> Campaign:
+    """Add ``more`` queued realisations after the last one; a finished campaign runs again.
+
+    The new realisations share the campaign's spec (its hash leaves the count out), scan key and plan, and
+    their results go into the same aggregates; their seeds are keyed by their new indices, so no two
+    realisations of the campaign draw the same skies or noise. A cancelled campaign is refused (409).
+    """
+    campaign = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id, lock=True)
+    if campaign.state == CampaignState.CANCELLED:
+        raise CampaignAlreadyFinished(f"campaign {campaign_id} was cancelled; clone it to run its spec again")
+    total = campaign.realizations + more
+    if total > MAX_REALIZATIONS:
+        raise InvalidField(
+            ("body", "realizations"),
+            f"the campaign has {campaign.realizations}; {more} more would make {total}, over {MAX_REALIZATIONS}",
+        )
+    now = utcnow()
+    first = campaign.realizations
+    session.execute(
+        cast(Table, Realization.__table__).insert(),
+        [
+            {
+                "campaign_id": campaign.id,
+                "index": index,
+                "state": RealizationState.QUEUED,
+                "attempts": 0,
+                "attempts_total": 0,
+                "updated_at": now,
+            }
+            for index in range(first, total)
+        ],
+    )
+    campaign.realizations = total
+    campaign.failure_cause = None if campaign.state != CampaignState.FAILED else campaign.failure_cause
+    record_event(
+        session,
+        "campaign",
+        state=campaign.state,
+        owner_id=owner_id,
+        campaign_id=campaign.id,
+        data={"extended": more, "realizations": total, "first_new": first},
+    )
+    if campaign.state in (CampaignState.SUCCEEDED, CampaignState.FAILED):
+        campaign.queued_at = now
+    settle_campaign(session=session, campaign=campaign)
+    session.commit()
+    log.info("campaign %d extended by %d to %d realisations", campaign.id, more, total)
+    return campaign
+
+
+def merge_changes(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` merged in: a table into a table key by key, anything else replaces."""
+    merged = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = merge_changes(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def clone_spec(*, session: Session, owner_id: int, campaign_id: int, changes: Mapping[str, Any]) -> CampaignSpec:
+    """The spec of campaign ``campaign_id`` as it stands with ``changes`` merged in, validated.
+
+    A change that does not validate is refused with a 422 naming ``changes.<field path>``.
+    """
+    source = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    data = merge_changes(current_spec(source).model_dump(mode="json"), changes)
+    try:
+        return CampaignSpec.model_validate(data)
+    except ValidationError as error:
+        raise RequestValidationError(
+            [
+                # The message is made here, against the spec model ("did you mean"), not the request's.
+                {
+                    "loc": ("body", "changes", *item["loc"]),
+                    "msg": problem_message(CampaignSpec, item),
+                    "type": "value_error",
+                }
+                for item in error.errors()
+            ]
+        ) from None
 
 
 def delete_campaign(*, session: Session, owner_id: int, campaign_id: int, products_dir: Path) -> None:

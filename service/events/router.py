@@ -173,7 +173,8 @@ async def _sse(
 
     yield f"retry: 2000\n: stream of events after id {position}\n\n"
     quiet = 0.0
-    while not await request.is_disconnected():
+    closing = getattr(request.app.state, "closing", None)  # the server is stopping (service.app)
+    while not await request.is_disconnected() and not (closing is not None and closing.is_set()):
         events, position = await anyio.to_thread.run_sync(fetch, position)
         for event in events:
             yield f"id: {event.id}\nevent: {event.kind}\ndata: {event.model_dump_json()}\n\n"

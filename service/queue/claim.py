@@ -83,6 +83,7 @@ def _campaigns_with_queued_work(session: Session) -> list[Candidate]:
                 Campaign.state,
                 Campaign.queued_at,
                 Campaign.spec_hash,
+                Campaign.realizations,
             )
             .where(Campaign.state.in_(UNFINISHED_CAMPAIGN_STATES), has_queued)
             .order_by(Campaign.priority.desc(), Campaign.created_at, Campaign.id)
@@ -272,9 +273,10 @@ class Candidate(NamedTuple):
     state: CampaignState
     queued_at: datetime
     spec_hash: str
+    realizations: int
 
 
-_SPECS: dict[tuple[int, str], tuple[CampaignSpec, int]] = {}
+_SPECS: dict[tuple[int, str, int], tuple[CampaignSpec, int]] = {}
 
 # Every task of a claim answer carries its campaign's spec; a spec may be large (up to 10,000 detectors),
 # so a claim stops adding tasks once their specs reach this many bytes (always at least one task). The
@@ -284,12 +286,14 @@ CLAIM_SPEC_BYTES = 16 << 20
 
 def _spec_and_size(session: Session, candidate: Candidate) -> tuple[CampaignSpec, int]:
     """The campaign's spec and its JSON size in bytes, parsed once per process (keyed by id and hash)."""
-    cached = _SPECS.get((candidate.id, candidate.spec_hash))
+    key = (candidate.id, candidate.spec_hash, candidate.realizations)
+    cached = _SPECS.get(key)
     if cached is None:
         data = session.scalar(select(Campaign.spec).where(Campaign.id == candidate.id))
-        spec = CampaignSpec.model_validate(data)
+        # The count as it stands: an extended campaign's new indices are in range for the map-maker.
+        spec = CampaignSpec.model_validate({**(data or {}), "realizations": candidate.realizations})
         cached = (spec, len(spec.model_dump_json()))
         if len(_SPECS) >= 256:
             _SPECS.clear()
-        _SPECS[(candidate.id, candidate.spec_hash)] = cached
+        _SPECS[key] = cached
     return cached

@@ -27,6 +27,7 @@ from schemas.states import (
     attempt_state,
 )
 from service.auth.service import Principal
+from service.campaigns.hold import NOT_THE_SPECS_DOING, hold_if_failing_alike
 from service.campaigns.hooks import AcceptedResult
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.campaigns.service import settle_campaign
@@ -367,6 +368,8 @@ def end_attempt(
             "charged": charged,
         },
     )
+    if failure_class not in NOT_THE_SPECS_DOING:
+        hold_if_failing_alike(session=session, campaign=campaign)
     if settle:
         settle_campaign(session=session, campaign=campaign)
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Integer, String
+from sqlalchemy import JSON, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from service.db import NEVER_REUSE_IDS, Base, BigId, utcnow
@@ -20,3 +20,6 @@ class Worker(Base):
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), doc="Registered by")
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
+    sky_maps: Mapped[list[str] | None] = mapped_column(
+        JSON(none_as_null=True), default=None, doc="Sky-map files under its site's sky_root, as it declared them (None: no sky_root)"
+    )

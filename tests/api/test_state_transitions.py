@@ -4,6 +4,7 @@ transition in the table is one the code performs (the scenarios below reach each
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import select, update
@@ -112,6 +113,63 @@ def settle_a_campaign_that_a_claim_raced(api: Api) -> None:
         session.commit()
 
 
+def realize_tasks(api: Api, worker: int, count: int) -> list[dict[str, Any]]:
+    """``count`` realisation tasks; plan builds handed out on the way (for campaigns earlier scenarios left
+    queued, whose plans the worker's site lacks) are reported built."""
+    tasks: list[dict[str, Any]] = []
+    for _ in range(20):
+        for task in api.claim(worker, max_tasks=count - len(tasks)):
+            if task["kind"] == "preprocess":
+                assert api.plan_built(task["task_id"]).status_code == 200
+            else:
+                tasks.append(task)
+        if len(tasks) == count:
+            return tasks
+    raise AssertionError(f"{len(tasks)} realisation tasks, not {count}")
+
+
+def extend_a_finished_campaign(api: Api) -> None:
+    """A succeeded campaign extended with one more realisation runs again, then succeeds again (priority 10:
+    claimed before what earlier scenarios left queued)."""
+    worker = api.register("w-extend", site="extend-site")
+    campaign = api.create(name="extended", realizations=1, priority=10)
+    assert api.succeed(realize_tasks(api, worker, 1)[0]).status_code == 200
+    assert api.campaign(campaign["id"])["state"] == "succeeded"
+    assert api.post(f"/campaigns/{campaign['id']}/extend", json={"realizations": 1}).json()["state"] == "running"
+    assert api.succeed(realize_tasks(api, worker, 1)[0]).status_code == 200  # succeeded -> running -> succeeded
+    assert api.campaign(campaign["id"])["state"] == "succeeded"
+
+
+def hold_release_and_end(api: Api) -> None:
+    """Fail fast: two alike failures hold a running campaign (K = 2); a retry releases it to queued (nothing
+    of it running) or running (a realisation running); a held one is cancelled, or ends failed."""
+    worker = api.register("w-hold", site="hold-site")
+
+    def fail_two_alike(campaign_id: int, *, running: int = 0) -> list[dict[str, Any]]:
+        tasks = realize_tasks(api, worker, 2 + running)
+        for task in tasks[:2]:
+            assert api.fail(task["task_id"]).status_code == 200
+        assert api.campaign(campaign_id)["state"] == "held"  # running -> held
+        return tasks[2:]
+
+    released = api.create(name="held", realizations=3, max_attempts=2, hold_after_failures=2, priority=10)
+    fail_two_alike(released["id"])
+    assert api.post(f"/campaigns/{released['id']}/retry").json()["campaign"]["state"] == "queued"  # held -> queued
+    fail_two_alike(released["id"])
+    assert api.post(f"/campaigns/{released['id']}/cancel").json()["state"] == "cancelled"  # held -> cancelled
+
+    running = api.create(name="held while running", realizations=3, max_attempts=1, hold_after_failures=2, priority=10)
+    [still_running] = fail_two_alike(running["id"], running=1)
+    assert api.post(f"/campaigns/{running['id']}/retry").json()["campaign"]["state"] == "running"  # held -> running
+    again = api.create(name="held to the end", realizations=3, max_attempts=1, hold_after_failures=2, priority=10)
+    assert api.succeed(still_running).status_code == 200
+    for task in realize_tasks(api, worker, 2):  # the first campaign's two requeued realisations
+        assert api.succeed(task).status_code == 200
+    [last] = fail_two_alike(again["id"], running=1)
+    assert api.succeed(last).status_code == 200
+    assert api.campaign(again["id"])["state"] == "failed"  # held -> failed: nothing of it left to run
+
+
 def test_the_service_performs_every_allowed_transition_and_no_other(make_api, clock, transitions):
     api = make_api(lease_s=60, max_plan_builds=1)
     succeed_and_retry(api)
@@ -119,5 +177,7 @@ def test_the_service_performs_every_allowed_transition_and_no_other(make_api, cl
     expire_leases(api, clock)
     plan_refused_rebuilt_and_exhausted(api)
     settle_a_campaign_that_a_claim_raced(api)
+    extend_a_finished_campaign(api)
+    hold_release_and_end(api)
     assert transitions <= allowed()  # advance() refuses the rest, so this holds by construction...
     assert allowed() - transitions == set()  # ...and every move in the table is one the code makes

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 
+import httpx
 import pytest
 
 from tests.cli.conftest import processes_using, run_cli, stdout_json
@@ -78,6 +80,53 @@ def test_up_serves_runs_a_realisation_and_stops_everything_on_sigterm(tmp_path):
             up.kill()
 
 
+def test_stopping_up_with_an_event_stream_open_leaves_no_traceback_in_serve_log(tmp_path):
+    """A dashboard tab or a `watch` keeps an event stream open; stopping `up` (or the end of `demo`) made
+    uvicorn cancel it after its grace period and log a CancelledError traceback. The stream now ends when
+    the server is told to stop."""
+    data_dir = tmp_path / "data"
+    env = service_env(data_dir, free_port(), None, None)
+    up = subprocess.Popen(
+        mapcampaign_command("up"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    ended: list[str] = []
+    try:
+        url = f"http://127.0.0.1:{env['MAPCAMPAIGN_PORT']}"
+        wait_until(lambda: is_healthy(url), 120, "the API", up)
+        token_file = data_dir / "tokens" / "local-user.token"
+        wait_until(token_file.exists, 30, "the local user token", up)
+        token = token_file.read_text().strip()
+        opened = threading.Event()
+
+        def follow() -> None:
+            try:
+                with httpx.stream(
+                    "GET", f"{url}/api/v1/events", headers={"Authorization": f"Bearer {token}"}, timeout=120
+                ) as stream:
+                    for line in stream.iter_lines():
+                        opened.set()
+                ended.append("closed by the server")
+            except httpx.HTTPError as error:
+                ended.append(f"{type(error).__name__}: {error}")
+
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        assert opened.wait(60), "the event stream did not open"
+        up.send_signal(signal.SIGTERM)
+        output, _ = up.communicate(timeout=180)
+        assert up.returncode == 0, output
+        reader.join(60)
+        assert ended == ["closed by the server"]
+        log = (data_dir / "logs" / "serve.log").read_text()
+        assert "MapCampaign API on" in log  # the log of this server, read after its stop
+        assert "Traceback" not in log and "CancelledError" not in log, log[-3000:]
+        assert_no_processes_left(data_dir)
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
 def test_a_killed_up_takes_its_api_and_worker_with_it(tmp_path):
     data_dir = tmp_path / "data"
     env = service_env(data_dir, free_port(), None, None)
@@ -124,6 +173,7 @@ def test_demo_runs_a_tiny_campaign_end_to_end(tmp_path):
     products = data_dir / "demo" / "campaign-1-products"
     assert {p.name for p in products.iterdir()} >= {"mean_map.fits", "variance_map.fits", "mask.fits", "spectra.fits"}
     assert "dashboard: http://127.0.0.1:" in done.stdout
+    assert "Traceback" not in (data_dir / "logs" / "serve.log").read_text()
     assert_no_processes_left(data_dir)
     # The demo left its token where later commands look (the service is stopped: they say so).
     later = run_cli(env, "list")

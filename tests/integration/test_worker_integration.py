@@ -193,11 +193,14 @@ def test_crashing_realisation_is_retried_then_failed_with_class_and_log_tail(mak
     service = make_live_service(env=FAST)
     api = Api(service)
     skies = tmp_path / "skies"
-    skies.mkdir()
-    spec = tiny_spec("crash", realizations=1, max_attempts=2, sky={"kind": "map", "path": "missing/sky.fits"})
-    campaign = api.create(spec)
+    (skies / "broken").mkdir(parents=True)
+    # A map the site declares (so the submit passes) that the map-maker cannot read: the realisation crashes.
+    (skies / "broken" / "sky.fits").write_bytes(b"not a FITS file\n" * 100)
+    spec = tiny_spec("crash", realizations=1, max_attempts=2, sky={"kind": "map", "path": "broken/sky.fits"})
     worker = start_worker(service, write_site(tmp_path / "site.toml", sky_root=skies), "w-crash")
     try:
+        wait_for(lambda: api.client.get("/workers").json(), 60, "the worker's registration", worker=worker)
+        campaign = api.create(spec)
         done = api.wait_state(campaign["id"], {"succeeded", "failed"}, 240, worker)
     finally:
         assert worker.stop(timeout=60) == 0
@@ -207,7 +210,7 @@ def test_crashing_realisation_is_retried_then_failed_with_class_and_log_tail(mak
     attempts = realization["attempt_history"]
     assert [a["failure_class"] for a in attempts] == ["app_error", "app_error"]
     assert all(a["exit_code"] == 2 for a in attempts)
-    assert all("sky" in a["log_tail"] and "missing/sky.fits" in a["log_tail"] for a in attempts)
+    assert all("cannot read an IQU map" in a["log_tail"] and "sky.fits" in a["log_tail"] for a in attempts)
     assert task_processes(worker.marker_prefix) == []
     api.close()
 

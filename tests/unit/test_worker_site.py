@@ -124,3 +124,19 @@ def test_executor_network_options():
     assert site.executor.worker_port_range == (54000, 54100) and site.executor.address == "10.0.0.5"
     with pytest.raises(SiteError, match="worker_port_range"):
         parse_site({"name": "x", "provider": {"kind": "slurm"}, "executor": {"worker_port_range": [60000, 50000]}})
+
+
+def test_a_site_declares_the_fits_files_under_its_sky_root(tmp_path):
+    from worker.site import declared_sky_maps
+
+    root = tmp_path / "skies"
+    (root / "dust").mkdir(parents=True)
+    for name in ("cmb.fits", "dust/353.fits.gz", "dust/217.FIT", "notes.txt"):
+        (root / name).write_bytes(b"x")
+    outside = tmp_path / "elsewhere.fits"
+    outside.write_bytes(b"x")
+    (root / "escape.fits").symlink_to(outside)  # the map-maker refuses a map that resolves outside the root
+    (root / "inside.fits").symlink_to(root / "cmb.fits")
+    assert declared_sky_maps(root) == ["cmb.fits", "dust/217.FIT", "dust/353.fits.gz", "inside.fits"]
+    assert declared_sky_maps(None) is None
+    assert declared_sky_maps(tmp_path / "missing") == []

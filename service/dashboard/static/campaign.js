@@ -204,9 +204,10 @@
 
   function showCampaignState(status) {
     MC.setBadge(document.querySelector("#campaign-state .badge"), status.state);
-    const unfinished = status.state === "queued" || status.state === "running";
+    const held = status.state === "held"; // fail fast: the cause says why; a retry releases it
+    const unfinished = status.state === "queued" || status.state === "running" || held;
     document.getElementById("cancel-form").hidden = !unfinished;
-    document.getElementById("retry-form").hidden = status.state === "cancelled" || !status.counts.failed;
+    document.getElementById("retry-form").hidden = status.state === "cancelled" || !(status.counts.failed || held);
     const cause = document.getElementById("failure-cause");
     cause.hidden = !status.failure_cause;
     cause.textContent = status.failure_cause || "";
