@@ -1,6 +1,6 @@
 """One-time dashboard login links (``mapcampaign up`` prints one): the table ``login_links``.
 
-Revision ID: 0003_i22_login_links
+Revision ID: 0003
 Revises: 0002
 Create Date: 2026-11-25 15:40:00
 """
@@ -14,7 +14,7 @@ from alembic import op
 
 import service.db
 
-revision: str = "0003_i22_login_links"
+revision: str = "0003"
 down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
