@@ -152,3 +152,36 @@ def mapmaker_preprocess_args(python: str, *, spec_file: Path, out: Path, report:
         "--out", str(out),
         "--report", str(report),
     ]  # fmt: skip
+
+
+def mapmaker_bandpowers_args(
+    python: str,
+    *,
+    map_file: Path,
+    mask_file: Path,
+    mask_sha256: str,
+    bin_width: int,
+    lmax: int,
+    purify_b: bool,
+    out: Path,
+    coupling_file: Path | None = None,
+) -> list[str]:
+    """``python -m mapmaker bandpowers ...``: one map's decoupled bandpowers into ``out`` (``schemas.result.MapBandpowers``).
+
+    Exit :attr:`MapmakerExit.BAD_INPUT` for a map that cannot be used (not HEALPix I/Q/U, another nside,
+    unobserved pixels inside the mask), :attr:`MapmakerExit.PLAN_REFUSED` for a mask or coupling that is not
+    the one named by ``mask_sha256``.
+    """
+    args = [
+        python, "-m", "mapmaker", "bandpowers",
+        "--map", str(map_file),
+        "--mask", str(mask_file),
+        "--mask-sha256", mask_sha256,
+        "--bin-width", str(bin_width),
+        "--lmax", str(lmax),
+        "--purify-b" if purify_b else "--no-purify-b",
+        "--out", str(out),
+    ]  # fmt: skip
+    if coupling_file is not None:
+        args += ["--coupling", str(coupling_file)]
+    return args
