@@ -108,9 +108,11 @@ def free_port() -> int:
 
 
 def mapcampaign_command(*args: str) -> list[str]:
-    if MAPCAMPAIGN.exists():
+    # The console script when the installed one runs this tree's CLI (an install older than the move of the
+    # CLI into mapcampaign/cli/ still names service.cli), else the same entry point through the interpreter.
+    if MAPCAMPAIGN.exists() and "mapcampaign.cli" in MAPCAMPAIGN.read_text(errors="replace"):
         return [str(MAPCAMPAIGN), *args]
-    return [sys.executable, "-c", "from service.cli import main; main()", *args]
+    return [sys.executable, "-m", "mapcampaign", *args]
 
 
 @dataclass

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from mapcampaign import _connection
 from mapcampaign._events import CampaignEvents
 from mapcampaign.errors import ApiError, InvalidRequest, ServiceUnavailable, WaitTimeout, api_error
+from schemas import transport as shared_transport
 from schemas.api import (
     IDEMPOTENCY_KEY_HEADER,
     CampaignDetail,
@@ -78,10 +79,11 @@ class Client:
         transport: httpx.BaseTransport | None = None,
     ):
         self.server = _connection.server_url(server)
-        self._http = httpx.Client(
-            base_url=self.server + _connection.API_PREFIX,
-            headers={"Authorization": f"Bearer {_connection.user_token(token)}"},
-            timeout=timeout,
+        self._http = shared_transport.http_client(
+            self.server + _connection.API_PREFIX,
+            _connection.user_token(token),
+            timeout_s=timeout,
+            user_agent="mapcampaign-client",
             transport=transport,
         )
 
@@ -327,12 +329,12 @@ class Client:
 
     def _request(self, method: str, path: str, *, expected: tuple[int, ...] = (200, 201), **kwargs: Any) -> httpx.Response:
         try:
-            answer = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as error:
+            answer = shared_transport.send(self._http, method, path, **kwargs)
+        except shared_transport.Unreachable as error:
             raise ServiceUnavailable(
                 None,
                 "unreachable",
-                f"cannot reach the service at {self.server}: {type(error).__name__}: {error}",
+                f"cannot reach the service at {self.server}: {error.problem}",
                 request=f"{method} {path}",
             ) from error
         if answer.status_code not in expected:
@@ -372,10 +374,8 @@ def campaign_spec(spec: SpecSource) -> CampaignSpec:
 
 
 def _error(answer: httpx.Response) -> ApiError:
-    try:
-        body: Any = answer.json()
-    except ValueError:
-        body = answer.text
+    detail, code = shared_transport.error_body(answer)
+    body = {"detail": detail, "code": code}
     return api_error(answer.status_code, body, request=f"{answer.request.method} {answer.request.url.path}")
 
 

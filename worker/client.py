@@ -1,7 +1,8 @@
 """The service's worker protocol over HTTP (``schemas.api`` models in and out).
 
 Connection errors and 502/503/504 answers are retried with backoff for up to
-``retry_s`` seconds; other errors raise :class:`ServiceError` at once. A 409
+``retry_s`` seconds (:mod:`schemas.transport`, shared with the user's client);
+other errors raise :class:`ServiceError` at once. A 409
 is :class:`TaskGone`: the task is no longer this worker's (lease expired and
 reaped, campaign cancelled, result already accepted), so a report about it
 changes nothing.
@@ -10,13 +11,11 @@ changes nothing.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from schemas import transport
 from schemas.api import (
     ARTIFACT_SHA256_HEADER,
     ClaimAnswer,
@@ -33,9 +32,12 @@ from schemas.api import (
 )
 from schemas.result import RealizationResult
 
+if TYPE_CHECKING:
+    import httpx
+
 log = logging.getLogger("mapcampaign.worker")
 
-RETRY_STATUS = {502, 503, 504}
+RETRY_STATUS = transport.RETRY_STATUS
 
 
 class ServiceError(Exception):
@@ -69,46 +71,29 @@ class ServiceClient:
         self.api_url = api_url.rstrip("/")
         self.retry_s = retry_s
         self.timeout_s = timeout_s
-        self._http = httpx.Client(
-            base_url=self.api_url,
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "mapcampaign-worker"},
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+        self._http = transport.http_client(
+            self.api_url, token, timeout_s=timeout_s, user_agent="mapcampaign-worker"
         )
 
     def close(self) -> None:
         self._http.close()
 
-    # ------------------------------------------------------------------ transport
+    # ------------------------------------------------------------------ transport (schemas.transport)
 
     def _request(self, method: str, path: str, *, retry_s: float | None = None, **kwargs: Any) -> httpx.Response:
-        give_up = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
-        pause = 0.2
-        body = kwargs.pop("content", None)
-        while True:
-            content = body() if callable(body) else body  # a streamed body: a fresh stream for every try
-            try:
-                answer = self._http.request(method, path, content=content, **kwargs)
-            except httpx.TransportError as error:
-                problem = f"{type(error).__name__}: {error}"
-            else:
-                if answer.status_code not in RETRY_STATUS:
-                    return self._checked(answer, method, path)
-                problem = f"HTTP {answer.status_code}"
-            if time.monotonic() + pause > give_up:
-                raise ServiceError(f"{method} {path}: the service did not answer ({problem})")
-            log.warning("%s %s: %s; trying again in %.1f s", method, path, problem, pause)
-            time.sleep(pause)
-            pause = min(pause * 2, 10.0)
+        try:
+            answer = transport.send(
+                self._http, method, path, retry_s=self.retry_s if retry_s is None else retry_s, log=log, **kwargs
+            )
+        except transport.Unreachable as error:
+            raise ServiceError(str(error)) from None
+        return self._checked(answer, method, path)
 
     @staticmethod
     def _checked(answer: httpx.Response, method: str, path: str) -> httpx.Response:
         if answer.status_code < 400:
             return answer
-        try:
-            body = answer.json()
-            detail, code = body.get("detail"), body.get("code")
-        except ValueError:
-            detail, code = answer.text[:500], None
+        detail, code = transport.error_body(answer)
         message = f"{method} {path}: HTTP {answer.status_code}: {detail}"
         if answer.status_code == 409 or (answer.status_code == 404 and code == "task_not_found"):
             raise TaskGone(message, status=answer.status_code, code=code)

@@ -45,7 +45,7 @@ def test_the_cli_refuses_the_same_spec_with_exit_2(tmp_path):
     spec = tmp_path / "typo.toml"
     spec.write_text('name = "x"\nrealisations = 3\n[pixelization]\nnside = true\n[focal_plane]\ndetectors = [{ name = "A" }]\n')
     done = subprocess.run(
-        [sys.executable, "-c", "from service.cli import main; main()", "submit", "--dry-run", str(spec)],
+        [sys.executable, "-c", "from mapcampaign.cli import main; main()", "submit", "--dry-run", str(spec)],
         check=False, capture_output=True, text=True, timeout=120, env={"MAPCAMPAIGN_DATA_DIR": str(tmp_path / "data"),
                                                                      "PATH": "/usr/bin:/bin"},
     )

@@ -88,7 +88,7 @@ def test_a_killed_up_takes_its_api_and_worker_with_it(tmp_path):
         url = f"http://127.0.0.1:{env['MAPCAMPAIGN_PORT']}"
 
         def api_and_worker_up():
-            return is_healthy(url) and any("service.cli worker" in line for line in processes_using(data_dir))
+            return is_healthy(url) and any("mapcampaign.cli worker" in line for line in processes_using(data_dir))
 
         wait_until(api_and_worker_up, 120, "the API and the worker", up)
         assert len(processes_using(data_dir)) >= 2, processes_using(data_dir)

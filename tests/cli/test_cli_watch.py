@@ -137,8 +137,8 @@ def test_watch_polls_when_the_event_stream_is_unavailable(fresh_user, cli_servic
 def test_watch_says_what_a_queued_campaign_waits_for_and_asks_for_plans_only_when_due(fresh_user, cli_service, tmp_path):
     """No worker: "waiting for a worker"; a worker building the campaign's overlap plan: "overlap plan: building".
     The plan's state is read again only when the campaign's counts change or the last answer is old."""
-    from service.cli._client import ApiClient
-    from service.cli.watch import PlanWait
+    from mapcampaign.cli._client import ApiClient
+    from mapcampaign.cli.watch import PlanWait
     from tests.support.fake_worker import FakeWorker
 
     # A scan of its own: no plan of an earlier test's campaign serves it.

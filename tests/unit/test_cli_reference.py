@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from service.cli._client import field_problems
-from service.cli.campaigns import describe_outcome, idempotency_key, spec_files
+from mapcampaign.cli._client import field_problems
+from mapcampaign.cli.campaigns import describe_outcome, idempotency_key, spec_files
 
 REPO = Path(__file__).resolve().parents[2]
 

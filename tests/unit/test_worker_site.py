@@ -100,7 +100,7 @@ def test_unreadable_site_files(tmp_path):
 def test_cli_refuses_a_bad_site_file_with_exit_2(tmp_path):
     bad = tmp_path / "site.toml"
     bad.write_text('name = "x"\n[provider]\nkind = "slurm"\nwalltime = "soon"\n')
-    command = [sys.executable, "-c", "from service.cli import main; main()", "worker", "--site", str(bad)]
+    command = [sys.executable, "-c", "from mapcampaign.cli import main; main()", "worker", "--site", str(bad)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
     assert done.returncode == 2, done.stderr
     assert "provider.walltime" in done.stderr and "HH:MM:SS" in done.stderr

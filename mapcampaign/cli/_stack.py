@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from service.cli._client import local_server_url, up_record_path
-from service.cli._utilities import fail
+from mapcampaign.cli._client import local_server_url, up_record_path
+from mapcampaign.cli._utilities import fail
 from worker.pdeathsig import PARENT_VARIABLE
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class LocalStack:
             # Through worker.pdeathsig: if `up` itself is SIGKILLed (no chance to stop its children),
             # the kernel sends them SIGTERM, so the API and the worker (which drains) do not live on.
             return subprocess.Popen(
-                [sys.executable, "-m", "worker.pdeathsig", sys.executable, "-m", "service.cli", *args],
+                [sys.executable, "-m", "worker.pdeathsig", sys.executable, "-m", "mapcampaign.cli", *args],
                 env={**self._environment(), PARENT_VARIABLE: str(os.getpid())},
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli._utilities import fail, load_settings
+from mapcampaign.cli._utilities import fail, load_settings
 
 app = typer.Typer(help="API tokens.", no_args_is_help=True)
 

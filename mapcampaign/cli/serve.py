@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli._utilities import fail, load_settings
+from mapcampaign.cli._utilities import fail, load_settings
 
 
 def serve(

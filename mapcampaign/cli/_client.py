@@ -17,8 +17,8 @@ import typer
 
 from mapcampaign import _connection, errors
 from mapcampaign._connection import API_PREFIX
+from mapcampaign.cli._utilities import fail
 from mapcampaign.errors import ConfigurationError
-from service.cli._utilities import fail
 
 if TYPE_CHECKING:
     import httpx
@@ -30,7 +30,7 @@ class GlobalOptions:
     token: str | None = None
 
 
-# service/cli/_stack.py reads these from here.
+# mapcampaign/cli/_stack.py reads these from here.
 local_server_url = _connection.local_server_url
 up_record_path = _connection.up_record_path
 
@@ -56,12 +56,12 @@ class ApiClient:
     """A user's httpx client on ``<server>/api/v1``; every failure ends the command with a readable message."""
 
     def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 60.0):
-        import httpx
+        from schemas import transport
 
         self.server = server_url(server)
         self.token = token or user_token()
-        self.http = httpx.Client(
-            base_url=self.server + API_PREFIX, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout
+        self.http = transport.http_client(
+            self.server + API_PREFIX, self.token, timeout_s=timeout, user_agent="mapcampaign-cli"
         )
 
     def __enter__(self) -> Self:
@@ -72,11 +72,11 @@ class ApiClient:
 
     def request(self, method: str, path: str, *, expected: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:
         """The answer when its status is ``expected``; otherwise the command fails (see :func:`fail_on_answer`)."""
-        import httpx
+        from schemas import transport
 
         try:
-            answer = self.http.request(method, path, **kwargs)
-        except httpx.HTTPError as error:
+            answer = transport.send(self.http, method, path, **kwargs)
+        except transport.Unreachable as error:
             self.unreachable(error)
         if answer.status_code not in expected:
             fail_on_answer(answer, f"{method} {path}")
@@ -86,17 +86,17 @@ class ApiClient:
         return self.request("GET", path, **kwargs).json()
 
     def unreachable(self, error: Exception) -> NoReturn:
+        problem = getattr(error, "problem", None) or f"{type(error).__name__}: {error}"
         fail(
-            f"cannot reach the service at {self.server}: {type(error).__name__}: {error}",
+            f"cannot reach the service at {self.server}: {problem}",
             hint="is it running (`mapcampaign up`)? otherwise pass --server URL or set MAPCAMPAIGN_SERVER",
         )
 
 
 def answer_detail(answer: httpx.Response) -> Any:
-    try:
-        return answer.json().get("detail", answer.text)
-    except (ValueError, AttributeError):
-        return answer.text
+    from schemas import transport
+
+    return transport.error_body(answer)[0]
 
 
 def field_problems(answer: httpx.Response) -> list[tuple[str, str]]:

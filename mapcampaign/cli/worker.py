@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli._utilities import fail
+from mapcampaign.cli._utilities import fail
 
 
 def worker(
@@ -37,7 +37,7 @@ def worker(
 
     from pydantic import ValidationError
 
-    from service.cli._client import global_options
+    from mapcampaign.cli._client import global_options
     from worker.settings import WorkerSettings
     from worker.site import SiteError, load_site
 

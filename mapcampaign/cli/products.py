@@ -2,7 +2,7 @@
 
 Talks to the service over HTTP with a user token:
 
-* the service: ``--url``, or the global ``--server`` / ``MAPCAMPAIGN_SERVER`` (see ``service/cli/_client.py``);
+* the service: ``--url``, or the global ``--server`` / ``MAPCAMPAIGN_SERVER`` (see ``mapcampaign/cli/_client.py``);
 * the token: the global ``--token`` / ``MAPCAMPAIGN_TOKEN``, or the file ``--token-file`` /
   ``MAPCAMPAIGN_TOKEN_FILE``, or the embedded default ``<data dir>/tokens/local-user.token``.
 
@@ -31,8 +31,8 @@ from typing import IO, Annotated, Any
 
 import typer
 
+from mapcampaign.cli._utilities import fail
 from schemas.files import atomic_write
-from service.cli._utilities import fail
 
 
 class Format(str, enum.Enum):
@@ -42,7 +42,7 @@ class Format(str, enum.Enum):
 
 
 def _connection(url: str | None, token_file: Path | None) -> tuple[str, str]:
-    from service.cli._client import server_url, user_token
+    from mapcampaign.cli._client import server_url, user_token
 
     return server_url(url), user_token(token_file)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli._utilities import fail, load_settings
+from mapcampaign.cli._utilities import fail, load_settings
 
 HostOption = Annotated[
     str | None,
@@ -25,7 +25,7 @@ MaxTasksOption = Annotated[
 
 
 def _describe_stack(stack: object) -> None:
-    from service.cli._stack import LocalStack
+    from mapcampaign.cli._stack import LocalStack
 
     assert isinstance(stack, LocalStack)
     typer.echo(f"API        {stack.url}/api/v1   (OpenAPI: {stack.url}/api/v1/docs)", err=True)
@@ -45,7 +45,7 @@ def up(
     The user token is written to <data dir>/tokens/local-user.token (and reused), so `mapcampaign submit`,
     `list`, `watch` ... work from another terminal without --server or --token.
     """
-    from service.cli._stack import LocalStack, StackInterrupted
+    from mapcampaign.cli._stack import LocalStack, StackInterrupted
 
     settings = load_settings(host=host, port=port)
     stack = LocalStack(settings, site=site, max_tasks=max_tasks)
@@ -82,10 +82,10 @@ def demo(
 
     Exit status: 0 when every realisation succeeded, 1 when any failed, 2 for a bad spec or a taken port.
     """
+    from mapcampaign.cli._client import ApiClient
+    from mapcampaign.cli._stack import LocalStack, StackInterrupted
+    from mapcampaign.cli.watch import FINISHED, exit_code_for, watch_campaign
     from schemas.io import SpecError, load_example_spec, load_spec
-    from service.cli._client import ApiClient
-    from service.cli._stack import LocalStack, StackInterrupted
-    from service.cli.watch import FINISHED, exit_code_for, watch_campaign
 
     try:
         if spec is None:
@@ -130,8 +130,8 @@ def demo(
 
 def _download_products(stack: object, detail: dict, out: Path | None) -> Path | None:
     """Fetch the campaign's Monte Carlo products (FITS) while the service is still up; None when there are none."""
-    from service.cli._stack import LocalStack
-    from service.cli.products import Format, products
+    from mapcampaign.cli._stack import LocalStack
+    from mapcampaign.cli.products import Format, products
 
     assert isinstance(stack, LocalStack)
     if not detail["progress"]["counts"].get("succeeded"):
@@ -148,7 +148,7 @@ def _download_products(stack: object, detail: dict, out: Path | None) -> Path | 
 
 
 def _describe_results(stack: object, detail: dict, products_dir: Path | None, *, stay: bool) -> None:
-    from service.cli._stack import LocalStack
+    from mapcampaign.cli._stack import LocalStack
     from service.storage import CampaignStorage
 
     assert isinstance(stack, LocalStack)

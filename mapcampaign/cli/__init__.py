@@ -11,16 +11,16 @@ from typing import Annotated
 
 import typer
 
-from service.cli import campaigns as campaign_commands
-from service.cli import db as db_commands
-from service.cli import plans as plan_commands
-from service.cli import products as products_commands
-from service.cli import serve as serve_commands
-from service.cli import token as token_commands
-from service.cli import up as up_commands
-from service.cli import watch as watch_commands
-from service.cli import worker as worker_commands
-from service.cli._client import global_options
+from mapcampaign.cli import campaigns as campaign_commands
+from mapcampaign.cli import db as db_commands
+from mapcampaign.cli import plans as plan_commands
+from mapcampaign.cli import products as products_commands
+from mapcampaign.cli import serve as serve_commands
+from mapcampaign.cli import token as token_commands
+from mapcampaign.cli import up as up_commands
+from mapcampaign.cli import watch as watch_commands
+from mapcampaign.cli import worker as worker_commands
+from mapcampaign.cli._client import global_options
 
 app = typer.Typer(
     name="mapcampaign",
@@ -87,4 +87,4 @@ app.add_typer(db_commands.app, name="db")
 
 
 def main() -> None:
-    app()
+    app(prog_name="mapcampaign")  # the same usage line from the console script and `python -m mapcampaign`

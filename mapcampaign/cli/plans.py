@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from service.cli._client import ApiClient, duration, print_json, short_time, stdout_console
+from mapcampaign.cli._client import ApiClient, duration, print_json, short_time, stdout_console
 
 
 def plans(

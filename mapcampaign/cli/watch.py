@@ -16,8 +16,8 @@ from typing import Annotated, Any, Self
 
 import typer
 
+from mapcampaign.cli._client import ApiClient, duration, print_json
 from schemas.states import FINISHED_CAMPAIGN_STATES, CampaignState, RealizationState
-from service.cli._client import ApiClient, duration, print_json
 
 FINISHED = FINISHED_CAMPAIGN_STATES
 # One bar per state a realisation passes through (claimed counts as running); cancelled gets one when it happens.
@@ -87,7 +87,7 @@ class ProgressView:
     """Rich bars on stderr when it is a terminal; otherwise one line on stderr whenever the counts change."""
 
     def __init__(self, campaign_id: int, *, quiet: bool):
-        from service.cli._client import stderr_console
+        from mapcampaign.cli._client import stderr_console
 
         self.campaign_id = campaign_id
         self.quiet = quiet

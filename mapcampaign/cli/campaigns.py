@@ -1,6 +1,6 @@
 """Campaign commands: ``submit``, ``list``, ``status``, ``cancel``, ``retry``, ``logs``.
 
-They talk to the service over HTTP with a user token (see ``service/cli/_client.py`` for where the
+They talk to the service over HTTP with a user token (see ``mapcampaign/cli/_client.py`` for where the
 server and the token come from). ``--json`` prints only JSON on stdout.
 """
 
@@ -12,8 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from schemas.states import CampaignState
-from service.cli._client import (
+from mapcampaign.cli._client import (
     ApiClient,
     answer_detail,
     duration,
@@ -23,7 +22,8 @@ from service.cli._client import (
     short_time,
     stdout_console,
 )
-from service.cli._utilities import fail
+from mapcampaign.cli._utilities import fail
+from schemas.states import CampaignState
 
 SPEC_SUFFIXES = (".toml", ".yaml", ".yml", ".json")  # schemas.io.SPEC_SUFFIXES; kept light for --help
 JsonOption = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (for scripts)")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from service.cli._utilities import fail, load_settings
+from mapcampaign.cli._utilities import fail, load_settings
 
 app = typer.Typer(help="Database schema: upgrade, check.", no_args_is_help=True)
 

@@ -1,0 +1,5 @@
+"""``python -m mapcampaign.cli``: the ``mapcampaign`` command without its console script (``up`` starts its parts so)."""
+
+from mapcampaign.cli import main
+
+main()
