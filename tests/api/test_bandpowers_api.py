@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import healpy as hp
@@ -30,6 +31,7 @@ from mapmaker.model.sky import load_fiducial_cls, synthesize_cmb
 from schemas.api import API_PREFIX
 from schemas.result import SPECTRA
 from tests.api.conftest import Api
+from tests.support.live_service import mapcampaign_command
 from tests.support.mapped_campaign import deliver
 from tests.support.service_helpers import auth
 
@@ -374,3 +376,59 @@ def test_a_wrong_combination_is_refused_naming_what_differs(api, skies, tmp_path
     field, message = problem(api.post("/spectrum", params=ids))
     assert field == "body"
     assert spectrum(api, data, transfer=ids["transfer"], noise=ids["noise"], covariance=10**9).status_code == 404
+
+
+# --------------------------------------------------------------------------- CLI against a live service
+
+
+def run_spectrum_cli(service, *args: str) -> subprocess.CompletedProcess:
+    env = {**service.env, "MAPCAMPAIGN_TOKEN": service.user_token}
+    return subprocess.run(
+        mapcampaign_command("spectrum", *args), env=env, capture_output=True, check=False, text=True, timeout=600
+    )
+
+
+def test_cli_spectrum_prints_the_bandpowers_and_refuses_a_wrong_combination(live_service, skies, tmp_path):
+    """Small campaigns (2 realisations each) on a live service: the command's --json is the API's answer, its
+    table prints D_b; a noise-only campaign given as --transfer exits 2 naming the option's field."""
+    _, folders, data = skies
+    user = live_service.client(live_service.user_token)
+    worker = live_service.client(live_service.worker_token)
+    worker_id = worker.post("/workers", json={"name": "cli-spectrum", "site": "local", "host": "h", "capacity": 8})
+    worker_id = worker_id.json()["id"]
+    ids = {}
+    for kind, (_, paths) in folders.items():
+        spec = {**campaign_spec(kind), "realizations": 2}
+        created = user.post("/campaigns", json=spec)
+        assert created.status_code == 201, created.text
+        ids[kind] = created.json()["id"]
+        copies = [refolder(spec, path, tmp_path / kind / path.name) for path in paths[:2]]
+        delivered = 0
+        while delivered < 2:
+            for task in worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 8}).json()["tasks"]:
+                if task["kind"] == "preprocess":
+                    built = {"path": "/p.h5", "checksum": "sha256:0", "size_bytes": 1, "build_time_s": 0.1}
+                    worker.post(f"/tasks/{task['task_id']}/plan-built", json=built).raise_for_status()
+                    continue
+                assert deliver(worker, task, copies[task["realization"]]).status_code == 200
+                delivered += 1
+    data_file = tmp_path / "data.fits"
+    data_file.write_bytes(data)
+    options = ["--transfer", str(ids["signal-only"]), "--noise", str(ids["noise-only"])]
+    done = run_spectrum_cli(live_service, str(data_file), *options, "--covariance", str(ids["signal+noise"]), "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["covariance_n"] == 2 and answer["campaigns"]["transfer"] == ids["signal-only"]
+    assert len(answer["cb"]["TT"]) == len(answer["bins"]["ell_lo"]) and answer["error"]["TT"][0] > 0
+
+    table = run_spectrum_cli(live_service, str(data_file), *options)
+    assert table.returncode == 0, table.stderr
+    assert "D_b in uK^2" in table.stdout and "no errors" in table.stdout
+    first = answer["bins"]["ell_center"][0]
+    d_tt = first * (first + 1) * answer["cb"]["TT"][0] / (2 * math.pi) * 1e12
+    assert f"{d_tt:.4g}" in table.stdout
+
+    wrong = run_spectrum_cli(live_service, str(data_file), "--transfer", str(ids["noise-only"]), "--noise", "1")
+    assert wrong.returncode == 2 and "query.transfer" in wrong.stderr and "noise-only" in wrong.stderr, wrong.stderr
+    missing = run_spectrum_cli(live_service, str(tmp_path / "absent.fits"), *options)
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
