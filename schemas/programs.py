@@ -128,8 +128,13 @@ def mapmaker_realize_args(
     threads: int,
     plan_file: Path | None,
     sky_root: Path | None,
+    coupling_file: Path | None = None,
 ) -> list[str]:
-    """``python -m mpi4py -m mapmaker realize ...`` (mpi4py in front: an exception on one rank aborts all)."""
+    """``python -m mpi4py -m mapmaker realize ...`` (mpi4py in front: an exception on one rank aborts all).
+
+    ``coupling_file``: the bandpowers' mode coupling to read, or to build and write when it does not exist
+    (``realize --coupling``), so the realisations of a scan pattern pay for it once.
+    """
     args = [
         python, "-m", "mpi4py", "-m", "mapmaker", "realize",
         "--spec", str(spec_file),
@@ -141,6 +146,8 @@ def mapmaker_realize_args(
         args += ["--plan", str(plan_file)]
     if sky_root is not None:
         args += ["--sky-root", str(sky_root)]
+    if coupling_file is not None:
+        args += ["--coupling", str(coupling_file)]
     return args
 
 
