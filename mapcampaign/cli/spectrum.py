@@ -51,8 +51,8 @@ def spectrum(
     covariance campaign that share the map's pointing, mask and binning."""
     try:
         payload = map_file.read_bytes()
-    except OSError as error:
-        fail(f"cannot read {map_file}: {error.strerror or error}", code=2)
+    except OSError as unreadable:
+        fail(f"cannot read {map_file}: {unreadable.strerror or unreadable}", code=2)
     params: dict[str, Any] = {"transfer": transfer, "noise": noise}
     if covariance is not None:
         params["covariance"] = covariance
