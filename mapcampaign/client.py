@@ -44,7 +44,7 @@ from schemas.api import (
     RetryAnswer,
 )
 from schemas.io import SpecError, load_spec, spec_from_data
-from schemas.products import ProductsSummary
+from schemas.products import DataSpectrum, ProductsSummary
 from schemas.spec import CampaignKind, CampaignSpec
 from schemas.states import FINISHED_CAMPAIGN_STATES, CampaignState, PlanState, RealizationState
 
@@ -279,6 +279,56 @@ class Client:
         from mapcampaign.products import Products
 
         return Products.from_summary(self.products_summary(campaign_id))
+
+    def spectrum(
+        self,
+        map_file: str | PathLike[str],
+        *,
+        transfer: int,
+        noise: int,
+        covariance: int | None = None,
+        timeout: float = 900.0,
+    ) -> DataSpectrum:
+        """Unbiased bandpowers ``(C_b - N_b) / F_b`` of a HEALPix FITS map (I, Q, U in K) from a signal-only
+        ``transfer`` campaign, a noise-only ``noise`` campaign and, for errors, a signal+noise ``covariance``
+        campaign. A wrong combination (another scan key, mask or binning; a campaign of the wrong kind) raises
+        :class:`~mapcampaign.errors.InvalidRequest` naming the field and what differs. ``timeout`` (s): the
+        service computes the map's bandpowers while the request waits (seconds at nside 256)."""
+        params = {"transfer": transfer, "noise": noise}
+        if covariance is not None:
+            params["covariance"] = covariance
+        answer = self._request(
+            "POST",
+            "/spectrum",
+            params=params,
+            content=Path(map_file).read_bytes(),
+            headers={"Content-Type": "application/fits"},
+            timeout=timeout,
+        )
+        return DataSpectrum.model_validate_json(answer.content)
+
+    def bandpower_covariance(self, campaign_id: int) -> tuple[np.ndarray, int, float]:
+        """The bandpower covariance of a signal+noise campaign: ``(cov [6 n_bins, 6 n_bins] K^4, n, hartlap)``,
+        spectrum-major (index ``s * n_bins + b``, rows TT EE BB TE EB TB); hartlap is NaN when n <= p + 2."""
+        import io
+
+        import numpy as np  # deferred: see products()
+
+        answer = self._request("GET", f"/campaigns/{campaign_id}/products/bandpowers", params={"format": "npz"})
+        with np.load(io.BytesIO(answer.content), allow_pickle=False) as stored:
+            if "covariance" not in stored.files or str(stored["kind"]) != "signal+noise":
+                message = (
+                    f"campaign {campaign_id} has no bandpower covariance: it needs a signal+noise campaign "
+                    "with two realisations"
+                )
+                raise InvalidRequest(
+                    None,
+                    "no_covariance",
+                    message,
+                    problems=[("", message)],
+                    request=f"GET /campaigns/{campaign_id}/products/bandpowers",
+                )
+            return np.array(stored["covariance"]), int(stored["n"]), float(stored["hartlap"])
 
     def download_products(
         self, campaign_id: int, out_dir: str | PathLike[str], *, format: Literal["fits", "npz"] = "fits"

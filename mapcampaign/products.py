@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from schemas.products import CorrectionStats, ProductsSummary
+from schemas.products import BandpowerEstimate, BandpowerProducts, CorrectionStats, ProductsSummary
+from schemas.result import SPECTRA
 
 
 def as_array(values: Sequence[float | None] | None, n_bins: int = 0) -> np.ndarray:
@@ -33,6 +35,70 @@ class BinnedEstimate:
         return cls(value=as_array(stats.value), std=as_array(stats.std, n_bins), error=as_array(stats.error, n_bins))
 
 
+def _rows(estimates: Mapping[Any, BandpowerEstimate] | None, n_bins: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(value, error)`` float64 [6, n_bins] (rows TT EE BB TE EB TB; NaN where undefined), or None."""
+    if estimates is None:
+        return None
+    value = np.array([as_array(estimates[name].value, n_bins) for name in SPECTRA])
+    error = np.array([as_array(estimates[name].error, n_bins) for name in SPECTRA])
+    return value, error
+
+
+@dataclass(frozen=True)
+class Bandpowers:
+    """A campaign's decoupled (MASTER) bandpowers as numpy: rows ``spectra`` (TT EE BB TE EB TB), K^2, C_b.
+
+    ``mean`` and ``error`` (its Monte Carlo error) [6, n_bins]; ``model`` the input C_l with the beam
+    through the bandpower windows (or None); ``transfer`` / ``transfer_error`` F_b (signal-only),
+    ``noise_bias`` / ``noise_bias_error`` N_b (noise-only), ``covariance_std`` (one realisation's
+    scatter, signal+noise) with ``covariance_n`` and ``hartlap``; None where the campaign has none.
+    The covariance matrix itself: ``Client.bandpower_covariance(id)``.
+    """
+
+    block: BandpowerProducts
+    ell_lo: np.ndarray
+    ell_hi: np.ndarray
+    ell: np.ndarray
+    reliable: np.ndarray
+    mean: np.ndarray
+    error: np.ndarray
+    model: np.ndarray | None
+    transfer: np.ndarray | None
+    transfer_error: np.ndarray | None
+    noise_bias: np.ndarray | None
+    noise_bias_error: np.ndarray | None
+    covariance_std: np.ndarray | None
+    covariance_n: int | None
+    hartlap: float | None
+    spectra: tuple[str, ...] = SPECTRA
+
+    @classmethod
+    def from_block(cls, block: BandpowerProducts) -> Bandpowers:
+        n_bins = len(block.bins.ell_lo)
+        mean = _rows(block.mean, n_bins)
+        assert mean is not None
+        transfer = _rows(block.transfer_function, n_bins)
+        noise = _rows(block.noise_bias, n_bins)
+        covariance = block.covariance
+        return cls(
+            block=block,
+            ell_lo=np.array(block.bins.ell_lo, dtype=np.int64),
+            ell_hi=np.array(block.bins.ell_hi, dtype=np.int64),
+            ell=as_array(block.bins.ell_center),
+            reliable=np.array(block.bins.reliable, dtype=bool),
+            mean=mean[0],
+            error=mean[1],
+            model=None if block.model is None else np.array([block.model[name] for name in SPECTRA]),
+            transfer=None if transfer is None else transfer[0],
+            transfer_error=None if transfer is None else transfer[1],
+            noise_bias=None if noise is None else noise[0],
+            noise_bias_error=None if noise is None else noise[1],
+            covariance_std=None if covariance is None else np.array([covariance.std[name] for name in SPECTRA]),
+            covariance_n=None if covariance is None else covariance.n,
+            hartlap=None if covariance is None else covariance.hartlap,
+        )
+
+
 @dataclass(frozen=True)
 class Products:
     """The products summary of a campaign, and its arrays as numpy.
@@ -42,6 +108,7 @@ class Products:
     ``spectra_mean`` and ``spectra_std`` per spectrum (TT, EE, ...; K^2; std NaN below 2 realisations),
     ``noise_bias`` N_l (K^2; noise-only campaigns) and ``transfer_function`` F_l (dimensionless;
     signal-only campaigns). A product the campaign does not have yet is an empty dict or array.
+    ``bandpowers``: the decoupled bandpowers and the corrections made of them (:class:`Bandpowers`), or None.
     """
 
     summary: ProductsSummary
@@ -52,6 +119,7 @@ class Products:
     spectra_std: dict[str, np.ndarray] = field(default_factory=dict)
     noise_bias: dict[str, BinnedEstimate] = field(default_factory=dict)
     transfer_function: dict[str, BinnedEstimate] = field(default_factory=dict)
+    bandpowers: Bandpowers | None = None
 
     @classmethod
     def from_summary(cls, summary: ProductsSummary) -> Products:
@@ -72,4 +140,5 @@ class Products:
                 name: BinnedEstimate.from_stats(stats)
                 for name, stats in (summary.transfer_function.spectra if summary.transfer_function else {}).items()
             },
+            bandpowers=None if summary.bandpowers is None else Bandpowers.from_block(summary.bandpowers),
         )

@@ -88,10 +88,68 @@ class TransferFunction(ProductsModel):
     spectra: dict[Literal["TT", "EE", "BB"], CorrectionStats] = Field(description="F_l per spectrum (dimensionless)")
 
 
+BANDPOWER_TRANSFER_DEFINITION = (
+    "<C_b> = F_b B_b^2 C_b^in: F_b is the mean decoupled bandpower of the signal-only maps over the input C_l "
+    "with the beam through the bandpower windows (MASTER); error = std / sqrt(n) / (B_b^2 C_b^in)"
+)
+BANDPOWER_NOISE_DEFINITION = "N_b = <C_b>: mean decoupled bandpower of the noise-only maps; error = std / sqrt(n)"
+BANDPOWER_COVARIANCE_DEFINITION = (
+    "Sample covariance (ddof 1) of one signal+noise realisation's decoupled bandpowers over the flattened "
+    "[6 n_bins] (spectrum-major: index s * n_bins + b); multiply its inverse by hartlap = (n - p - 2) / (n - 1)"
+)
+
+
+class BandpowerBins(ProductsModel):
+    ell_lo: list[int] = Field(description="First multipole of each bin")
+    ell_hi: list[int] = Field(description="Last multipole of each bin (inclusive)")
+    ell_center: list[float]
+    lmax: int = Field(description="Band limit of the harmonic transforms and the coupling (3 nside - 1)")
+    bin_width: int
+    reliable: list[bool] = Field(description="Bins that end at or below 2 nside, where HEALPix transforms are accurate")
+
+
+class BandpowerEstimate(ProductsModel):
+    value: list[float | None] = Field(description="One value per bin")
+    error: list[float | None] | None = Field(None, description="Monte Carlo error of the value; null below 2")
+
+
+class BandpowerCovariance(ProductsModel):
+    definition: str = BANDPOWER_COVARIANCE_DEFINITION
+    n: int = Field(description="Realisations behind the covariance")
+    p: int = Field(description="Bandpowers it covers: 6 n_bins")
+    hartlap: float | None = Field(description="(n - p - 2) / (n - 1) for the whole matrix; null when n <= p + 2")
+    std: dict[SpectrumName, list[float]] = Field(description="Square root of the diagonal: one realisation's scatter")
+
+
+class BandpowerProducts(ProductsModel):
+    """The campaign's decoupled (MASTER) bandpowers over its realisations (K^2, C_b not D_b, beam not deconvolved)."""
+
+    n: int = Field(description="Realisations whose bandpowers are in the aggregates")
+    bins: BandpowerBins
+    purify_b: bool
+    mask_sha256: str = Field(description="SHA-256 of the analysis mask the coupling was built for")
+    mean: dict[SpectrumName, BandpowerEstimate] = Field(description="Mean bandpower and its Monte Carlo error")
+    model: dict[SpectrumName, list[float]] | None = Field(
+        None, description="Input C_l with the beam through the bandpower windows (K^2); null without a CMB sky"
+    )
+    beam_fwhm_arcmin: float | None = None
+    transfer_function: dict[SpectrumName, BandpowerEstimate] | None = Field(
+        None, description="F_b per bandpower (signal-only campaigns): " + BANDPOWER_TRANSFER_DEFINITION
+    )
+    noise_bias: dict[SpectrumName, BandpowerEstimate] | None = Field(
+        None, description="N_b per bandpower (noise-only campaigns, K^2): " + BANDPOWER_NOISE_DEFINITION
+    )
+    covariance: BandpowerCovariance | None = Field(
+        None, description="Bandpower covariance (signal+noise campaigns, two realisations or more); the matrix "
+        "itself is in the bandpowers download"
+    )
+
+
 class ProductDownloads(ProductsModel):
     """Paths (under the API prefix) of the downloads that exist now; add ``?format=fits|npz|json``."""
 
     spectra: str | None = None
+    bandpowers: str | None = None
     mean_map: str | None = None
     variance_map: str | None = None
     mask: str | None = None
@@ -113,6 +171,7 @@ class ProductsSummary(ProductsModel):
     spectra: dict[SpectrumName, SpectrumStats] | None = None
     noise_bias: NoiseBias | None = None
     transfer_function: TransferFunction | None = None
+    bandpowers: BandpowerProducts | None = None
     downloads: ProductDownloads
     warnings: list[str] = Field(default_factory=list)
 
@@ -127,3 +186,44 @@ class RealizationSpectra(ProductsModel):
     w2: float
     fsky: float
     model: dict[SpectrumName, list[float]] | None = None
+
+
+DATA_SPECTRUM_DEFINITION = (
+    "C_b = (C_b^data - N_b) / F_b: the data map's decoupled bandpowers (I monopole and dipole removed over the "
+    "mask) less the noise campaign's N_b, over the transfer campaign's F_b; it estimates the sky's B_b^2 C_b "
+    "(beam not deconvolved). error = sqrt(diag covariance) / |F_b| with the covariance campaign's signal+noise "
+    "covariance; the Monte Carlo errors of N_b and F_b are given apart and not included"
+)
+
+
+class SpectrumCampaigns(ProductsModel):
+    transfer: int = Field(description="Signal-only campaign giving F_b")
+    noise: int = Field(description="Noise-only campaign giving N_b")
+    covariance: int | None = Field(None, description="Signal+noise campaign giving the bandpower covariance")
+
+
+class DataSpectrum(ProductsModel):
+    """Unbiased bandpowers of a user's map with Monte Carlo errors (``POST /api/v1/spectrum``), K^2."""
+
+    definition: str = DATA_SPECTRUM_DEFINITION
+    campaigns: SpectrumCampaigns
+    scan_key: str
+    mask_sha256: str
+    purify_b: bool
+    nside: int
+    bins: BandpowerBins
+    cb: dict[SpectrumName, list[float | None]] = Field(description="Unbiased bandpowers; null where F_b is undefined")
+    error: dict[SpectrumName, list[float | None]] | None = Field(
+        None, description="1-sigma error of each bandpower from the covariance campaign; null without one"
+    )
+    data_cb: dict[SpectrumName, list[float]] = Field(description="The map's decoupled bandpowers before debiasing")
+    noise_bias: dict[SpectrumName, BandpowerEstimate]
+    transfer_function: dict[SpectrumName, BandpowerEstimate]
+    model: dict[SpectrumName, list[float]] | None = Field(
+        None, description="The transfer campaign's input C_l with its beam through the windows: what cb estimates "
+        "for a sky like the simulations'"
+    )
+    covariance_n: int | None = Field(None, description="Realisations behind the covariance")
+    hartlap: float | None = Field(None, description="Hartlap factor of the whole covariance; null when n <= p + 2")
+    monopole_k: float = Field(description="Monopole of the map's I over the mask (K), removed")
+    dipole_k: list[float] = Field(description="Dipole vector of the map's I over the mask (K), removed")

@@ -129,8 +129,13 @@ def mapmaker_realize_args(
     plan_file: Path | None,
     sky_root: Path | None,
     instrument_root: Path | None = None,
+    coupling_file: Path | None = None,
 ) -> list[str]:
-    """``python -m mpi4py -m mapmaker realize ...`` (mpi4py in front: an exception on one rank aborts all)."""
+    """``python -m mpi4py -m mapmaker realize ...`` (mpi4py in front: an exception on one rank aborts all).
+
+    ``coupling_file``: the bandpowers' mode coupling to read, or to build and write when it does not exist
+    (``realize --coupling``), so the realisations of a scan pattern pay for it once.
+    """
     args = [
         python, "-m", "mpi4py", "-m", "mapmaker", "realize",
         "--spec", str(spec_file),
@@ -144,6 +149,8 @@ def mapmaker_realize_args(
         args += ["--sky-root", str(sky_root)]
     if instrument_root is not None:
         args += ["--instrument-root", str(instrument_root)]
+    if coupling_file is not None:
+        args += ["--coupling", str(coupling_file)]
     return args
 
 
@@ -159,4 +166,37 @@ def mapmaker_preprocess_args(
     ]  # fmt: skip
     if instrument_root is not None:
         args += ["--instrument-root", str(instrument_root)]
+    return args
+
+
+def mapmaker_bandpowers_args(
+    python: str,
+    *,
+    map_file: Path,
+    mask_file: Path,
+    mask_sha256: str,
+    bin_width: int,
+    lmax: int,
+    purify_b: bool,
+    out: Path,
+    coupling_file: Path | None = None,
+) -> list[str]:
+    """``python -m mapmaker bandpowers ...``: one map's decoupled bandpowers into ``out`` (``schemas.result.MapBandpowers``).
+
+    Exit :attr:`MapmakerExit.BAD_INPUT` for a map that cannot be used (not HEALPix I/Q/U, another nside,
+    unobserved pixels inside the mask), :attr:`MapmakerExit.PLAN_REFUSED` for a mask or coupling that is not
+    the one named by ``mask_sha256``.
+    """
+    args = [
+        python, "-m", "mapmaker", "bandpowers",
+        "--map", str(map_file),
+        "--mask", str(mask_file),
+        "--mask-sha256", mask_sha256,
+        "--bin-width", str(bin_width),
+        "--lmax", str(lmax),
+        "--purify-b" if purify_b else "--no-purify-b",
+        "--out", str(out),
+    ]  # fmt: skip
+    if coupling_file is not None:
+        args += ["--coupling", str(coupling_file)]
     return args

@@ -125,6 +125,28 @@ class DecoupledBandpowers(ResultModel):
     bandpowers_s: float = Field(description="Seconds for the bandpowers given the coupling (transforms and decoupling)")
 
 
+class MapBandpowers(ResultModel):
+    """What ``python -m mapmaker bandpowers`` writes: the decoupled bandpowers of one map (a user's data map).
+
+    The I map's monopole and dipole over the mask are removed first, as for every realisation, so a data
+    map and the campaigns' maps are treated alike. K^2, C_b, beam not deconvolved.
+    """
+
+    ell_lo: list[int]
+    ell_hi: list[int]
+    lmax: int
+    bin_width: int
+    purify_b: bool
+    mask_sha256: str
+    nside: int
+    cb: dict[str, list[float]] = Field(description="Decoupled bandpowers per bin (K^2), TT EE BB TE EB TB")
+    monopole_k: float
+    dipole_k: list[float]
+    coupling_source: Literal["file", "built"]
+    coupling_build_s: float | None = None
+    bandpowers_s: float
+
+
 class BinnedSpectra(ResultModel):
     """Pseudo power spectra of one realisation's masked map, binned in ell (``mapmaker.model.spectra``).
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pydantic_core import PydanticCustomError
 
 SCAN_KEY_VERSION = 1
+COUPLING_KEY_VERSION = 1  # bump with mapmaker.model.bandpowers.COUPLING_FORMAT: an older file must not be named
 
 MAX_REALIZATIONS = 100_000
 MAX_RANKS = 65_536
@@ -632,3 +633,32 @@ def spec_hash(spec: CampaignSpec) -> str:
     data = spec.model_dump(mode="json")
     data.pop("realizations", None)
     return _sha256(data)
+    """Stable hash of the whole spec, defaults included (64 hex characters)."""
+    return _sha256(spec.model_dump(mode="json"))
+
+
+def coupling_key(spec: CampaignSpec) -> str:
+    """Stable hash (64 hex characters) of everything the bandpowers' mode coupling depends on.
+
+    The analysis mask is the hit map's pixels with ``products.min_hits`` hits that the rcond cut of the
+    geometric 3x3 hit matrix keeps, apodised over ``products.apodization_deg``: the pointing (the scan
+    key), ``solver.rcond_min`` and those products settings; the coupling adds the binning and the
+    estimator. The rank count is in the key as it is in the overlap plan's: the rcond of a pixel is
+    summed in another order on another number of ranks, and a pixel on the threshold could fall on the
+    other side, giving another mask (which the map-maker refuses, never mixes). Campaigns of one scan
+    pattern, rank count and these settings (a transfer, a noise and a signal+noise campaign) share one
+    coupling file at a site.
+    """
+    products = spec.products
+    return _sha256(
+        {
+            "version": COUPLING_KEY_VERSION,
+            "scan_key": scan_key(spec),
+            "ranks": spec.resources.ranks,
+            "rcond_min": spec.solver.rcond_min,
+            "min_hits": products.min_hits,
+            "apodization_deg": products.apodization_deg,
+            "ell_bin_width": products.ell_bin_width,
+            "purify_b": products.purify_b,
+        }
+    )

@@ -132,6 +132,14 @@ class CampaignProducts:
         """Every map-sum file in the folder, of any generation."""
         return self.root.glob("mapsums-*.npz")
 
+    def bandpower_sums_path(self, generation: int) -> Path:
+        """Running mean and co-moment of the decoupled bandpowers of one generation (``bpsums-<generation>.npz``)."""
+        return self.root / f"bpsums-{generation:09d}.npz"
+
+    def bandpower_sums_files(self) -> Iterator[Path]:
+        """Every bandpower-sum file in the folder, of any generation."""
+        return self.root.glob("bpsums-*.npz")
+
     def cache_path(self, generation: int, name: str) -> Path:
         """Where a file derived from one generation of the aggregates is kept (``cache/g<generation>-<name>``)."""
         return self.cache_dir / f"g{generation}-{name}"

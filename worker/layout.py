@@ -5,6 +5,8 @@
     <site data>/                       default <MAPCAMPAIGN_DATA_DIR>/sites/<site name>/
         plans/<scan key[:16]>-r<ranks>-p<plan id>-b<build>.plan
         plans/<...>.report.json        the preprocess report beside its plan
+        couplings/<coupling key[:32]>.npz   the bandpowers' mode coupling of a scan pattern and its products
+                                       settings: written by the first realisation, read by the others
         campaigns/<id>/realizations/<n>/attempt-<k>/   products of attempt k (map-maker --out)
         work/<task id>/                spec, runner files, stdout/stderr of one task
         parsl/<worker name>/           Parsl's run folder (logs, submit scripts) and the local node file
@@ -39,6 +41,13 @@ class SiteLayout:
         return self.root / "plans"
 
     @property
+    def couplings(self) -> Path:
+        return self.root / "couplings"
+
+    def coupling_file(self, coupling_key: str) -> Path:
+        return self.couplings / f"{coupling_key[:32]}.npz"
+
+    @property
     def campaigns(self) -> Path:
         return self.root / "campaigns"
 
@@ -62,7 +71,7 @@ class SiteLayout:
         return self.work / task_id
 
     def create(self) -> None:
-        for folder in (self.plans, self.campaigns, self.work):
+        for folder in (self.plans, self.couplings, self.campaigns, self.work):
             folder.mkdir(parents=True, exist_ok=True)
 
 

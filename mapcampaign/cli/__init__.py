@@ -16,6 +16,7 @@ from mapcampaign.cli import db as db_commands
 from mapcampaign.cli import plans as plan_commands
 from mapcampaign.cli import products as products_commands
 from mapcampaign.cli import serve as serve_commands
+from mapcampaign.cli import spectrum as spectrum_commands
 from mapcampaign.cli import token as token_commands
 from mapcampaign.cli import up as up_commands
 from mapcampaign.cli import watch as watch_commands
@@ -84,6 +85,7 @@ app.command("delete")(campaign_commands.delete)
 app.command("logs")(campaign_commands.logs)
 app.command("plans")(plan_commands.plans)
 app.command("products")(products_commands.products)
+app.command("spectrum")(spectrum_commands.spectrum)
 # Administration on the service host
 app.add_typer(token_commands.app, name="token")
 app.add_typer(db_commands.app, name="db")

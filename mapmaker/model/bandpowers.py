@@ -53,6 +53,17 @@ import healpy as hp
 import numpy as np
 from pspy import so_map, so_mcm, so_spectra, so_window, sph_tools
 
+# The Monte Carlo products are defined once in schemas.montecarlo, where the service's running aggregates use
+# them too (the service may not import mapmaker); re-exported here beside the bandpowers they are made of.
+from schemas.montecarlo import (  # noqa: F401
+    bandpower_covariance,
+    debiased_bandpowers,
+    hartlap_factor,
+    mean_and_error,
+    noise_bias,
+    transfer_function,
+)
+
 SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")  # rows of every [6, ...] array here (healpy's order)
 FIELD_OF_SPECTRUM = {"TT": (0, 0), "EE": (1, 1), "BB": (2, 2), "TE": (0, 1), "EB": (1, 2), "TB": (0, 2)}  # T E B
 PSPY_SPECTRA = ["TT", "TE", "TB", "ET", "BT", "EE", "EB", "BE", "BB"]  # pspy's names for one spin-0 + spin-2 field
@@ -468,79 +479,3 @@ def model_bandpowers(
         x, y = FIELD_OF_SPECTRUM[name]
         model[row] *= field_transfer[x] * field_transfer[y]
     return np.einsum("xbyl,yl->xb", coupling.bandpower_windows, model)
-
-
-# --------------------------------------------------------------------------- Monte Carlo products
-
-
-def transfer_function(signal_cb: np.ndarray, model_cb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """MASTER's transfer function per bandpower from signal-only realisations: ``(F_b, sigma_F_b)``.
-
-    ``signal_cb [n_sims, 6, n_bins]`` decoupled bandpowers of the campaign's maps; ``model_cb
-    [6, n_bins]`` the input sky through the windows with its beam (:func:`model_bandpowers`).
-    ``F_b = mean / model`` and its Monte Carlo error ``std / sqrt(n_sims) / model``
-    (``std`` with n - 1; NaN where the model is 0, e.g. EB and TB, or n_sims < 2).
-    """
-    signal_cb = np.asarray(signal_cb, dtype=np.float64)
-    model_cb = np.asarray(model_cb, dtype=np.float64)
-    mean, error = mean_and_error(signal_cb)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        transfer = np.where(model_cb != 0, mean / model_cb, np.nan)
-        sigma = np.where(model_cb != 0, error / np.abs(model_cb), np.nan)
-    return transfer, sigma
-
-
-def noise_bias(noise_cb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The noise bias per bandpower from noise-only realisations ``[n_sims, 6, n_bins]``: ``(N_b, sigma_N_b)`` K^2."""
-    return mean_and_error(np.asarray(noise_cb, dtype=np.float64))
-
-
-def mean_and_error(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean over axis 0 and its Monte Carlo error ``std(ddof=1) / sqrt(n)`` (NaN for fewer than 2 samples)."""
-    n = samples.shape[0]
-    mean = samples.mean(axis=0)
-    if n < 2:
-        return mean, np.full_like(mean, np.nan)
-    return mean, samples.std(axis=0, ddof=1) / math.sqrt(n)
-
-
-def bandpower_covariance(samples: np.ndarray) -> tuple[np.ndarray, int, float]:
-    """Sample covariance of bandpowers ``samples [n_sims, ...]`` flattened to ``[n_sims, p]``: ``(cov [p, p], n, hartlap)``.
-
-    ``hartlap = (n - p - 2) / (n - 1)`` (Hartlap et al. 2007) multiplies ``inv(cov)`` to make the
-    inverse unbiased; NaN when ``n <= p + 2``, where the inverse does not exist. Slice the spectra
-    and bins wanted before calling: p counts every bandpower given.
-    """
-    samples = np.asarray(samples, dtype=np.float64)
-    n = samples.shape[0]
-    flat = samples.reshape(n, -1)
-    p = flat.shape[1]
-    if n < 2:
-        raise ValueError(f"{n} realisation(s): a covariance needs at least 2")
-    covariance = np.cov(flat, rowvar=False, ddof=1).reshape(p, p)
-    hartlap = (n - p - 2) / (n - 1) if n > p + 2 else math.nan
-    return covariance, n, hartlap
-
-
-def debiased_bandpowers(
-    data_cb: np.ndarray,
-    *,
-    noise_bias_cb: np.ndarray,
-    transfer_b: np.ndarray,
-    covariance: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Unbiased bandpowers of a data map: ``((C_b - N_b) / F_b, sigma_b)``, all ``[6, n_bins]`` K^2.
-
-    ``data_cb`` from :func:`decoupled_bandpowers`, ``noise_bias_cb`` and ``transfer_b`` from the
-    campaigns. The result estimates :func:`model_bandpowers` of the sky with the beam (MASTER's
-    ``B_b^2 C_b``). ``sigma_b = sqrt(diag covariance) / |F_b|`` with ``covariance [6 n_bins,
-    6 n_bins]`` of signal+noise realisations (:func:`bandpower_covariance`); None without it. The
-    Monte Carlo errors of N_b and F_b are not included.
-    """
-    data_cb = np.asarray(data_cb, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cb = (data_cb - np.asarray(noise_bias_cb)) / np.asarray(transfer_b)
-        if covariance is None:
-            return cb, None
-        variance = np.diag(np.asarray(covariance, dtype=np.float64)).reshape(data_cb.shape)
-        return cb, np.sqrt(variance) / np.abs(transfer_b)

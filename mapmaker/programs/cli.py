@@ -9,7 +9,7 @@ that does not match the run or is damaged, never rebuilt silently); anything
 else a failure of the run. Heavy modules (numpy, healpy,
 mpi4py) are imported only once a command runs, so ``--help`` is instant.
 
-Commands: ``realize``, ``preprocess``, ``calibrate``, ``model`` and ``bench``,
+Commands: ``realize``, ``preprocess``, ``calibrate``, ``model``, ``bench`` and ``bandpowers``,
 each a ``_add_<name>`` parser builder here and a ``run_<name>`` function in
 :mod:`mapmaker.programs.commands`.
 """
@@ -218,6 +218,27 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print only JSON on stdout")
 
 
+def _add_bandpowers(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "bandpowers",
+        help="decoupled bandpowers of one HEALPix I/Q/U map on a campaign's mask",
+        description=(
+            "Remove the I map's monopole and dipole over the mask, then compute its decoupled (MASTER) "
+            "bandpowers TT EE BB TE EB TB with the mask's coupling (read from --coupling, or built), and write "
+            "them as JSON (schemas.result.MapBandpowers) to --out. Exit 2: the map cannot be used; exit 3: the "
+            "mask or coupling is not the one --mask-sha256 names."
+        ),
+    )
+    parser.add_argument("--map", required=True, type=Path, metavar="FITS", help="HEALPix I, Q, U map (K, RING)")
+    parser.add_argument("--mask", required=True, type=Path, metavar="FITS", help="the apodised analysis mask")
+    parser.add_argument("--mask-sha256", required=True, metavar="HEX", help="the mask's checksum (coupling identity)")
+    parser.add_argument("--bin-width", required=True, type=_positive_int, metavar="W", help="multipoles per bin")
+    parser.add_argument("--lmax", required=True, type=_positive_int, metavar="L", help="band limit (3 nside - 1)")
+    parser.add_argument("--purify-b", action=argparse.BooleanOptionalAction, default=True, help="pure-B estimator")
+    parser.add_argument("--coupling", type=Path, default=None, metavar="NPZ", help="a coupling to reuse")
+    parser.add_argument("--out", required=True, type=Path, metavar="JSON", help="where to write the bandpowers")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m mapmaker",
@@ -229,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_calibrate(commands)
     _add_model(commands)
     _add_bench(commands)
+    _add_bandpowers(commands)
     return parser
 
 

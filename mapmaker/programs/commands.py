@@ -26,6 +26,7 @@ from mapmaker.programs.calibrate import run_calibration
 from mapmaker.programs.preprocess import plan_identity, run_preprocess
 from mapmaker.programs.products import OutputExists, OutputUnusable, refuse_existing, refuse_unwritable
 from mapmaker.programs.realize import realize_to_folder
+from mapmaker.programs.spectrum import MapUnusable, map_bandpowers
 from mapmaker.solve.realization import NothingToSolve
 from schemas.files import atomic_write_json
 from schemas.instrument import FocalPlaneFileError, resolve_files
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         "calibrate": run_calibrate,
         "model": run_model,
         "bench": run_bench_command,
+        "bandpowers": run_bandpowers_command,
     }
     return commands[args.command](args)
 
@@ -304,3 +306,24 @@ def run_bench_command(args: argparse.Namespace) -> int:
     return run_bench(samples=args.samples, nside=args.nside, repeat=args.repeat, threads=args.threads,
                      as_json=args.json, kernels=",".join(kernels), spec_path=str(args.spec) if args.spec else None,
                      clock_name=args.clock, rounds=args.rounds)
+
+
+def run_bandpowers_command(args: argparse.Namespace) -> int:
+    try:
+        measured = map_bandpowers(
+            map_path=args.map,
+            mask_path=args.mask,
+            mask_sha256=args.mask_sha256,
+            bin_width=args.bin_width,
+            lmax=args.lmax,
+            purify_b=args.purify_b,
+            coupling_path=args.coupling,
+        )
+    except MapUnusable as error:
+        print(f"mapmaker bandpowers: {error}", file=sys.stderr)
+        return MapmakerExit.BAD_INPUT
+    except CouplingMismatch as error:
+        print(f"mapmaker bandpowers: {error}", file=sys.stderr)
+        return MapmakerExit.PLAN_REFUSED
+    atomic_write_json(args.out, measured.model_dump(mode="json"))
+    return MapmakerExit.OK

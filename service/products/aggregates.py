@@ -5,6 +5,7 @@ folder, beside the realisations' products (paths: :class:`service.storage.Campai
 
     state.json                  ledger + spectra sums + pointers (the commit point)
     mapsums-<generation>.npz    per-pixel count, mean, M2 of I, Q, U
+    bpsums-<generation>.npz     mean [p] and co-moment [p, p] of the decoupled bandpowers (p = 6 n_bins)
     mask.fits                   the analysis mask, stored once per campaign
     .lock                       per-campaign lock (flock)
     cache/                      downloads and images derived from one generation
@@ -22,10 +23,12 @@ One update (:func:`include_realization`), under the campaign's lock:
 
 1. read ``state.json``; a realisation already in the ledger is skipped
    (idempotent: the hook and the reconciler may both offer it);
-2. add its binned spectra to the running sums and its map to the map sums
-   (Welford: mean and M2 per value, so the variance stays accurate where
-   the scatter is small against the mean); write the new map sums to
-   ``mapsums-<generation + 1>.npz`` (temporary file + rename);
+2. add its binned spectra to the running sums, its decoupled bandpowers to
+   the bandpower sums (mean and co-moment matrix: the covariance) and its
+   map to the map sums (Welford: mean and M2 per value, so the variance
+   stays accurate where the scatter is small against the mean); write the
+   new sums to ``mapsums-<generation + 1>.npz`` and
+   ``bpsums-<generation + 1>.npz`` (temporary file + rename);
 3. store the mask if the campaign has none yet;
 4. write ``state.json`` (temporary file + fsync + rename + fsync of the
    folder): this rename commits the update;
@@ -60,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from schemas import montecarlo
 from schemas.files import atomic_write, atomic_write_bytes, sha256_file
 from schemas.result import SPECTRA, SpectrumName
 from service.storage import CampaignProducts
@@ -145,6 +149,7 @@ class AggregateState:
     spectra: dict[str, Any] | None = None  # binning, mask moments, model, n, mean {name: [...]}, m2 {name: [...]}
     maps: dict[str, Any] | None = None  # {file, nside, n (realisations with a map)}
     mask: dict[str, Any] | None = None  # {file, sha256, realization}
+    bandpowers: dict[str, Any] | None = None  # identity (BANDPOWER_IDENTITY), model, n, file (the bpsums npz)
     warnings: list[str] = field(default_factory=list)
     updated_at: str | None = None
 
@@ -161,8 +166,12 @@ class AggregateState:
         return int(self.maps["n"]) if self.maps else 0
 
     @property
+    def n_bandpowers(self) -> int:
+        return int(self.bandpowers["n"]) if self.bandpowers else 0
+
+    @property
     def has_products(self) -> bool:
-        return self.n_spectra > 0 or self.n_maps > 0
+        return self.n_spectra > 0 or self.n_maps > 0 or self.n_bandpowers > 0
 
     def includes(self, index: int) -> bool:
         return ledger_contains(self.included, index)
@@ -181,6 +190,7 @@ class AggregateState:
             "spectra": self.spectra,
             "maps": self.maps,
             "mask": self.mask,
+            "bandpowers": self.bandpowers,
             "warnings": self.warnings,
             "updated_at": self.updated_at,
         }
@@ -197,6 +207,7 @@ class AggregateState:
             spectra=data.get("spectra"),
             maps=data.get("maps"),
             mask=data.get("mask"),
+            bandpowers=data.get("bandpowers"),
             warnings=list(data.get("warnings", [])),
             updated_at=data.get("updated_at"),
         )
@@ -231,6 +242,14 @@ def load_map_sums(files: CampaignProducts, state: AggregateState) -> dict[str, n
         return None
     with np.load(files.root / state.maps["file"]) as data:
         return {name: data[name] for name in ("count", "mean", "m2")}
+
+
+def load_bandpower_sums(files: CampaignProducts, state: AggregateState) -> dict[str, np.ndarray] | None:
+    """``mean [p]`` and ``comoment [p, p]`` of the state's generation (p = 6 n_bins, spectrum-major)."""
+    if not state.bandpowers:
+        return None
+    with np.load(files.root / state.bandpowers["file"]) as data:
+        return {name: data[name] for name in ("mean", "comoment")}
 
 
 # --------------------------------------------------------------------------- one realisation
@@ -283,6 +302,49 @@ def _add_spectra(state: AggregateState, index: int, record: dict[str, Any]) -> N
         state.spectra["mean"][name] = mean.tolist()
         state.spectra["m2"][name] = m2.tolist()
     state.spectra["n"] = count + 1
+
+
+# What must agree between the realisations whose bandpowers are averaged (and between campaigns combined
+# for a data map's spectrum): the bins, the estimator and the mask the coupling was built for.
+BANDPOWER_IDENTITY = ("ell_lo", "ell_hi", "lmax", "bin_width", "purify_b", "mask_sha256", "signal", "noise")
+
+
+def _add_bandpowers(
+    state: AggregateState, index: int, record: dict[str, Any], current: dict[str, np.ndarray] | None
+) -> dict[str, np.ndarray]:
+    """Add one realisation's decoupled bandpowers (``record``: its ``BinnedSpectra`` as data) to the sums."""
+    bandpowers = record["bandpowers"]
+    identity = {key: bandpowers[key] for key in BANDPOWER_IDENTITY if key in bandpowers}
+    identity.update(signal=bool(record["signal"]), noise=bool(record["noise"]))
+    n_bins = len(identity["ell_lo"])
+    cb = bandpowers.get("cb") or {}
+    if set(cb) != set(SPECTRA) or any(len(cb[name]) != n_bins for name in SPECTRA):
+        raise RealizationUnusable(f"realisation {index}: bandpowers without {n_bins} bins of each of {', '.join(SPECTRA)}")
+    value = np.array([cb[name] for name in SPECTRA], dtype=np.float64)
+    if not np.all(np.isfinite(value)):
+        raise RealizationUnusable(f"realisation {index}: bandpowers with non-finite values")
+    if state.bandpowers is None or current is None:
+        model = bandpowers.get("model")
+        state.bandpowers = {
+            **identity,
+            "reliable": bandpowers.get("reliable"),
+            "model": {name: list(model[name]) for name in SPECTRA} if model else None,
+            "beam_fwhm_arcmin": record.get("beam_fwhm_arcmin"),
+            "n": 0,
+            "file": None,
+        }
+        p = value.size
+        current = {"mean": np.zeros(p), "comoment": np.zeros((p, p))}
+    else:
+        different = [key for key in BANDPOWER_IDENTITY if state.bandpowers.get(key) != identity.get(key)]
+        if different:
+            raise RealizationUnusable(
+                f"realisation {index}: bandpowers differ from the campaign's in {', '.join(different)}"
+            )
+    count = int(state.bandpowers["n"])
+    mean, comoment = montecarlo.moments_add(count, current["mean"], current["comoment"], value)
+    state.bandpowers["n"] = count + 1
+    return {"mean": mean, "comoment": comoment}
 
 
 def _read_iqu(path: Path) -> np.ndarray:
@@ -370,6 +432,18 @@ def include_realization(
                 _add_spectra(state, index, record)
             except (RealizationUnusable, KeyError, TypeError, ValueError) as error:
                 state.warn(f"spectra left out: {error}")
+        if record and record.get("bandpowers"):
+            before = dict(state.bandpowers) if state.bandpowers else None
+            try:
+                bandpower_sums = _add_bandpowers(state, index, record, load_bandpower_sums(files, state))
+            except (RealizationUnusable, KeyError, TypeError, ValueError) as error:
+                state.bandpowers = before
+                state.warn(f"bandpowers left out: {error}")
+            else:
+                bandpower_file = files.bandpower_sums_path(state.generation + 1)
+                mean, comoment = bandpower_sums["mean"], bandpower_sums["comoment"]
+                atomic_write(bandpower_file, lambda handle: np.savez(handle, mean=mean, comoment=comoment))
+                state.bandpowers = {**(state.bandpowers or {}), "file": bandpower_file.name}
         iqu_path = _product_path(result, product_dir, "iqu")
         if iqu_path is not None:
             try:
@@ -398,9 +472,9 @@ def include_realization(
 
 
 def _remove_stale(files: CampaignProducts, state: AggregateState) -> None:
-    keep = state.maps["file"] if state.maps else None
-    for path in files.map_sums_files():
-        if path.name != keep:
+    keep = {state.maps["file"] if state.maps else None, state.bandpowers["file"] if state.bandpowers else None}
+    for path in [*files.map_sums_files(), *files.bandpower_sums_files()]:
+        if path.name not in keep:
             path.unlink(missing_ok=True)
     if files.cache_dir.is_dir():
         # Files of the previous generation stay: a request may be serving one right now.
@@ -508,3 +582,98 @@ def mean_and_variance_maps(files: CampaignProducts, state: AggregateState) -> tu
     with np.errstate(divide="ignore", invalid="ignore"):
         variance = np.where(count > 1, np.maximum(sums["m2"], 0.0) / (count - 1), UNSEEN)
     return mean, variance
+
+
+# --------------------------------------------------------------------------- decoupled bandpowers
+
+
+@dataclass(frozen=True)
+class BandpowerAggregates:
+    """The campaign's decoupled bandpowers over its realisations (K^2; rows :data:`SPECTRA`, ``[6, n_bins]``).
+
+    ``mean`` and its Monte Carlo ``error`` (``std / sqrt(n)``; NaN below 2), the ``covariance``
+    ``[6 n_bins, 6 n_bins]`` of one realisation's bandpowers (spectrum-major; None below 2) with
+    the Hartlap factor for its inverse, and the input ``model`` through the windows (signal
+    campaigns with a CMB sky). The corrections follow :mod:`schemas.montecarlo`.
+    """
+
+    n: int
+    ell_lo: np.ndarray  # [n_bins] int64
+    ell_hi: np.ndarray  # [n_bins] int64
+    lmax: int
+    bin_width: int
+    purify_b: bool
+    mask_sha256: str
+    reliable: np.ndarray  # [n_bins] bool
+    signal: bool
+    noise: bool
+    mean: np.ndarray
+    error: np.ndarray
+    covariance: np.ndarray | None
+    hartlap: float | None
+    model: np.ndarray | None
+    beam_fwhm_arcmin: float | None
+
+    @property
+    def ell_center(self) -> np.ndarray:
+        return (self.ell_lo + self.ell_hi) / 2.0
+
+    @property
+    def transfer_available(self) -> bool:
+        """Signal-only with an input model: ``<C_b> = F_b B_b^2 C_b^in`` gives F_b."""
+        return self.signal and not self.noise and self.model is not None
+
+    @property
+    def noise_bias_available(self) -> bool:
+        return self.noise and not self.signal
+
+    @property
+    def covariance_available(self) -> bool:
+        """Signal+noise with two realisations: the covariance a data map's errors come from."""
+        return self.signal and self.noise and self.covariance is not None
+
+    def transfer_function(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(F_b, sigma_F_b)`` [6, n_bins] (NaN where the model is 0: EB, TB)."""
+        if self.model is None:
+            raise ValueError("no input model: the transfer function needs a campaign with a simulated CMB sky")
+        return montecarlo.transfer_ratio(self.mean, self.error, self.model)
+
+    def noise_bias(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(N_b, sigma_N_b)`` [6, n_bins] K^2: the mean noise-only bandpowers and their Monte Carlo error."""
+        return self.mean, self.error
+
+
+def bandpower_aggregates(files: CampaignProducts, state: AggregateState) -> BandpowerAggregates | None:
+    """The campaign's bandpower aggregates of the state's generation, or None before the first."""
+    record = state.bandpowers
+    sums = load_bandpower_sums(files, state)
+    if not record or sums is None or not record["n"]:
+        return None
+    n = int(record["n"])
+    n_bins = len(record["ell_lo"])
+    mean = sums["mean"].reshape(6, n_bins)
+    covariance = hartlap = None
+    error = np.full_like(mean, np.nan)
+    if n >= 2:
+        covariance, _, hartlap = montecarlo.covariance_from_moments(n, sums["comoment"])
+        error = np.sqrt(np.maximum(np.diag(covariance), 0.0) / n).reshape(6, n_bins)
+    model = record.get("model")
+    reliable = record.get("reliable")
+    return BandpowerAggregates(
+        n=n,
+        ell_lo=np.asarray(record["ell_lo"], dtype=np.int64),
+        ell_hi=np.asarray(record["ell_hi"], dtype=np.int64),
+        lmax=int(record["lmax"]),
+        bin_width=int(record["bin_width"]),
+        purify_b=bool(record["purify_b"]),
+        mask_sha256=str(record["mask_sha256"]),
+        reliable=np.asarray(reliable if reliable is not None else [True] * n_bins, dtype=bool),
+        signal=bool(record["signal"]),
+        noise=bool(record["noise"]),
+        mean=mean,
+        error=error,
+        covariance=covariance,
+        hartlap=hartlap,
+        model=np.array([model[name] for name in SPECTRA], dtype=np.float64) if model else None,
+        beam_fwhm_arcmin=record.get("beam_fwhm_arcmin"),
+    )

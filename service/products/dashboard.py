@@ -11,7 +11,12 @@ aggregates it shows:
 * ``mc-spectra``: mean pseudo-spectra TT, EE, BB with a band of one
   realisation's scatter (log scale, uK^2);
 * ``mc-noise-bias`` (noise-only): N_l TT, EE, BB with its scatter (uK^2), or
-  ``mc-transfer`` (signal-only with a CMB sky): F_l TT, EE, BB with its scatter.
+  ``mc-transfer`` (signal-only with a CMB sky): F_l TT, EE, BB with its scatter;
+* ``mc-bandpowers``: the decoupled bandpowers as D_b = l(l+1) C_b / 2 pi (uK^2) of TT, EE, BB, error
+  bars of one realisation's scatter, the input model through the windows overlaid (dashed) when the
+  campaign simulated a CMB sky; and ``mc-bandpower-transfer`` (F_b, signal-only) or
+  ``mc-bandpower-noise`` (N_b as D_b, noise-only) with their Monte Carlo errors. Each of these has a
+  log/linear toggle (``static/products.js``).
 
 The charts are drawn by the renderers that ``static/products.js`` registers
 with ``MapCampaign.charts.register``; the campaign page re-fetches them after
@@ -40,6 +45,8 @@ from service.errors import NotFound
 from service.products import formats
 from service.products.aggregates import (
     AggregateState,
+    BandpowerAggregates,
+    bandpower_aggregates,
     load_state,
     mean_and_variance_maps,
     spectra_aggregates,
@@ -49,7 +56,7 @@ from service.storage import CampaignProducts
 
 FIELDS = ("I", "Q", "U")
 UK2 = 1e12  # K^2 -> uK^2
-CHARTS = ("spectra", "noise-bias", "transfer")
+CHARTS = ("spectra", "noise-bias", "transfer", "bandpowers", "bandpower-transfer", "bandpower-noise")
 
 _render_lock = threading.Lock()  # one render at a time per process: the CPU is shared with the workers
 
@@ -102,7 +109,99 @@ def mc_products_panel(*, session: Any, campaign: Any, settings: Any) -> Products
                     caption="no pixel window: the simulated sky is sampled at pixel centres",
                 )
             )
+    charts.extend(bandpower_charts(CampaignProducts(settings.products_dir, campaign.id), state, campaign.id))
     return ProductsPanel(figures=figures, charts=charts, note=panel_note(state))
+
+
+def bandpower_charts(files: CampaignProducts, state: AggregateState, campaign_id: int) -> list[ChartRef]:
+    """The decoupled-bandpower charts of a campaign with bandpower aggregates (none before the first)."""
+    try:
+        bandpowers = bandpower_aggregates(files, state)
+    except FileNotFoundError:  # an update replaced the sums meanwhile: the charts' JSON reads the new ones
+        bandpowers = None
+    if bandpowers is None:
+        return []
+    base = f"/ui/campaigns/{campaign_id}/products"
+    charts = [
+        ChartRef(
+            kind="mc-bandpowers",
+            src=f"{base}/bandpowers",
+            title="Decoupled bandpowers D_b TT, EE, BB: mean, error bars = scatter of one realisation"
+            + (", dashed = input model" if bandpowers.model is not None else ""),
+            caption=f"uK^2, D_b = l(l+1) C_b / 2 pi at the bin centres, bins of {bandpowers.bin_width} to "
+            f"lmax {bandpowers.lmax}, {'pure' if bandpowers.purify_b else 'standard'} B; beam not deconvolved",
+        )
+    ]
+    if bandpowers.transfer_available:
+        charts.append(
+            ChartRef(
+                kind="mc-bandpower-transfer",
+                src=f"{base}/bandpower-transfer",
+                title="Transfer function F_b per bandpower (<C_b> = F_b B_b^2 C_b^in), error bars = MC error",
+                caption="dimensionless; 1 where the map-maker loses nothing",
+            )
+        )
+    if bandpowers.noise_bias_available:
+        charts.append(
+            ChartRef(
+                kind="mc-bandpower-noise",
+                src=f"{base}/bandpower-noise",
+                title="Noise bias N_b per bandpower as D_b, error bars = MC error",
+                caption="uK^2; subtract N_b from a data map's decoupled bandpowers",
+            )
+        )
+    return charts
+
+
+def _bars(x: np.ndarray, value: np.ndarray, error: np.ndarray | None) -> dict[str, Any]:
+    """y and its error-bar ends (lo, hi); NaN (null) where undefined."""
+
+    def listed(values: np.ndarray) -> list[float | None]:
+        return [float(v) if np.isfinite(v) else None for v in values]
+
+    entry: dict[str, Any] = {"x": [float(v) for v in x], "y": listed(value)}
+    if error is not None:
+        entry.update(lo=listed(value - error), hi=listed(value + error))
+    return entry
+
+
+def bandpower_chart_data(bandpowers: BandpowerAggregates, chart: str) -> dict[str, Any]:
+    """The JSON of one bandpower chart: series (label, x, y, lo/hi error-bar ends, ``model`` for overlays)."""
+    x = bandpowers.ell_center
+    d_ell = x * (x + 1) / (2 * np.pi) * UK2  # C_b (K^2) -> D_b (uK^2)
+    names: tuple[SpectrumName, ...] = ("TT", "EE", "BB")
+    rows = [0, 1, 2]
+    series: list[dict[str, Any]] = []
+    if chart == "bandpowers":
+        scatter = None
+        if bandpowers.covariance is not None:
+            scatter = np.sqrt(np.maximum(np.diag(bandpowers.covariance), 0.0)).reshape(bandpowers.mean.shape)
+        for row, name in zip(rows, names, strict=True):
+            error = None if scatter is None else scatter[row] * d_ell
+            series.append({"label": name, **_bars(x, bandpowers.mean[row] * d_ell, error)})
+            if bandpowers.model is not None:
+                series.append({"label": name, "model": True, **_bars(x, bandpowers.model[row] * d_ell, None)})
+        options = {"logY": True, "yLabel": "D_b (uK^2)", "reference": None}
+    elif chart == "bandpower-transfer" and bandpowers.transfer_available:
+        value, sigma = bandpowers.transfer_function()
+        for row, name in zip(rows, names, strict=True):
+            series.append({"label": name, **_bars(x, value[row], sigma[row] if bandpowers.n >= 2 else None)})
+        options = {"logY": False, "yLabel": "F_b", "reference": 1.0}
+    elif chart == "bandpower-noise" and bandpowers.noise_bias_available:
+        value, sigma = bandpowers.noise_bias()
+        for row, name in zip(rows, names, strict=True):
+            error = sigma[row] * d_ell if bandpowers.n >= 2 else None
+            series.append({"label": name, **_bars(x, value[row] * d_ell, error)})
+        options = {"logY": True, "yLabel": "N_b as D_b (uK^2)", "reference": None}
+    else:
+        options = {}
+    return {
+        "n": bandpowers.n,
+        "xLabel": "multipole ell (bin centre)",
+        "label": f"{chart} over {bandpowers.n} realisations",
+        **options,
+        "series": series,
+    }
 
 
 def panel_note(state: AggregateState) -> str:
@@ -136,8 +235,13 @@ def _series(
     return series
 
 
-def chart_data(state: AggregateState, chart: str) -> dict[str, Any]:
+def chart_data(state: AggregateState, chart: str, files: CampaignProducts | None = None) -> dict[str, Any]:
     """What the renderer of one chart draws (``MapCampaign.charts.lines`` options plus a generation)."""
+    if chart.startswith("bandpower"):
+        bandpowers = None if files is None else bandpower_aggregates(files, state)
+        if bandpowers is None:
+            return {"generation": state.generation, "series": []}
+        return {"generation": state.generation, "note": panel_note(state), **bandpower_chart_data(bandpowers, chart)}
     aggregates = spectra_aggregates(state)
     if aggregates is None:
         return {"generation": state.generation, "series": []}
@@ -180,8 +284,11 @@ def products_chart(
     if chart not in CHARTS:
         raise NotFound(f"no products chart {chart!r}")
     _owned(session, user, campaign_id)
-    state = load_state(CampaignProducts(settings.products_dir, campaign_id))
-    payload = {"generation": 0, "series": []} if state is None else chart_data(state, chart)
+    files = CampaignProducts(settings.products_dir, campaign_id)
+    try:
+        payload = snapshot(files, lambda state: chart_data(state, chart, files))
+    except ProductsNotReady:
+        payload = {"generation": 0, "series": []}
     return JSONResponse(payload, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
 
 

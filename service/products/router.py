@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Body, Query
 from fastapi.responses import FileResponse, Response
 
 from schemas.api import ErrorBody
-from schemas.products import DownloadFormat, MapFormat, ProductsSummary, RealizationSpectra
-from service.deps import CurrentUser, ReadSessionDep, RealizationIndex, RowId, SettingsDep
-from service.products import service
+from schemas.products import DataSpectrum, DownloadFormat, MapFormat, ProductsSummary, RealizationSpectra
+from service.deps import MAX_ROW_ID, CurrentUser, ReadSessionDep, RealizationIndex, RowId, SettingsDep
+from service.products import service, spectrum
 from service.products.formats import MEDIA_TYPES
 
 router = APIRouter(
@@ -59,6 +59,28 @@ def spectra(
     """Mean and scatter of the binned spectra (and N_l or F_l): JSON (the summary), npz or a FITS table."""
     return _file(
         service.spectra_download(
+            session=session,
+            owner_id=user.user_id,
+            campaign_id=campaign_id,
+            products_dir=settings.products_dir,
+            fmt=format,
+        )
+    )
+
+
+@router.get("/bandpowers", response_class=Response, responses=_FILE)
+def bandpowers(
+    campaign_id: RowId,
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    format: DownloadFormat = "json",
+) -> Response:
+    """Decoupled (MASTER) bandpowers over the realisations: mean and Monte Carlo error, the transfer function
+    F_b (signal-only), the noise bias N_b (noise-only), and the bandpower covariance with n and the Hartlap
+    factor: JSON, npz or FITS (table BANDPOWERS, image COVARIANCE)."""
+    return _file(
+        service.bandpower_download(
             session=session,
             owner_id=user.user_id,
             campaign_id=campaign_id,
@@ -170,3 +192,35 @@ def realization_mask(
 ) -> Response:
     """One realisation's analysis mask: the uploaded FITS file, or npz (``mask``)."""
     return _realization_file(campaign_id, index, user, session, settings, "mask", format)
+
+
+spectrum_router = APIRouter(
+    tags=["products"],
+    responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+)
+
+@spectrum_router.post("/spectrum", response_model=DataSpectrum, responses={422: {"model": ErrorBody}})
+def data_spectrum(
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    map_fits: Annotated[bytes, Body(media_type="application/fits", description="HEALPix FITS map: I, Q, U in K")],
+    transfer: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign giving F_b")],
+    noise: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Noise-only campaign giving N_b")],
+    covariance: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Signal+noise campaign giving the errors")
+    ] = None,
+) -> DataSpectrum:
+    """Unbiased bandpowers (C_b - N_b) / F_b of the uploaded map (the request body, a HEALPix FITS file),
+    with errors from the covariance campaign. The campaigns must share the map's pointing (scan key), mask
+    and binning, and be of the kind their role needs: else 422 naming the query field and what differs."""
+    return spectrum.data_spectrum(
+        session=session,
+        owner_id=user.user_id,
+        products_dir=settings.products_dir,
+        work_dir=settings.data_dir / "spectrum-work",
+        map_bytes=map_fits,
+        transfer_id=transfer,
+        noise_id=noise,
+        covariance_id=covariance,
+    )

@@ -22,6 +22,10 @@ from sqlalchemy.orm import Session
 from schemas.api import API_PREFIX
 from schemas.files import atomic_write_bytes
 from schemas.products import (
+    BandpowerBins,
+    BandpowerCovariance,
+    BandpowerEstimate,
+    BandpowerProducts,
     CorrectionStats,
     EllBins,
     MaskInfo,
@@ -40,7 +44,9 @@ from service.errors import Invalid, NotFound
 from service.products import formats
 from service.products.aggregates import (
     AggregateState,
+    BandpowerAggregates,
     SpectraAggregates,
+    bandpower_aggregates,
     load_state,
     mean_and_variance_maps,
     spectra_aggregates,
@@ -123,8 +129,60 @@ def _correction(value: np.ndarray, scatter: np.ndarray | None, n: int) -> Correc
     )
 
 
+def _estimates(value: np.ndarray, error: np.ndarray | None) -> dict[str, BandpowerEstimate]:
+    return {
+        name: BandpowerEstimate(value=_finite(value[row]) or [], error=None if error is None else _finite(error[row]))
+        for row, name in enumerate(SPECTRA)
+    }
+
+
+def bandpower_products(bandpowers: BandpowerAggregates) -> BandpowerProducts:
+    """The summary's block on the decoupled bandpowers (the covariance matrix itself is in the download)."""
+    n_bins = bandpowers.ell_lo.size
+    error = bandpowers.error if bandpowers.n >= 2 else None
+    block: dict[str, Any] = {
+        "n": bandpowers.n,
+        "bins": BandpowerBins(
+            ell_lo=[int(v) for v in bandpowers.ell_lo],
+            ell_hi=[int(v) for v in bandpowers.ell_hi],
+            ell_center=_floats(bandpowers.ell_center),
+            lmax=bandpowers.lmax,
+            bin_width=bandpowers.bin_width,
+            reliable=[bool(v) for v in bandpowers.reliable],
+        ),
+        "purify_b": bandpowers.purify_b,
+        "mask_sha256": bandpowers.mask_sha256,
+        "mean": _estimates(bandpowers.mean, error),
+        "beam_fwhm_arcmin": bandpowers.beam_fwhm_arcmin,
+    }
+    if bandpowers.model is not None:
+        block["model"] = {name: _floats(bandpowers.model[row]) for row, name in enumerate(SPECTRA)}
+    if bandpowers.transfer_available:
+        value, sigma = bandpowers.transfer_function()
+        block["transfer_function"] = _estimates(value, sigma if error is not None else None)
+    if bandpowers.noise_bias_available:
+        value, sigma = bandpowers.noise_bias()
+        block["noise_bias"] = _estimates(value, sigma if error is not None else None)
+    if bandpowers.covariance_available and bandpowers.covariance is not None:
+        std = np.sqrt(np.maximum(np.diag(bandpowers.covariance), 0.0)).reshape(6, n_bins)
+        hartlap = bandpowers.hartlap
+        block["covariance"] = BandpowerCovariance(
+            n=bandpowers.n,
+            p=int(bandpowers.covariance.shape[0]),
+            hartlap=hartlap if hartlap is not None and math.isfinite(hartlap) else None,
+            std={name: _floats(std[row]) for row, name in enumerate(SPECTRA)},
+        )
+    return BandpowerProducts(**block)
+
+
 def build_summary(*, campaign: Campaign, files: CampaignProducts, succeeded: int) -> ProductsSummary:
-    state = load_state(files) or AggregateState(campaign_id=campaign.id)
+    def read(state: AggregateState) -> tuple[AggregateState, BandpowerAggregates | None]:
+        return state, bandpower_aggregates(files, state)
+
+    try:
+        state, bandpowers = snapshot(files, read)
+    except ProductsNotReady:
+        state, bandpowers = load_state(files) or AggregateState(campaign_id=campaign.id), None
     aggregates = spectra_aggregates(state)
     base = f"{API_PREFIX}/campaigns/{campaign.id}/products"
     summary: dict[str, Any] = {
@@ -141,6 +199,7 @@ def build_summary(*, campaign: Campaign, files: CampaignProducts, succeeded: int
         "warnings": state.warnings,
         "downloads": ProductDownloads(
             spectra=f"{base}/spectra" if aggregates else None,
+            bandpowers=f"{base}/bandpowers" if bandpowers else None,
             mean_map=f"{base}/mean-map" if state.n_maps else None,
             variance_map=f"{base}/variance-map" if state.n_maps >= 2 else None,
             mask=f"{base}/mask" if state.mask else None,
@@ -180,6 +239,8 @@ def build_summary(*, campaign: Campaign, files: CampaignProducts, succeeded: int
                     for name, (value, scatter) in aggregates.transfer_function().items()
                 },
             )
+    if bandpowers is not None:
+        summary["bandpowers"] = bandpower_products(bandpowers)
     return ProductsSummary(**summary)
 
 
@@ -256,6 +317,40 @@ def spectra_download(*, session: Session, owner_id: int, campaign_id: int, produ
             writer = formats.write_spectra_fits if fmt == "fits" else formats.write_spectra_npz
             writer(path, columns, scalars)
         return Download(path, formats.MEDIA_TYPES[fmt], f"campaign-{campaign.id}-spectra.{fmt}")
+
+    return snapshot(files, build)
+
+
+def bandpower_download(*, session: Session, owner_id: int, campaign_id: int, products_dir: Path, fmt: str) -> Download:
+    """The decoupled bandpowers' aggregates with the covariance matrix: JSON, npz or FITS (:mod:`formats`)."""
+    campaign, files = owned_products(
+        session=session, owner_id=owner_id, campaign_id=campaign_id, products_dir=products_dir
+    )
+
+    def build(state: AggregateState) -> Download:
+        bandpowers = bandpower_aggregates(files, state)
+        if bandpowers is None:
+            raise ProductsNotReady(f"campaign {campaign.id} has no decoupled bandpowers yet")
+        path = files.cache_path(state.generation, f"bandpowers.{fmt}")
+        if not path.is_file():
+            block = bandpower_products(bandpowers)
+            if fmt == "json":
+                payload = block.model_dump(mode="json")
+                payload.update(
+                    campaign_id=campaign.id,
+                    kind=campaign.kind,
+                    scan_key=campaign.scan_key,
+                    covariance_matrix=None
+                    if bandpowers.covariance is None
+                    else [_finite(row) for row in bandpowers.covariance],
+                )
+                atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
+            else:
+                arrays = formats.bandpower_arrays(bandpowers)
+                scalars = {"campaign": campaign.id, "kind": campaign.kind, "scankey": campaign.scan_key}
+                writer = formats.write_bandpowers_fits if fmt == "fits" else formats.write_bandpowers_npz
+                writer(path, arrays, scalars)
+        return Download(path, formats.MEDIA_TYPES[fmt], f"campaign-{campaign.id}-bandpowers.{fmt}")
 
     return snapshot(files, build)
 

@@ -86,6 +86,12 @@ def test_campaign_runs_end_to_end(make_live_service, tmp_path):
             assert sorted(p.name for p in site_copy.iterdir()) == ["attempt-1"]
             assert (site_copy / "attempt-1" / "result.json").is_file()
 
+        # The bandpowers' coupling: one file at the site for the campaign's scan and products settings,
+        # built by the first realisations (two run at once), read by the later ones.
+        assert len(list((worker.site_data / "couplings").glob("*.npz"))) == 1
+        sources = [r["result"]["spectra"]["bandpowers"]["coupling_source"] for r in api.realizations(campaign["id"])]
+        assert "file" in sources and sources.count("built") <= 2, sources
+
         [plan] = api.plans()
         assert (plan["state"], plan["uses"], plan["build_attempts"], plan["ranks"]) == ("ready", 4, 1, 2)
         assert Path(plan["path"]).parent == worker.site_data / "plans" and Path(plan["path"]).is_file()
@@ -144,6 +150,8 @@ def test_preprocessing_runs_once_and_plans_are_shared_by_scan_and_ranks(make_liv
     checksums = {r["result"]["plan_checksum"] for c in (twenty, sibling) for r in api.realizations(c["id"])}
     assert len(checksums) == 1
     assert len(list((worker.site_data / "plans").glob("*.plan"))) == 3
+    # One coupling per (scan key, ranks, products settings), whatever the noise or seeds.
+    assert len(list((worker.site_data / "couplings").glob("*.npz"))) == 3
     api.close()
 
 

@@ -248,3 +248,79 @@ def test_malformed_spectra_are_left_out(tmp_path, bad):
     assert include_realization(files, 0, result, product_dir)
     state = load_state(files)
     assert state.n_spectra == 0 and state.n_maps == 1 and state.warnings
+
+
+# --------------------------------------------------------------------------- decoupled bandpowers
+
+
+def bandpower_record(generator, n_bins=4, mask_sha256="m" * 64, **changes):
+    """A ``BinnedSpectra`` record (as data) whose decoupled bandpowers scatter around a known level."""
+    cb = {name: (1e-12 * (1 + 0.1 * generator.standard_normal(n_bins))).tolist() for name in SPECTRA}
+    record = {
+        "ell_min": [2 + 4 * b for b in range(n_bins)],
+        "ell_max": [5 + 4 * b for b in range(n_bins)],
+        "lmax": 4 * n_bins + 2,
+        "ell_bin_width": 4,
+        "cl": cb,
+        "w2": 0.5,
+        "fsky": 0.75,
+        "apodization_deg": 5.0,
+        "min_hits": 3,
+        "signal": True,
+        "noise": False,
+        "model": None,
+        "beam_fwhm_arcmin": None,
+        "bandpowers": {
+            "ell_lo": [2 + 4 * b for b in range(n_bins)],
+            "ell_hi": [5 + 4 * b for b in range(n_bins)],
+            "lmax": 4 * n_bins + 3,
+            "bin_width": 4,
+            "reliable": [True] * n_bins,
+            "purify_b": True,
+            "cb": cb,
+            "model": {name: [1e-12] * n_bins for name in SPECTRA},
+            "mask_sha256": mask_sha256,
+            "coupling_source": "built",
+            "bandpowers_s": 0.1,
+        },
+    }
+    record["bandpowers"].update(changes)
+    return record
+
+
+def test_bandpower_covariance_and_transfer_equal_the_batch_kernels(tmp_path):
+    """The running mean and co-moment give schemas.montecarlo's batch covariance, transfer and Hartlap factor."""
+    from schemas import montecarlo
+
+    files = CampaignProducts(tmp_path / "campaigns", 8)
+    generator = np.random.default_rng(21)
+    records = [bandpower_record(generator) for _ in range(30)]
+    for index, record in enumerate(records):
+        assert include_realization(files, index, {"realization": index, "spec_hash": "b" * 64, "spectra": record})
+    state = load_state(files)
+    bandpowers = aggregates.bandpower_aggregates(files, state)
+    samples = np.array([[record["bandpowers"]["cb"][name] for name in SPECTRA] for record in records])
+    covariance, n, hartlap = montecarlo.bandpower_covariance(samples)
+    assert bandpowers.n == n == 30 and bandpowers.hartlap == pytest.approx(hartlap) == (30 - 24 - 2) / 29
+    scale = np.sqrt(np.outer(np.diag(covariance), np.diag(covariance)))
+    np.testing.assert_array_less(np.abs(bandpowers.covariance - covariance), 1e-10 * scale)
+    assert_close_to_batch(bandpowers.mean, samples)
+    transfer, sigma = montecarlo.transfer_function(samples, np.full((6, 4), 1e-12))
+    assert bandpowers.transfer_available and not bandpowers.noise_bias_available
+    np.testing.assert_allclose(bandpowers.transfer_function()[0], transfer, rtol=1e-10)
+    np.testing.assert_allclose(bandpowers.transfer_function()[1], sigma, rtol=1e-8)
+    assert len(list(files.bandpower_sums_files())) == 1  # older generations removed
+
+
+def test_bandpowers_of_another_mask_or_binning_are_left_out_with_a_warning(tmp_path):
+    files = CampaignProducts(tmp_path / "campaigns", 9)
+    generator = np.random.default_rng(22)
+    include_realization(files, 0, {"realization": 0, "spec_hash": "b" * 64, "spectra": bandpower_record(generator)})
+    other_mask = bandpower_record(generator, mask_sha256="n" * 64)
+    include_realization(files, 1, {"realization": 1, "spec_hash": "b" * 64, "spectra": other_mask})
+    other_bins = bandpower_record(generator, n_bins=3)
+    include_realization(files, 2, {"realization": 2, "spec_hash": "b" * 64, "spectra": other_bins})
+    state = load_state(files)
+    assert state.n_bandpowers == 1 and state.n_included == 3
+    assert any("bandpowers differ from the campaign's in mask_sha256" in w for w in state.warnings), state.warnings
+    assert any("ell_lo, ell_hi, lmax" in w for w in state.warnings), state.warnings

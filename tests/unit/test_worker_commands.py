@@ -34,7 +34,12 @@ def test_realize_and_preprocess_arguments():
     plain = mapmaker_realize_args(
         PY, spec_file=Path("s"), realization=0, out=Path("o"), threads=1, plan_file=None, sky_root=None
     )
-    assert "--plan" not in plain and "--sky-root" not in plain
+    assert "--plan" not in plain and "--sky-root" not in plain and "--coupling" not in plain
+    coupled = mapmaker_realize_args(
+        PY, spec_file=Path("s"), realization=0, out=Path("o"), threads=1, plan_file=None, sky_root=None,
+        coupling_file=Path("/d/couplings/c.npz"),
+    )  # fmt: skip
+    assert coupled[-2:] == ["--coupling", "/d/couplings/c.npz"]
     assert mapmaker_preprocess_args(PY, spec_file=Path("s.json"), out=Path("p.plan"), report=Path("p.json"))[5:] == [
         "preprocess", "--spec", "s.json", "--out", "p.plan", "--report", "p.json",
     ]  # fmt: skip

@@ -57,6 +57,27 @@ def test_prepare_makes_a_fresh_work_folder_and_clears_a_stale_product_folder(tmp
     assert (run.prepared.stdout, run.prepared.stderr) == (workdir / "stdout.txt", workdir / "stderr.txt")
 
 
+def test_every_realisation_of_a_scan_pattern_names_the_same_coupling_file(tmp_path):
+    """The site's coupling file is keyed by what the mask and binning depend on: campaigns of one scan and
+    products settings share it (whatever their kind, noise or seed); other products settings do not."""
+    from schemas.spec import coupling_key
+
+    run = make_run(tmp_path, RecordingClient())
+    run.prepare()
+    coupling_file = run.placement.coupling_file
+    assert coupling_file is not None and coupling_file.parent.is_dir()
+    assert f"--coupling {coupling_file}" in run.prepared.command
+    spec = run.task.spec
+    same = spec.model_copy(update={"seed": spec.seed + 1, "kind": "noise-only", "realizations": 7})
+    assert coupling_key(same) == coupling_key(spec)
+    for products in ({"ell_bin_width": spec.products.ell_bin_width + 1}, {"purify_b": not spec.products.purify_b}):
+        other = spec.model_copy(update={"products": spec.products.model_copy(update=products)})
+        assert coupling_key(other) != coupling_key(spec), products
+    cut = spec.model_copy(update={"solver": spec.solver.model_copy(update={"rcond_min": 0.2})})
+    more = spec.model_copy(update={"resources": spec.resources.model_copy(update={"ranks": spec.resources.ranks + 1})})
+    assert coupling_key(cut) != coupling_key(spec) and coupling_key(more) != coupling_key(spec)
+
+
 def test_prechecks(tmp_path):
     too_wide = make_run(tmp_path / "a", RecordingClient(), **{"resources.ranks": 4, "resources.ranks_per_node": 2})
     verdict = too_wide.precheck()

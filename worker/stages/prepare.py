@@ -22,6 +22,7 @@ from schemas.programs import (
     mapmaker_preprocess_args,
     mapmaker_realize_args,
 )
+from schemas.spec import coupling_key
 from worker.commands import RunnerLimits, bash_command, runner_args, task_resource_specification
 from worker.layout import SiteLayout, remove_entry
 from worker.outcome import Outcome, Verdict
@@ -37,6 +38,7 @@ class RealizePlacement:
     marker: str  # tags every process of the task (worker.runner)
     out: Path  # the attempt's product folder, made by the map-maker (``--out``)
     plan_file: Path | None  # the plan the service named; None when it named no path
+    coupling_file: Path | None = None  # the site's coupling of the campaign's scan pattern and products settings
 
     def describe(self) -> str:
         task = self.task
@@ -85,6 +87,7 @@ def place(task: PreprocessTask | RealizeTask, layout: SiteLayout, *, marker_pref
         marker=marker,
         out=layout.product_dir(task.campaign_id, task.realization, task.attempt),
         plan_file=Path(task.plan.path) if task.plan.path else None,
+        coupling_file=layout.coupling_file(coupling_key(task.spec)),
     )
 
 
@@ -153,6 +156,7 @@ def task_command(placement: Placement, site: SiteConfig, *, python: str) -> str:
             plan_file=placement.plan_file,
             sky_root=site.sky_root,
             instrument_root=site.instrument_root,
+            coupling_file=placement.coupling_file,
         )
     runner = runner_args(
         python, workdir=placement.workdir, marker=placement.marker, limits=runner_limits(placement, site)
@@ -175,6 +179,8 @@ def prepare(placement: Placement, site: SiteConfig, *, python: str) -> PreparedT
     if isinstance(placement, RealizePlacement):
         out = placement.out
         out.parent.mkdir(parents=True, exist_ok=True)
+        if placement.coupling_file is not None:
+            placement.coupling_file.parent.mkdir(parents=True, exist_ok=True)
         if out.exists() or out.is_symlink():
             stale = out.with_name(f".{out.name}.stale-{uuid.uuid4().hex[:8]}")
             os.rename(out, stale)  # out of the way at once, however long the removal takes

@@ -3,6 +3,10 @@
  *   mc-spectra      mean pseudo-spectra TT, EE, BB with a band of one realisation's scatter (log y)
  *   mc-noise-bias   N_l TT, EE, BB with its scatter (log y)
  *   mc-transfer     F_l TT, EE, BB with its scatter (linear y, a reference line at 1)
+ *   mc-bandpowers, mc-bandpower-transfer, mc-bandpower-noise
+ *                   decoupled bandpowers (D_b), F_b or N_b: points joined by lines, vertical error bars
+ *                   (two-point lines of class "errbar"), the input model dashed (class "model"), and a
+ *                   button above the chart that switches the y axis between log and linear
  *
  * The JSON is MapCampaign.charts.lines options plus the aggregates' generation. Colours are set through
  * element.style (CSSOM, allowed by the page's Content-Security-Policy); after drawing, the running-mean
@@ -82,11 +86,83 @@
     refreshPanel(data.generation, data.note);
   }
 
+  /* Bandpower charts: a series' error bars are drawn as one two-point line per bin (lo to hi), so the
+   * shared MapCampaign.charts.lines draws them on its own scales; the model is a dashed line. */
+  function bandpowerSeries(data) {
+    const number = (v) => (v === null || v === undefined ? NaN : v);
+    const series = [];
+    for (const s of data.series || []) {
+      const y = s.y.map(number);
+      const kind = s.model ? "model" : "data";
+      series.push({
+        label: s.label, x: s.x, y: y, kind: kind,
+        cls: `mc-${s.label} ${kind}`,
+        title: s.model ? `${s.label} input model` : `${s.label} over ${data.n} realisation(s)`,
+      });
+      if (s.lo && s.hi) {
+        s.x.forEach((x, i) => {
+          const lo = number(s.lo[i]), hi = number(s.hi[i]);
+          if (!Number.isFinite(lo) || !Number.isFinite(hi)) return;
+          series.push({ label: s.label, x: [x, x], y: [lo, hi], kind: "errbar", cls: `mc-${s.label} errbar` });
+        });
+      }
+    }
+    return series;
+  }
+
+  function drawBandpowers(element, data, logY) {
+    let toggle = element.previousElementSibling;
+    if (!toggle || !toggle.classList.contains("axis-toggle")) {
+      toggle = document.createElement("button");
+      toggle.type = "button";
+      toggle.className = "axis-toggle";
+      element.parentNode.insertBefore(toggle, element);
+      // One listener for the chart's life: it redraws the latest data with the other axis.
+      toggle.addEventListener("click", () => drawBandpowers(element, element.bandpowerData, element.dataset.logY !== "true"));
+    }
+    element.bandpowerData = data;
+    toggle.textContent = logY ? "linear y axis" : "log y axis";
+    toggle.setAttribute("aria-pressed", logY ? "true" : "false");
+    element.dataset.logY = logY ? "true" : "false";
+    const series = bandpowerSeries(data);
+    if (data.reference !== null && data.reference !== undefined && series.length) {
+      const x = series[0].x;
+      series.push({ label: "ref", x: [x[0], x[x.length - 1]], y: [data.reference, data.reference], kind: "ref", cls: "mc-ref" });
+    }
+    const svg = root.charts.lines(element, {
+      series: series, logY: logY, xLabel: data.xLabel, yLabel: data.yLabel, label: data.label,
+      emptyMessage: "No bandpowers yet.",
+    });
+    if (svg) {
+      for (const s of series) {
+        if (s.kind === "ref") continue;
+        const value = COLOURS[s.label] || "#555";
+        for (const line of svg.querySelectorAll(`polyline.mc-${s.label}`)) {
+          line.style.stroke = value;
+          line.style.strokeWidth = line.classList.contains("errbar") ? "1.5" : "2";
+          if (line.classList.contains("model")) line.style.strokeDasharray = "6 4";
+        }
+      }
+      for (const line of svg.querySelectorAll(".mc-ref")) {
+        line.style.stroke = "#6b7280";
+        line.style.strokeDasharray = "4 4";
+      }
+      legend(svg, series.filter((s) => s.kind === "data"));
+    }
+    refreshPanel(data.generation, data.note);
+  }
+
   function register() {
     if (!root.charts || !root.charts.register) return;
     root.charts.register("mc-spectra", (element, data) => draw(element, data));
     root.charts.register("mc-noise-bias", (element, data) => draw(element, data));
     root.charts.register("mc-transfer", (element, data) => draw(element, data, 1));
+    for (const kind of ["mc-bandpowers", "mc-bandpower-transfer", "mc-bandpower-noise"]) {
+      root.charts.register(kind, (element, data) => {
+        const chosen = element.dataset.logY;  // a redraw after a new result keeps the reader's choice
+        drawBandpowers(element, data, chosen === undefined ? !!data.logY : chosen === "true");
+      });
+    }
   }
 
   register();

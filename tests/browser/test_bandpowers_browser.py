@@ -1,0 +1,71 @@
+"""The products panel's decoupled-bandpower charts in headless Chromium (SQLite and PostgreSQL).
+
+Three signal-only realisations made by the real bandpower code (``mapmaker.model.bandpowers`` on healpy
+skies, as in ``tests/api/test_bandpowers_api.py``) are delivered through the worker API; the campaign page
+must draw D_b of TT, EE and BB with error bars and the input model dashed, the transfer function F_b, and
+switch the y axis between log and linear on the toggle, with no script error and nothing refused by the
+Content-Security-Policy (the ``page`` fixture checks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from tests.api.test_bandpowers_api import Skies, campaign_spec, refolder
+from tests.browser.conftest import Dashboard
+from tests.support.mapped_campaign import deliver
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def signal_only(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bandpower-browser")
+    spec = {**campaign_spec("signal-only"), "realizations": 3}
+    with threadpool_limits(limits=1, user_api="openmp"):
+        made = Skies(folder)
+        generator = np.random.default_rng(7)
+        paths = [made.realization_folder(spec, "signal-only", index, generator) for index in range(3)]
+    return spec, [refolder(spec, path, folder / "delivered" / path.name) for path in paths]
+
+
+def test_bandpower_charts_draw_error_bars_the_model_and_toggle_the_axis(dash: Dashboard, page, signal_only):
+    spec, folders = signal_only
+    with dash.api() as client:
+        campaign_id = client.post("/campaigns", json=spec).json()["id"]
+    worker = dash.service.client(dash.service.worker_token)
+    worker_id = worker.post("/workers", json={"name": "w1", "site": "local", "host": "h", "capacity": 4}).json()["id"]
+    plan = worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 1}).json()["tasks"][0]
+    built = {"path": "/p.h5", "checksum": "sha256:0", "size_bytes": 1, "build_time_s": 0.1}
+    worker.post(f"/tasks/{plan['task_id']}/plan-built", json=built).raise_for_status()
+    for task in worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 3}).json()["tasks"]:
+        assert deliver(worker, task, folders[task["realization"]]).status_code == 200
+
+    dash.login(page)
+    page.goto(dash.url + f"/campaigns/{campaign_id}")
+    chart = "[data-chart='mc-bandpowers']"
+    for series in ("TT", "EE", "BB"):
+        page.wait_for_selector(f"{chart} polyline.data[data-series='{series}']", state="attached")
+        page.wait_for_selector(
+            f"[data-chart='mc-bandpower-transfer'] polyline[data-series='{series}']", state="attached"
+        )
+    assert page.locator(f"{chart} polyline.model").count() == 3  # the input model, one per spectrum
+    assert page.locator(f"{chart} polyline.errbar").count() > 3 * 5  # error bars on the bins
+    assert page.locator("[data-chart='mc-bandpower-noise']").count() == 0  # signal-only: no noise bias
+    dash_array = page.eval_on_selector(f"{chart} polyline.model", "e => e.style.strokeDasharray")
+    assert dash_array  # dashed through the CSSOM
+
+    def tick_labels() -> list[str]:
+        return page.eval_on_selector_all(f"{chart} g.axis text", "all => all.map(t => t.textContent)")
+
+    assert page.get_attribute(chart, "data-log-y") == "true" and any(t.startswith("1e") for t in tick_labels())
+    toggle = page.locator(f"figure:has({chart}) button.axis-toggle")
+    assert toggle.text_content() == "linear y axis"
+    toggle.click()
+    page.wait_for_function(f"() => document.querySelector(\"{chart}\").dataset.logY === 'false'")
+    assert not any(t.startswith("1e") for t in tick_labels()), tick_labels()
+    assert page.locator(f"{chart} polyline.model").count() == 3  # redrawn with everything
+    dash.screenshot(page, "campaign-bandpowers")
+    worker.close()
