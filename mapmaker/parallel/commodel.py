@@ -39,7 +39,10 @@ VALUE_BYTES = 8
 ID_BYTES = 4  # pixel ids travel as int32 in the preprocessing allgather
 DEFAULT_SIFT_S_PER_ID = 5.0e-8  # the lookup-table sift on this project's machine: 40-90 ns per id (load 0-5)
 PAPER_ITERATIONS = 50  # the paper's runs, "a typical number for mapping polarized data"
-STRATEGY_ORDER = ("allreduce", "alltoallv", "hybrid", "butterfly")  # ties go to the simpler
+# Ties go to the simpler (earlier); an overlap variant only wins where it hides something.
+STRATEGY_ORDER = (
+    "allreduce", "alltoallv", "neighbor", "pairwise", "hybrid", "butterfly", "alltoallv-overlap", "neighbor-overlap"
+)
 
 
 def ceil_log2(n: int) -> int:
@@ -65,6 +68,16 @@ class Machine:
     alltoallv: LinkCost
     allgather: LinkCost
     sift_s_per_id: float = DEFAULT_SIFT_S_PER_ID
+    neighbor: LinkCost | None = None  # Neighbor_alltoallv; None: the Alltoallv's figures
+    pairwise: LinkCost | None = None  # XOR-ordered Sendrecv; None: the point-to-point figures
+
+    @property
+    def neighbor_link(self) -> LinkCost:
+        return self.neighbor or self.alltoallv
+
+    @property
+    def pairwise_link(self) -> LinkCost:
+        return self.pairwise or self.p2p
 
     @classmethod
     def uniform(cls, alpha_s: float, beta_s_per_byte: float, name: str, sift_s_per_id: float = DEFAULT_SIFT_S_PER_ID) -> Machine:
@@ -83,6 +96,8 @@ class Machine:
             link(calibration.alltoallv),
             link(calibration.allgather),
             calibration.sift_s_per_id,
+            link(calibration.neighbor) if calibration.neighbor else None,
+            link(calibration.pairwise) if calibration.pairwise else None,
         )
 
 
@@ -237,16 +252,25 @@ def _spread(values: np.ndarray) -> tuple[float, float]:
 
 
 def strategy_costs(
-    figures: OverlapFigures, machine: Machine, *, k: int = 3, buffer_pixels: int = 1 << 16
+    figures: OverlapFigures, machine: Machine, *, k: int = 3, buffer_pixels: int = 1 << 16, hideable_s: float = 0.0
 ) -> dict[str, StrategyCost]:
-    """Modeled traffic and time of every strategy for one call with k values per pixel."""
+    """Modeled traffic and time of every strategy for one call with k values per pixel.
+
+    ``hideable_s``: seconds of computation per call that an overlap variant
+    can run while its messages travel (the private rows' share of the
+    operator); 0 models no overlap at all.
+    """
     p = figures.size
     costs: dict[str, StrategyCost] = {}
 
     nbytes, messages, _ = allreduce_traffic(figures.npix, buffer_pixels, k, p)
     costs["allreduce"] = StrategyCost("allreduce", nbytes, nbytes, messages, messages, machine.allreduce(messages, nbytes))
 
-    costs["alltoallv"] = _alltoallv_cost("alltoallv", figures.shared, figures.neighbours, k, machine)
+    costs["alltoallv"] = _alltoallv_cost("alltoallv", figures.shared, figures.neighbours, k, machine.alltoallv)
+    costs["neighbor"] = _alltoallv_cost("neighbor", figures.shared, figures.neighbours, k, machine.neighbor_link)
+    costs["pairwise"] = _alltoallv_cost("pairwise", figures.shared, figures.neighbours, k, machine.pairwise_link)
+    for name, twin in OVERLAP_TWINS.items():
+        costs[name] = overlap_cost(name, costs[twin], hideable_s)
 
     rows = figures.butterfly
     send_bytes = rows * k * VALUE_BYTES
@@ -280,7 +304,7 @@ def strategy_costs(
 def hybrid_cost(figures: OverlapFigures, machine: Machine, threshold: int, *, k: int = 3, buffer_pixels: int = 1 << 16) -> StrategyCost:
     """``hybrid`` with a given threshold tau (one of ``figures.thresholds``)."""
     j = int(np.flatnonzero(figures.thresholds == threshold)[0])
-    light = _alltoallv_cost("hybrid", figures.light_shared[:, j], figures.light_neighbours[:, j], k, machine)
+    light = _alltoallv_cost("hybrid", figures.light_shared[:, j], figures.light_neighbours[:, j], k, machine.alltoallv)
     heavy = int(figures.heavy_pixels[j])
     h_bytes, h_messages, _ = allreduce_traffic(heavy, buffer_pixels, k, figures.size)
     return StrategyCost(
@@ -294,16 +318,35 @@ def hybrid_cost(figures: OverlapFigures, machine: Machine, threshold: int, *, k:
     )
 
 
-def _alltoallv_cost(name: str, shared: np.ndarray, neighbours: np.ndarray, k: int, machine: Machine) -> StrategyCost:
+# Each overlap variant and its blocking twin (same messages and bytes).
+OVERLAP_TWINS = {"alltoallv-overlap": "alltoallv", "neighbor-overlap": "neighbor"}
+
+
+def overlap_cost(name: str, blocking: StrategyCost, hideable_s: float) -> StrategyCost:
+    """An overlap variant: its twin's traffic; the time its twin's exceeds the computation it hides behind.
+
+    Exposed seconds = max(0, t_blocking - hideable_s): the overlap can hide
+    at most the computation that runs while the messages travel.
+    """
+    hidden = min(blocking.seconds, max(hideable_s, 0.0))
+    return StrategyCost(
+        name, blocking.bytes_max, blocking.bytes_mean, blocking.messages_max, blocking.messages_mean,
+        blocking.seconds - hidden, {**blocking.details, "hidden_s": hidden},
+    )
+
+
+def _alltoallv_cost(name: str, shared: np.ndarray, neighbours: np.ndarray, k: int, link: LinkCost) -> StrategyCost:
+    """Per rank alpha m_i + beta b_i, the slowest rank: the Alltoallv, the neighbourhood collective, the pairwise
+    exchange (its m_i Sendrecv one after another) -- each with its own link figures."""
     send_bytes = shared * k * VALUE_BYTES
     messages = np.asarray(neighbours)
     known = messages >= 0
-    times = machine.alltoallv(np.where(known, messages, 0), send_bytes)
+    times = link(np.where(known, messages, 0), send_bytes)
     b_max, b_mean = _spread(send_bytes)
     m_max, m_mean = _spread(messages)
     seconds = float(times.max()) if len(times) else 0.0
     if not known.all():  # ranks whose neighbour count the model sampled: bound them by the sampled maximum
-        seconds = max(seconds, float(machine.alltoallv(m_max, send_bytes.max())))
+        seconds = max(seconds, float(link(m_max, send_bytes.max())))
     return StrategyCost(name, b_max, b_mean, m_max, m_mean, seconds)
 
 
@@ -330,6 +373,7 @@ class Workload:
     realizations: int
     iterations: int
     buffer_pixels: int
+    hideable_s: float = 0.0  # computation per PCG iteration an overlap variant can hide behind (s)
 
     @classmethod
     def of_spec(cls, spec) -> Workload:
@@ -355,7 +399,9 @@ def campaign_costs(figures: OverlapFigures, machine: Machine, workload: Workload
     and iterations + 1 with k = 3 (b, then one per PCG iteration); the
     preprocessing is paid once per campaign by every strategy but allreduce.
     """
-    per_iteration = strategy_costs(figures, machine, k=3, buffer_pixels=workload.buffer_pixels)
+    per_iteration = strategy_costs(
+        figures, machine, k=3, buffer_pixels=workload.buffer_pixels, hideable_s=workload.hideable_s
+    )
     blocks = strategy_costs(figures, machine, k=12, buffer_pixels=workload.buffer_pixels)
     preprocessing = preprocessing_cost(figures, machine, workload.buffer_pixels)["total_s"]
     out = {}
