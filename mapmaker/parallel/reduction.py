@@ -388,6 +388,13 @@ class OverlapMixin:
     overlaps = True
     _pending: tuple[np.ndarray, np.ndarray, int] | None = None
 
+    @property
+    def shared_rows(self) -> np.ndarray:
+        """[n_local] bool: the rows the exchange sends and adds into (the others are this rank's alone)."""
+        rows = np.zeros(len(self.local_pixels), dtype=bool)  # type: ignore[attr-defined]
+        rows[self.index] = True  # type: ignore[attr-defined]
+        return rows
+
     def start(self, local_values: np.ndarray) -> None:
         self._check(local_values)  # type: ignore[attr-defined]
         if self._max_rows == 0:  # type: ignore[attr-defined]
