@@ -213,8 +213,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         return MapmakerExit.OK
     print(f"{calibration.ranks} ranks on {calibration.host} ({calibration.mpi}), load {calibration.load_average[0]:.2f}")
     print(f"{'operation':<10} {'alpha (us)':>11} {'bandwidth (GB/s)':>17} {'r2':>6}  form")
-    for name in ("p2p", "allreduce", "alltoallv", "allgather"):
+    for name in ("p2p", "allreduce", "alltoallv", "allgather", "neighbor", "pairwise"):
         fit = getattr(calibration, name)
+        if fit is None:
+            continue
         bandwidth = 1e-9 / fit.beta_s_per_byte if fit.beta_s_per_byte > 0 else float("inf")
         r2 = f"{fit.r2:.3f}" if fit.r2 is not None else "-"
         print(f"{name:<10} {fit.alpha_s * 1e6:>11.2f} {bandwidth:>17.2f} {r2:>6}  {fit.formula}")

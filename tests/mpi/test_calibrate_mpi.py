@@ -27,7 +27,11 @@ def test_calibration_file_drives_auto_and_the_model(tmp_path):
     assert "p2p" in completed.stdout and "sift" in completed.stdout
     calibration = SiteCalibration.model_validate_json(out.read_text())
     assert calibration.ranks == 2 and calibration.sift_s_per_id > 0
-    for fit in (calibration.p2p, calibration.allreduce, calibration.alltoallv, calibration.allgather):
+    assert "neighbor" in completed.stdout and "pairwise" in completed.stdout
+    fits = (calibration.p2p, calibration.allreduce, calibration.alltoallv, calibration.allgather, calibration.neighbor,
+            calibration.pairwise)
+    for fit in fits:
+        assert fit is not None
         assert fit.alpha_s >= 0 and fit.beta_s_per_byte > 0 and len(fit.points) >= 5
 
     spec = write_spec(tmp_path, **{'reduction = "allreduce"': 'reduction = "auto"'})
@@ -36,6 +40,7 @@ def test_calibration_file_drives_auto_and_the_model(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     selection = RealizationResult.model_validate_json((run / "result.json").read_text()).communication.selection
     assert selection.machine.startswith("calibration of local")
+    assert {"neighbor", "pairwise", "alltoallv-overlap", "neighbor-overlap"} <= set(selection.modeled)
 
     completed = model("--spec", str(spec), "--ranks", "2,3", "--calibration", str(out), "--json")
     assert completed.returncode == 0, completed.stderr[-3000:]
