@@ -59,3 +59,17 @@ def test_calibrate_needs_two_ranks_and_model_checks_its_options(tmp_path):
     assert completed.returncode == 2 and "not a calibration file" in completed.stderr
     completed = model("--spec", str(spec), "--ranks", "4", "--alpha", "8.15e-6", "--beta", "6.06e-10")
     assert completed.returncode == 0 and "4 ranks" in completed.stdout and "<- auto" in completed.stdout
+
+
+def test_model_runs_ranks_x_threads(tmp_path):
+    """--threads-per-rank T: the cores of --ranks on cores / T ranks; --cores-per-node: they share the interface."""
+    spec = write_spec(tmp_path)
+    plain = model("--spec", str(spec), "--ranks", "4", "--json")
+    threaded = model("--spec", str(spec), "--ranks", "4", "--threads-per-rank", "2", "--cores-per-node", "4", "--json")
+    assert plain.returncode == 0 and threaded.returncode == 0, threaded.stderr[-3000:]
+    one, two = json.loads(plain.stdout), json.loads(threaded.stdout)
+    assert two["threads_per_rank"] == 2 and "2 rank(s) per node" in two["machine"]
+    assert two["projections"][0]["ranks"] == 2 and two["projections"][0]["cores"] == 4
+    assert one["projections"][0]["ranks"] == 4
+    # The same samples on fewer ranks: fewer pixels observed twice or more in all.
+    assert two["projections"][0]["overlap"]["total_local_pixels"] <= one["projections"][0]["overlap"]["total_local_pixels"]
