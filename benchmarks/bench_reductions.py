@@ -35,7 +35,12 @@ from mpi4py import MPI
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from mapmaker.kernels import implementation
+from mapmaker.kernels import preconditioner as reference_blocks
+from mapmaker.model.decomposition import chunk_layout, decompose
+from mapmaker.model.noise import NoiseModel
 from mapmaker.parallel import commodel
+from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.overlap import build_overlap_plan
 from mapmaker.parallel.overlap_model import (
     chunk_sets,
@@ -45,9 +50,15 @@ from mapmaker.parallel.overlap_model import (
 )
 from mapmaker.parallel.reduction import make_reduction
 from mapmaker.programs.preprocess import overlap_statistics, rank_local_pixels
+from mapmaker.solve.local_data import build_local_data
+from mapmaker.solve.solver import pcg
 from schemas.io import load_spec
+from schemas.spec import STRATEGY_NAMES
 
-STRATEGIES = ("allreduce", "alltoallv", "butterfly", "hybrid")
+STRATEGIES = STRATEGY_NAMES
+# The whole PCG iteration (operator, reduction, dots, preconditioner) of these: what overlap is for.
+ITERATION_STRATEGIES = ("allreduce", "alltoallv", "alltoallv-overlap", "neighbor", "neighbor-overlap")
+PCG_ITERATIONS = 4
 PROJECTION_SPEC = REPO / "benchmarks" / "specs" / "projection.toml"
 
 
@@ -116,9 +127,12 @@ def worker(spec_path: str, repeat: int, calibration: str | None) -> None:
             "bytes_equal_model": bool(counted.max() == model.bytes_max and counted.mean() == model.bytes_mean),
             **(reduction.details or {}),
         }
+    strategies["alltoallv"]["datatype_seconds_median"] = datatype_exchange(comm, local_pixels, plan, base, repeat)
+    iterations = pcg_iterations(comm, spec, local_pixels, plan, machine)
     if rank == 0:
         print(json.dumps({
             "ranks": comm.Get_size(),
+            "pcg_iteration_seconds": iterations,
             "npix": npix,
             "samples": spec.total_samples,
             "plan_build_s": build,
@@ -126,6 +140,105 @@ def worker(spec_path: str, repeat: int, calibration: str | None) -> None:
             "overlap": json.loads(statistics_.model_dump_json()),
             "strategies": strategies,
         }))
+
+
+def datatype_exchange(comm, local_pixels, plan, base: np.ndarray, repeat: int) -> float:
+    """Median seconds of the Alltoallv's exchange with MPI derived datatypes instead of hand packing.
+
+    One ``Alltoallw`` whose send type per neighbour is an indexed-block type
+    (blocks of k doubles at the shared rows) over the map itself; the
+    receive side stays contiguous (the rows are added, not stored). The sums
+    are checked against the hand-packed ``alltoallv``.
+    """
+    reference = make_reduction("alltoallv", comm, local_pixels, npix=plan.npix, buffer_pixels=1 << 16, plan=plan)
+    k, size = base.shape[1], comm.Get_size()
+    send_types, recv_types = [], []
+    zeros = np.zeros(size, dtype=np.int64)
+    for j in range(size):
+        rows = reference.index[reference.offsets[j] : reference.offsets[j] + reference.counts[j]]
+        kind = MPI.DOUBLE.Create_indexed_block(k, (rows * k).astype(np.int64).tolist()).Commit() if len(rows) else MPI.DOUBLE
+        send_types.append(kind)
+        recv_types.append(MPI.DOUBLE)
+    send_counts = (reference.counts > 0).astype(np.int64)  # one indexed block type per neighbour
+    recv_counts = reference.counts * k
+    recv_displacements = reference.offsets * k * 8  # bytes
+    received = np.empty((len(reference.index), k))
+
+    def exchange(values):
+        comm.Alltoallw([values, send_counts, zeros, send_types], [received, recv_counts, recv_displacements, recv_types])
+        reference._add(values, received)
+
+    values = base.copy()
+    exchange(values)
+    expected = base.copy()
+    reference.reduce(expected)
+    np.testing.assert_allclose(values, expected, rtol=1e-13, atol=1e-13 * max(1.0, float(np.abs(expected).max())))
+    times = []
+    for _ in range(repeat):
+        values = base.copy()
+        comm.Barrier()
+        tick = MPI.Wtime()
+        exchange(values)
+        times.append(comm.allreduce(MPI.Wtime() - tick, op=MPI.MAX))
+    for kind in send_types:
+        if kind != MPI.DOUBLE:
+            kind.Free()
+    return statistics.median(times)
+
+
+def pcg_iterations(comm, spec, local_pixels, plan, machine) -> dict[str, dict[str, float]]:
+    """Seconds per PCG iteration (slowest rank, best of 3 blocks of PCG_ITERATIONS) per strategy.
+
+    The realize solve's loop: the overlap variants start their exchange
+    half-way through P^T (:meth:`LocalData.apply_operator_overlapped`); the
+    blocking ones apply the fused operator, then reduce.
+    """
+    layout = chunk_layout(spec)
+    chunks = decompose(layout, comm.Get_size()).chunks_of(comm.Get_rank())
+    implementation.warm_up(implementation.DEFAULT)
+    local = build_local_data(spec, layout, chunks, NoiseModel(spec, layout), implementation.DEFAULT)
+    if not np.array_equal(local.local_pixels, local_pixels):
+        raise AssertionError("the solve's pixels are not the plan's")
+    npix, buffer_pixels = spec.pixelization.npix, spec.solver.allreduce_buffer_pixels
+    pixels = DistributedPixels(comm, local_pixels, npix, buffer_pixels, owner=plan.owner)
+    blocks = local.accumulate_blocks(noise_weighted=True)
+    make_reduction("allreduce", comm, local_pixels, npix=npix, buffer_pixels=buffer_pixels).reduce(blocks)
+    keep = reference_blocks.rcond(blocks) > 1e-3
+    inverse = reference_blocks.invert(blocks, keep)
+    local.exclude_pixels(~keep)
+    b = np.random.default_rng(comm.Get_rank()).standard_normal((local.n_local, 3))
+    make_reduction("allreduce", comm, local_pixels, npix=npix, buffer_pixels=buffer_pixels).reduce(b)
+    kernels = implementation.get(implementation.DEFAULT)
+    out = {}
+    for name in ITERATION_STRATEGIES:
+        reduction = make_reduction(name, comm, local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan,
+                                   machine=machine)
+        product, preconditioned = np.empty_like(b), np.empty_like(b)
+        split = local.operator_split(reduction.shared_rows) if reduction.overlaps else None
+
+        def apply_matrix(direction, reduction=reduction, product=product, split=split):
+            if split is None:
+                return reduction.reduce(local.apply_operator(direction, out=product))
+            local.apply_operator_overlapped(direction, split, reduction.start, out=product)
+            return reduction.finish()
+
+        def run(apply_matrix=apply_matrix, preconditioned=preconditioned):
+            return pcg(apply_matrix, lambda r: kernels.blocks.apply(inverse, r, out=preconditioned), pixels.dot, b,
+                       tol=1e-300, max_iter=PCG_ITERATIONS)
+
+        run()  # warm-up
+        blocks_s = []
+        for _ in range(3):
+            comm.Barrier()
+            tick = MPI.Wtime()
+            result = run()
+            blocks_s.append(comm.allreduce(MPI.Wtime() - tick, op=MPI.MAX) / PCG_ITERATIONS)
+        out[name] = {"seconds_per_iteration": min(blocks_s), "residual": result.residual_history[-1]}
+        if split is not None:
+            out[name]["private_samples_fraction"] = comm.allreduce(split.private_fraction, op=MPI.MIN)
+    for name, twin in (("alltoallv-overlap", "alltoallv"), ("neighbor-overlap", "neighbor")):
+        out[name]["gain_vs_blocking"] = out[twin]["seconds_per_iteration"] / out[name]["seconds_per_iteration"]
+    return out
 
 
 # --------------------------------------------------------------------------- driver
@@ -233,6 +346,17 @@ def print_tables(rows: list[dict], projection: dict | None) -> None:
                 f"{row['overlap']['shared_pixels']['max']:.0f} | {name}{tag} | {s['bytes_max']:.0f} | "
                 f"{s['messages_max']:.0f} | {1e3 * s['seconds_median']:.2f} | {s['bytes_max'] / base:.3f} |"
             )
+    print("\nWhole PCG iterations (operator, reduction, dots, preconditioner), ms per iteration, slowest rank:")
+    print("| scan | nside | ranks | " + " | ".join(ITERATION_STRATEGIES) + " | overlap gain (alltoallv, neighbor) | "
+          "private samples | alltoallv hand-packed / derived datatypes ms |")
+    print("|---|---:|---:|" + "---:|" * len(ITERATION_STRATEGIES) + "---|---:|---|")
+    for row in rows:
+        it = row["pcg_iteration_seconds"]
+        cells = " | ".join(f"{1e3 * it[name]['seconds_per_iteration']:.1f}" for name in ITERATION_STRATEGIES)
+        a = row["strategies"]["alltoallv"]
+        print(f"| {row['scan']} | {row['nside']} | {row['ranks']} | {cells} | {it['alltoallv-overlap']['gain_vs_blocking']:.3f}, "
+              f"{it['neighbor-overlap']['gain_vs_blocking']:.3f} | {it['alltoallv-overlap']['private_samples_fraction']:.2f} | "
+              f"{1e3 * a['seconds_median']:.2f} / {1e3 * a['datatype_seconds_median']:.2f} |")
     if projection is None:
         return
     labels = list(projection["projections"][0]["machines"])

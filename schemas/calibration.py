@@ -38,3 +38,9 @@ class SiteCalibration(CalibrationModel):
     alltoallv: OperationFit
     allgather: OperationFit
     sift_s_per_id: float = Field(gt=0, description="Seconds per received pixel id in the preprocessing sift")
+    neighbor: OperationFit | None = Field(
+        None, description="Neighbor_alltoallv on the complete graph; absent: the model uses the Alltoallv's fit"
+    )
+    pairwise: OperationFit | None = Field(
+        None, description="XOR-ordered pairwise Sendrecv exchange; absent: the model uses the point-to-point fit"
+    )

@@ -10,6 +10,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from schemas.spec import Reduction, ReductionStrategy
+
 RESULT_FORMAT_VERSION = 1
 
 
@@ -44,6 +46,7 @@ class ModeledStrategy(ResultModel):
     threshold: float | None = Field(None, description="hybrid: pixels observed by at least this many ranks are heavy")
     heavy_pixels: float | None = Field(None, description="hybrid: pixels in the compact Allreduce")
     steps: float | None = Field(None, description="butterfly: recursive-doubling steps")
+    hidden_s: float | None = Field(None, description="overlap variants: seconds per iteration hidden behind computation")
 
 
 class StrategySelection(ResultModel):
@@ -61,8 +64,8 @@ class StrategySelection(ResultModel):
 class CommunicationStats(ResultModel):
     """Traffic of the per-iteration pixel reduction, per rank per reduction call."""
 
-    strategy: Literal["allreduce", "alltoallv", "butterfly", "hybrid"]
-    requested: Literal["auto", "allreduce", "alltoallv", "butterfly", "hybrid"]
+    strategy: ReductionStrategy
+    requested: Reduction
     bytes_per_iteration: Spread = Field(description="Bytes sent by one rank in one reduction")
     messages_per_iteration: Spread = Field(description="Messages sent by one rank in one reduction")
     reductions: int = Field(description="Reduction calls made in the whole run")

@@ -21,7 +21,7 @@ import json
 import math
 import re
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -425,7 +425,13 @@ class NoiseSpec(StrictModel):
         return self
 
 
-Reduction = Literal["auto", "allreduce", "alltoallv", "butterfly", "hybrid"]
+# The pixel reductions of mapmaker.parallel.reduction (docs/explanation/reductions.md); one list for the
+# spec, the result, the calibration and the model.
+ReductionStrategy = Literal[
+    "allreduce", "alltoallv", "butterfly", "hybrid", "neighbor", "pairwise", "alltoallv-overlap", "neighbor-overlap"
+]
+STRATEGY_NAMES: tuple[str, ...] = get_args(ReductionStrategy)
+Reduction = Literal["auto", ReductionStrategy]
 Preconditioner = Literal["block-diagonal", "two-level"]
 NoiseFilter = Literal["exact", "finite"]
 

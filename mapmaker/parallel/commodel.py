@@ -39,7 +39,10 @@ VALUE_BYTES = 8
 ID_BYTES = 4  # pixel ids travel as int32 in the preprocessing allgather
 DEFAULT_SIFT_S_PER_ID = 5.0e-8  # the lookup-table sift on this project's machine: 40-90 ns per id (load 0-5)
 PAPER_ITERATIONS = 50  # the paper's runs, "a typical number for mapping polarized data"
-STRATEGY_ORDER = ("allreduce", "alltoallv", "hybrid", "butterfly")  # ties go to the simpler
+# Ties go to the simpler (earlier); an overlap variant only wins where it hides something.
+STRATEGY_ORDER = (
+    "allreduce", "alltoallv", "neighbor", "pairwise", "hybrid", "butterfly", "alltoallv-overlap", "neighbor-overlap"
+)
 
 
 def ceil_log2(n: int) -> int:
@@ -65,6 +68,16 @@ class Machine:
     alltoallv: LinkCost
     allgather: LinkCost
     sift_s_per_id: float = DEFAULT_SIFT_S_PER_ID
+    neighbor: LinkCost | None = None  # Neighbor_alltoallv; None: the Alltoallv's figures
+    pairwise: LinkCost | None = None  # XOR-ordered Sendrecv; None: the point-to-point figures
+
+    @property
+    def neighbor_link(self) -> LinkCost:
+        return self.neighbor or self.alltoallv
+
+    @property
+    def pairwise_link(self) -> LinkCost:
+        return self.pairwise or self.p2p
 
     @classmethod
     def uniform(cls, alpha_s: float, beta_s_per_byte: float, name: str, sift_s_per_id: float = DEFAULT_SIFT_S_PER_ID) -> Machine:
@@ -83,6 +96,8 @@ class Machine:
             link(calibration.alltoallv),
             link(calibration.allgather),
             calibration.sift_s_per_id,
+            link(calibration.neighbor) if calibration.neighbor else None,
+            link(calibration.pairwise) if calibration.pairwise else None,
         )
 
 
@@ -237,16 +252,25 @@ def _spread(values: np.ndarray) -> tuple[float, float]:
 
 
 def strategy_costs(
-    figures: OverlapFigures, machine: Machine, *, k: int = 3, buffer_pixels: int = 1 << 16
+    figures: OverlapFigures, machine: Machine, *, k: int = 3, buffer_pixels: int = 1 << 16, hideable_s: float = 0.0
 ) -> dict[str, StrategyCost]:
-    """Modeled traffic and time of every strategy for one call with k values per pixel."""
+    """Modeled traffic and time of every strategy for one call with k values per pixel.
+
+    ``hideable_s``: seconds of computation per call that an overlap variant
+    can run while its messages travel (the private rows' share of the
+    operator); 0 models no overlap at all.
+    """
     p = figures.size
     costs: dict[str, StrategyCost] = {}
 
     nbytes, messages, _ = allreduce_traffic(figures.npix, buffer_pixels, k, p)
     costs["allreduce"] = StrategyCost("allreduce", nbytes, nbytes, messages, messages, machine.allreduce(messages, nbytes))
 
-    costs["alltoallv"] = _alltoallv_cost("alltoallv", figures.shared, figures.neighbours, k, machine)
+    costs["alltoallv"] = _alltoallv_cost("alltoallv", figures.shared, figures.neighbours, k, machine.alltoallv)
+    costs["neighbor"] = _alltoallv_cost("neighbor", figures.shared, figures.neighbours, k, machine.neighbor_link)
+    costs["pairwise"] = _alltoallv_cost("pairwise", figures.shared, figures.neighbours, k, machine.pairwise_link)
+    for name, twin in OVERLAP_TWINS.items():
+        costs[name] = overlap_cost(name, costs[twin], hideable_s)
 
     rows = figures.butterfly
     send_bytes = rows * k * VALUE_BYTES
@@ -280,7 +304,7 @@ def strategy_costs(
 def hybrid_cost(figures: OverlapFigures, machine: Machine, threshold: int, *, k: int = 3, buffer_pixels: int = 1 << 16) -> StrategyCost:
     """``hybrid`` with a given threshold tau (one of ``figures.thresholds``)."""
     j = int(np.flatnonzero(figures.thresholds == threshold)[0])
-    light = _alltoallv_cost("hybrid", figures.light_shared[:, j], figures.light_neighbours[:, j], k, machine)
+    light = _alltoallv_cost("hybrid", figures.light_shared[:, j], figures.light_neighbours[:, j], k, machine.alltoallv)
     heavy = int(figures.heavy_pixels[j])
     h_bytes, h_messages, _ = allreduce_traffic(heavy, buffer_pixels, k, figures.size)
     return StrategyCost(
@@ -294,16 +318,35 @@ def hybrid_cost(figures: OverlapFigures, machine: Machine, threshold: int, *, k:
     )
 
 
-def _alltoallv_cost(name: str, shared: np.ndarray, neighbours: np.ndarray, k: int, machine: Machine) -> StrategyCost:
+# Each overlap variant and its blocking twin (same messages and bytes).
+OVERLAP_TWINS = {"alltoallv-overlap": "alltoallv", "neighbor-overlap": "neighbor"}
+
+
+def overlap_cost(name: str, blocking: StrategyCost, hideable_s: float) -> StrategyCost:
+    """An overlap variant: its twin's traffic; the time its twin's exceeds the computation it hides behind.
+
+    Exposed seconds = max(0, t_blocking - hideable_s): the overlap can hide
+    at most the computation that runs while the messages travel.
+    """
+    hidden = min(blocking.seconds, max(hideable_s, 0.0))
+    return StrategyCost(
+        name, blocking.bytes_max, blocking.bytes_mean, blocking.messages_max, blocking.messages_mean,
+        blocking.seconds - hidden, {**blocking.details, "hidden_s": hidden},
+    )
+
+
+def _alltoallv_cost(name: str, shared: np.ndarray, neighbours: np.ndarray, k: int, link: LinkCost) -> StrategyCost:
+    """Per rank alpha m_i + beta b_i, the slowest rank: the Alltoallv, the neighbourhood collective, the pairwise
+    exchange (its m_i Sendrecv one after another) -- each with its own link figures."""
     send_bytes = shared * k * VALUE_BYTES
     messages = np.asarray(neighbours)
     known = messages >= 0
-    times = machine.alltoallv(np.where(known, messages, 0), send_bytes)
+    times = link(np.where(known, messages, 0), send_bytes)
     b_max, b_mean = _spread(send_bytes)
     m_max, m_mean = _spread(messages)
     seconds = float(times.max()) if len(times) else 0.0
     if not known.all():  # ranks whose neighbour count the model sampled: bound them by the sampled maximum
-        seconds = max(seconds, float(machine.alltoallv(m_max, send_bytes.max())))
+        seconds = max(seconds, float(link(m_max, send_bytes.max())))
     return StrategyCost(name, b_max, b_mean, m_max, m_mean, seconds)
 
 
@@ -330,6 +373,7 @@ class Workload:
     realizations: int
     iterations: int
     buffer_pixels: int
+    hideable_s: float = 0.0  # computation per PCG iteration an overlap variant can hide behind (s)
 
     @classmethod
     def of_spec(cls, spec) -> Workload:
@@ -355,7 +399,9 @@ def campaign_costs(figures: OverlapFigures, machine: Machine, workload: Workload
     and iterations + 1 with k = 3 (b, then one per PCG iteration); the
     preprocessing is paid once per campaign by every strategy but allreduce.
     """
-    per_iteration = strategy_costs(figures, machine, k=3, buffer_pixels=workload.buffer_pixels)
+    per_iteration = strategy_costs(
+        figures, machine, k=3, buffer_pixels=workload.buffer_pixels, hideable_s=workload.hideable_s
+    )
     blocks = strategy_costs(figures, machine, k=12, buffer_pixels=workload.buffer_pixels)
     preprocessing = preprocessing_cost(figures, machine, workload.buffer_pixels)["total_s"]
     out = {}
@@ -385,3 +431,135 @@ def select_strategy(figures: OverlapFigures, machine: Machine, workload: Workloa
         f"{runner_up} {modeled[runner_up]['campaign_s']:.3g} s ({machine.name})"
     )
     return Selection(requested, chosen, reason, machine.name, workload.iterations, workload.realizations, modeled)
+
+
+# --------------------------------------------------------------------------- ranks x threads, and the paper's Figure 6
+
+
+def per_node(machine: Machine, ranks_per_node: int) -> Machine:
+    """``machine`` with ``ranks_per_node`` ranks sharing one node's network interface.
+
+    A fit of one rank per node (Table 2's ping-pong, a calibration of
+    ranks on separate nodes) is the bandwidth one rank gets alone; when
+    every rank of a node sends at once, each gets 1 / ranks_per_node of it:
+    beta x ranks_per_node, alpha unchanged. Fewer, fatter ranks (threads per
+    rank) share the interface among fewer senders. The paper's Franklin fit
+    agrees: 0.86 / 0.25 = 3.4 for its Allreduce at 1 against 4 ranks per node.
+    """
+    factor = max(1, int(ranks_per_node))
+
+    def scaled(link: LinkCost | None) -> LinkCost | None:
+        return None if link is None else LinkCost(link.alpha_s, link.beta_s_per_byte * factor)
+
+    return Machine(
+        f"{machine.name}, {factor} rank(s) per node sharing its interface",
+        scaled(machine.p2p), scaled(machine.allreduce), scaled(machine.alltoallv), scaled(machine.allgather),
+        machine.sift_s_per_id, scaled(machine.neighbor), scaled(machine.pairwise),
+    )  # type: ignore[arg-type]
+
+
+def scale_figures(figures: OverlapFigures, factor: float, npix: int) -> OverlapFigures:
+    """The figures of the same scan at a finer pixelisation: pixel counts x ``factor``, ``npix`` pixels.
+
+    An area scaling (the overlap fractions, multiplicities and neighbour
+    sets of the coarser map kept): exact for sets that are unions of whole
+    coarse pixels, an upper bound for the thin strips a few detectors trace.
+    """
+
+    def times(values: np.ndarray) -> np.ndarray:
+        return np.rint(np.asarray(values) * factor).astype(np.int64)
+
+    return OverlapFigures(
+        size=figures.size, npix=int(npix), n_local=times(figures.n_local), shared=times(figures.shared),
+        neighbours=figures.neighbours, butterfly=times(figures.butterfly), thresholds=figures.thresholds,
+        light_shared=times(figures.light_shared), light_neighbours=figures.light_neighbours,
+        heavy_pixels=times(figures.heavy_pixels), neighbours_exact=figures.neighbours_exact,
+    )
+
+
+@dataclass(frozen=True)
+class PaperSystem:
+    """One platform of the paper (Table 2) and its Figure-6 measurement at 16,384 cores."""
+
+    name: str
+    latency_s: float  # Table 2, measured MPI latency (4-byte messages)
+    bandwidth_bytes_s: float  # Table 2, measured MPI point-to-point bandwidth
+    cores_per_socket: int
+    sockets_per_node: int
+    threaded_ranks: int  # processes of the threaded run at 16,384 cores (one per socket; issue 24's counts)
+    paper_speedup: float  # Figure 6: communication, unthreaded Allreduce / threaded Allgather
+
+    @property
+    def cores_per_node(self) -> int:
+        return self.cores_per_socket * self.sockets_per_node
+
+    def machine(self) -> Machine:
+        return Machine.uniform(self.latency_s, 1.0 / self.bandwidth_bytes_s, f"{self.name} (paper Table 2)")
+
+
+PAPER_CORES = 16384
+PAPER_MAP_VALUES = 150_000_000  # N_p: "150 million", the I, Q, U values of the Planck map (section 3.3)
+PAPER_SYSTEMS = (
+    PaperSystem("Franklin", 8.15e-6, 1.65e9, 4, 1, 4096, 8.3),
+    PaperSystem("Jaguar", 8.26e-6, 1.60e9, 6, 2, 2730, 116.0),
+    PaperSystem("Pleiades-H", 1.32e-6, 1.66e9, 4, 2, 4096, 12.7),
+    PaperSystem("Pleiades-W", 1.83e-6, 3.13e9, 6, 2, 2730, 22.3),
+    PaperSystem("Hopper", 1.40e-6, 5.95e9, 12, 2, 2730, 10.8),  # a Magny-Cours die of 6 cores per process
+)
+# Section 5.1: the sustained bandwidths Figure 5's fit found on Franklin (bytes/s).
+FRANKLIN_SUSTAINED = {"allreduce_unthreaded": 0.25e9, "allreduce_threaded": 0.86e9,
+                      "allgather_unthreaded": 0.58e9, "allgather_threaded": 1.15e9}
+
+
+def franklin_sustained(threaded: bool) -> Machine:
+    """Franklin with Figure 5's sustained bandwidths: Allreduce and the Alltoallv (the paper's Allgather fit)."""
+    kind = "threaded" if threaded else "unthreaded"
+    allreduce = LinkCost(8.15e-6, 1.0 / FRANKLIN_SUSTAINED[f"allreduce_{kind}"])
+    exchange = LinkCost(8.15e-6, 1.0 / FRANKLIN_SUSTAINED[f"allgather_{kind}"])
+    return Machine(f"Franklin, Figure 5 sustained ({kind})", exchange, allreduce, exchange, exchange)
+
+
+def figure6_row(system: PaperSystem, original: OverlapFigures, optimized: OverlapFigures, *,
+                buffer_pixels: int = 1 << 16) -> dict[str, float | str]:
+    """The model's Figure-6 speedup for one system: unthreaded Allreduce on 16,384 ranks against the
+    threaded Alltoallv (the paper's 'Allgather' method) on ``system.threaded_ranks`` ranks, per iteration.
+
+    ``original`` / ``optimized``: the scan's figures at those rank counts, scaled to the paper's map.
+    Three readings: Table 2's alpha and beta alone (threads change the rank count only); ranks x threads
+    (beta x ranks per node: 16,384 / nodes against one rank per socket); and, for Franklin, Figure 5's
+    sustained bandwidths. Also the best of every strategy at the threaded rank count (ranks x threads).
+    """
+    table2 = system.machine()
+    threads = system.cores_per_socket if system.threaded_ranks * system.cores_per_socket == PAPER_CORES else (
+        PAPER_CORES // system.threaded_ranks)
+    unthreaded_node = per_node(table2, system.cores_per_node)
+    threaded_node = per_node(table2, max(1, system.cores_per_node // threads))
+
+    def pair(before: Machine, after: Machine) -> tuple[float, float, dict[str, StrategyCost]]:
+        slow = strategy_costs(original, before, k=3, buffer_pixels=buffer_pixels)["allreduce"].seconds
+        fast = strategy_costs(optimized, after, k=3, buffer_pixels=buffer_pixels)
+        return slow, fast["alltoallv"].seconds, fast
+
+    slow_t2, fast_t2, _ = pair(table2, table2)
+    slow_node, fast_node, every = pair(unthreaded_node, threaded_node)
+    best = min((name for name in STRATEGY_ORDER if name != "allreduce"), key=lambda n: every[n].seconds)
+    row: dict[str, float | str] = {
+        "system": system.name,
+        "unthreaded_ranks": PAPER_CORES,
+        "threaded_ranks": system.threaded_ranks,
+        "threads_per_rank": threads,
+        "paper_speedup": system.paper_speedup,
+        "allreduce_s_table2": slow_t2,
+        "alltoallv_s_table2": fast_t2,
+        "speedup_table2": slow_t2 / fast_t2,
+        "allreduce_s_per_node": slow_node,
+        "alltoallv_s_per_node": fast_node,
+        "speedup_per_node": slow_node / fast_node,
+        "best_strategy": best,
+        "best_s_per_node": every[best].seconds,
+        "best_speedup_per_node": slow_node / every[best].seconds,
+    }
+    if system.name == "Franklin":
+        slow_f, fast_f, _ = pair(franklin_sustained(False), franklin_sustained(True))
+        row.update({"allreduce_s_figure5": slow_f, "alltoallv_s_figure5": fast_f, "speedup_figure5": slow_f / fast_f})
+    return row

@@ -37,6 +37,7 @@ from mapmaker.parallel.commodel import (
     OverlapFigures,
     Workload,
     hybrid_thresholds,
+    per_node,
     preprocessing_cost,
     select_strategy,
     strategy_costs,
@@ -318,15 +319,26 @@ def relative_error(exact: OverlapFigures, approximate: OverlapFigures) -> dict[s
 
 
 def project(spec: CampaignSpec, rank_counts: list[int], machine, *, time_step: int = 1,
-            progress: Progress | None = None, pair_budget: int = DEFAULT_PAIR_BUDGET) -> dict:
-    """The model command's figures: for each rank count, the overlap and every strategy's modeled cost."""
+            progress: Progress | None = None, pair_budget: int = DEFAULT_PAIR_BUDGET, threads_per_rank: int = 1,
+            cores_per_node: int | None = None) -> dict:
+    """The model command's figures: for each rank count, the overlap and every strategy's modeled cost.
+
+    Ranks x threads: ``rank_counts`` are cores; each is modeled as
+    ``cores // threads_per_rank`` ranks (the same samples on fewer, fatter
+    ranks), and with ``cores_per_node`` the ranks of a node share its
+    network interface (:func:`mapmaker.parallel.commodel.per_node`).
+    """
     say = progress or (lambda message: None)
+    threads_per_rank = max(1, int(threads_per_rank))
+    if cores_per_node:
+        machine = per_node(machine, max(1, cores_per_node // threads_per_rank))
     sets = chunk_sets(spec, time_step, progress)
     say(f"pointing: {sets.layout.n_chunks} chunks in {sets.seconds:.1f} s (time step {time_step})")
     workload = Workload.of_spec(spec)
     npix = spec.pixelization.npix
     projections = []
-    for size in rank_counts:
+    for cores in rank_counts:
+        size = max(1, cores // threads_per_rank)
         started = time.perf_counter()
         rank_sets = rank_pixel_sets(sets, size)
         figures = overlap_figures(rank_sets, npix, pair_budget=pair_budget)
@@ -351,6 +363,7 @@ def project(spec: CampaignSpec, rank_counts: list[int], machine, *, time_step: i
             }
         projections.append({
             "ranks": size,
+            "cores": size * threads_per_rank,
             "overlap": {
                 "observed_pixels": observed,
                 "total_local_pixels": figures.total_local,
@@ -375,6 +388,7 @@ def project(spec: CampaignSpec, rank_counts: list[int], machine, *, time_step: i
         "scan_key": scan_key(spec),
         "npix": npix,
         "machine": machine.name,
+        "threads_per_rank": threads_per_rank,
         "time_step": time_step,
         "pointing_s": sets.seconds,
         "iterations": workload.iterations,

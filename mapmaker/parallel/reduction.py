@@ -17,6 +17,16 @@ ranks that observe that pixel. Strategies differ only in how the sums travel:
 * ``hybrid`` -- the paper's suggested improvement: pixels observed by at
   least tau ranks are summed by one compact buffered Allreduce, the rest by
   the Alltoallv; tau chosen by the alpha-beta model (:mod:`mapmaker.parallel.commodel`).
+* ``neighbor`` -- the Alltoallv's exchange as an MPI-3 neighbourhood
+  collective over a distributed graph of each rank's neighbours
+  (``Neighbor_alltoallv``; persistent, MPI-4 ``Neighbor_alltoallv_init``,
+  where the library offers it).
+* ``pairwise`` -- the same blocks by ``Sendrecv`` in XOR order (seed 002).
+* ``alltoallv-overlap``, ``neighbor-overlap`` -- the two with the exchange
+  started non-blocking (``Ialltoallv``, ``Ineighbor_alltoallv`` or the
+  persistent ``Start``) once the shared rows are final, and completed after
+  the caller has finished the rows only this rank observes
+  (:meth:`OverlapMixin.start` / :meth:`OverlapMixin.finish`).
 * ``auto`` -- the strategy with the lowest modeled campaign cost for this
   plan (:func:`mapmaker.parallel.commodel.select_strategy`); one rank: ``allreduce``.
 
@@ -36,8 +46,11 @@ from mpi4py import MPI
 
 from mapmaker.parallel import commodel
 from mapmaker.parallel.overlap import OverlapPlan, butterfly_schedule
+from schemas.spec import STRATEGY_NAMES
 
 VALUE_BYTES = 8
+# MPI-4 persistent neighbourhood collectives: mpi4py >= 4 built against an MPI-4 library (MPICH >= 4.0).
+PERSISTENT_NEIGHBOR = hasattr(MPI.Topocomm, "Neighbor_alltoallv_init") and MPI.Get_version() >= (4, 0)
 
 
 def flat_rows(rows: np.ndarray, k: int) -> np.ndarray:
@@ -98,15 +111,24 @@ class PixelReduction(ABC):
 
         Collective: every rank calls it with the same k.
         """
+        self._check(local_values)
+        self._count(*self._reduce(local_values))
+        return local_values
+
+    def _check(self, local_values: np.ndarray) -> None:
         if local_values.ndim != 2 or len(local_values) != len(self.local_pixels):
             raise ValueError(f"expected local values [{len(self.local_pixels)}, k], got {local_values.shape}")
         if local_values.dtype != np.float64 or not local_values.flags.c_contiguous:
             raise ValueError("local values must be a C-contiguous float64 array")
-        self.bytes_sent, self.messages_sent = self._reduce(local_values)
+
+    def _count(self, nbytes: int, messages: int) -> None:
+        self.bytes_sent, self.messages_sent = nbytes, messages
         self.calls += 1
-        self.total_bytes += self.bytes_sent
-        self.total_messages += self.messages_sent
-        return local_values
+        self.total_bytes += nbytes
+        self.total_messages += messages
+
+    # Overlap variants split reduce() into start() and finish(); the blocking strategies do not.
+    overlaps: ClassVar[bool] = False
 
     @abstractmethod
     def _reduce(self, local_values: np.ndarray) -> tuple[int, int]:
@@ -210,38 +232,261 @@ class AlltoallvReduction(PixelReduction):
         self._max_rows = int(comm.allreduce(int(counts.max()) if size else 0, op=MPI.MAX))
 
     def _reduce(self, local_values: np.ndarray) -> tuple[int, int]:
-        k = local_values.shape[1]
         if self._max_rows == 0:
             return 0, 0
+        _, received, messages = self._start(local_values)
+        self._wait()
+        self._add(local_values, received)
+        return len(self.index) * local_values.shape[1] * VALUE_BYTES, messages
+
+    def _rounds(self, k: int) -> tuple[int, int]:
+        rows_per_round = max(1, self.max_elements // (k * max(1, self._max_peers)))
+        return rows_per_round, -(-self._max_rows // rows_per_round)
+
+    def _start(self, local_values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """Pack the shared rows and start their exchange; returns (packed, received, messages).
+
+        One round: the exchange is posted by :meth:`_post` (non-blocking in
+        the overlap variants) and completed by :meth:`_wait`. Several rounds
+        (blocks above ``max_elements`` doubles) run blocking here.
+        """
+        k = local_values.shape[1]
         values = local_values.reshape(-1)
         packed = np.take(values, self._flat(k, "index", self.index)).reshape(-1, k)
         received = np.empty_like(packed)
-        rows_per_round = max(1, self.max_elements // (k * max(1, self._max_peers)))
-        rounds = -(-self._max_rows // rows_per_round)
+        rows_per_round, rounds = self._rounds(k)
+        if rounds == 1:
+            self._post(packed, received, self.counts, self.offsets, k)
+            return packed, received, int(np.count_nonzero(self.counts))
         messages = 0
         for r in range(rounds):
             counts = np.clip(self.counts - r * rows_per_round, 0, rows_per_round)
             messages += int(np.count_nonzero(counts))
             displacements = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            if rounds == 1:
-                send, recv = packed, received
-            else:  # the r-th slice of every neighbour's block
-                starts = self.offsets + r * rows_per_round
-                positions = np.repeat(starts - displacements, counts) + np.arange(int(counts.sum()))
-                send, recv = packed[positions], np.empty((int(counts.sum()), k))
-            self.comm.Alltoallv(
-                [send, (counts * k).astype(np.int32), (displacements * k).astype(np.int32), MPI.DOUBLE],
-                [recv, (counts * k).astype(np.int32), (displacements * k).astype(np.int32), MPI.DOUBLE],
-            )
-            if rounds > 1:
-                received[positions] = recv
+            # the r-th slice of every neighbour's block
+            starts = self.offsets + r * rows_per_round
+            positions = np.repeat(starts - displacements, counts) + np.arange(int(counts.sum()))
+            recv = np.empty((int(counts.sum()), k))
+            self._post(packed[positions], recv, counts, displacements, k, blocking=True)
+            received[positions] = recv
+        return packed, received, messages
+
+    def _post(self, send: np.ndarray, recv: np.ndarray, counts: np.ndarray, displacements: np.ndarray, k: int,
+              blocking: bool = False) -> None:
+        """Exchange blocks of ``counts[j]`` rows with every rank j (rows of k doubles)."""
+        self.comm.Alltoallv(
+            [send, (counts * k).astype(np.int32), (displacements * k).astype(np.int32), MPI.DOUBLE],
+            [recv, (counts * k).astype(np.int32), (displacements * k).astype(np.int32), MPI.DOUBLE],
+        )
+
+    def _wait(self) -> None:
+        """Complete what :meth:`_post` started (nothing for the blocking collective)."""
+
+    def _add(self, local_values: np.ndarray, received: np.ndarray) -> None:
+        """Add every received row to its local pixel (slots summed by bincount, in a fixed order)."""
         if len(received):
+            k = local_values.shape[1]
             sums = np.bincount(
                 self._flat(k, "slot", self._slot), weights=received.reshape(-1), minlength=len(self._targets) * k
             )
-            targets = self._flat(k, "targets", self._targets)
-            values[targets] += sums
-        return len(self.index) * k * VALUE_BYTES, messages
+            local_values.reshape(-1)[self._flat(k, "targets", self._targets)] += sums
+
+
+class NeighborReduction(AlltoallvReduction):
+    """The Alltoallv's exchange as an MPI-3 neighbourhood collective (Hoefler's sparse collectives, paper 3.3).
+
+    A distributed graph topology (``Create_dist_graph_adjacent``) joins each
+    rank to the ranks it shares pixels with (the plan's ``neighbours``, the
+    same list both ways: sharing is symmetric), with ``reorder=True`` so
+    that the library may renumber ranks to place neighbours close (MPICH
+    keeps the numbering). ``Neighbor_alltoallv`` then takes counts for the
+    neighbours only: O(neighbours) set-up per call instead of O(p). Blocks
+    follow the order the neighbours were given in, whatever the renumbering.
+    Persistent (MPI-4 ``Neighbor_alltoallv_init``, bound once per k to fixed
+    buffers) when the library offers it and one round suffices; ``mode``
+    says which ran.
+    """
+
+    name = "neighbor"
+    bytes_counted = (
+        "exact: 8 k bytes per shared pixel value this rank passes to MPI_Neighbor_alltoallv (the Alltoallv's "
+        "bytes); messages: the non-empty blocks (one per neighbour and round)"
+    )
+
+    def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, max_elements: int = MAX_ELEMENTS,
+                 persistent: bool = True):
+        super().__init__(comm, local_pixels, plan, max_elements=max_elements)
+        self.neighbours = plan.neighbours.astype(np.int64)
+        listed = self.neighbours.tolist()
+        self.graph = comm.Create_dist_graph_adjacent(listed, listed, reorder=True)
+        self.persistent = bool(persistent and PERSISTENT_NEIGHBOR)
+        self._persistent: dict[int, tuple[MPI.Prequest, np.ndarray, np.ndarray]] = {}
+        self.mode = "persistent" if self.persistent else "non-persistent"
+        self.details = {"persistent": float(self.persistent)}
+
+    def close(self) -> None:
+        """Free the persistent requests and the graph communicator (MPICH reports them at finalize otherwise)."""
+        if MPI.Is_finalized():
+            return
+        for request, _, _ in self._persistent.values():
+            request.Free()
+        self._persistent.clear()
+        if self.graph != MPI.COMM_NULL:
+            self.graph.Free()
+
+    def __del__(self) -> None:
+        graph = getattr(self, "graph", None)
+        if graph is not None:
+            self.close()
+
+    def _post(self, send: np.ndarray, recv: np.ndarray, counts: np.ndarray, displacements: np.ndarray, k: int,
+              blocking: bool = False) -> None:
+        mine_counts = (counts[self.neighbours] * k).astype(np.int32)
+        mine_displacements = (displacements[self.neighbours] * k).astype(np.int32)
+        self.graph.Neighbor_alltoallv(
+            [send, mine_counts, mine_displacements, MPI.DOUBLE], [recv, mine_counts, mine_displacements, MPI.DOUBLE]
+        )
+
+    def _start(self, local_values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        k = local_values.shape[1]
+        if not self.persistent or self._rounds(k)[1] > 1:
+            return super()._start(local_values)
+        if k not in self._persistent:
+            packed, received = np.empty((len(self.index), k)), np.empty((len(self.index), k))
+            counts = (self.counts[self.neighbours] * k).astype(np.int32)
+            displacements = (self.offsets[self.neighbours] * k).astype(np.int32)
+            request = self.graph.Neighbor_alltoallv_init(
+                [packed, counts, displacements, MPI.DOUBLE], [received, counts, displacements, MPI.DOUBLE]
+            )
+            self._persistent[k] = (request, packed, received)
+        request, packed, received = self._persistent[k]
+        np.take(local_values.reshape(-1), self._flat(k, "index", self.index), out=packed.reshape(-1))
+        request.Start()
+        self._request = request
+        return packed, received, int(np.count_nonzero(self.counts))
+
+    def _wait(self) -> None:
+        request = getattr(self, "_request", None)
+        if request is not None:
+            request.Wait()
+            self._request = None
+
+
+class OverlapMixin:
+    """Overlap variant of a plan-driven strategy: :meth:`start` posts the exchange, :meth:`finish` completes it.
+
+    Between the two the caller finishes the rows only this rank observes
+    (the solve accumulates their samples' P^T then): the shared rows must be
+    final at :meth:`start` (they are packed there) and left alone until
+    :meth:`finish`, which adds the received sums. The messages, bytes and
+    sums are the blocking twin's; only the waiting moves. MPICH progresses a
+    non-blocking collective inside MPI calls (or on an asynchronous progress
+    thread, ``MPIR_CVAR_ASYNC_PROGRESS=1``): what hides is what the library
+    progresses while the caller computes.
+    """
+
+    overlaps = True
+    _pending: tuple[np.ndarray, np.ndarray, int] | None = None
+
+    @property
+    def shared_rows(self) -> np.ndarray:
+        """[n_local] bool: the rows the exchange sends and adds into (the others are this rank's alone)."""
+        rows = np.zeros(len(self.local_pixels), dtype=bool)  # type: ignore[attr-defined]
+        rows[self.index] = True  # type: ignore[attr-defined]
+        return rows
+
+    def start(self, local_values: np.ndarray) -> None:
+        self._check(local_values)  # type: ignore[attr-defined]
+        if self._max_rows == 0:  # type: ignore[attr-defined]
+            self._pending = (local_values, np.zeros((0, local_values.shape[1])), 0)
+            return
+        _, received, messages = self._start(local_values)  # type: ignore[attr-defined]
+        self._pending = (local_values, received, messages)
+
+    def finish(self) -> np.ndarray:
+        if self._pending is None:
+            raise RuntimeError("finish() without start()")
+        local_values, received, messages = self._pending
+        self._pending = None
+        if self._max_rows:  # type: ignore[attr-defined]  # posted, even with nothing of this rank's in it
+            self._wait()  # type: ignore[attr-defined]
+            self._add(local_values, received)  # type: ignore[attr-defined]
+        nbytes = len(self.index) * local_values.shape[1] * VALUE_BYTES if self._max_rows else 0  # type: ignore[attr-defined]
+        self._count(nbytes, messages)  # type: ignore[attr-defined]
+        return local_values
+
+
+class AlltoallvOverlapReduction(OverlapMixin, AlltoallvReduction):
+    """``alltoallv`` with the exchange posted by ``MPI_Ialltoallv`` and completed after the private rows."""
+
+    name = "alltoallv-overlap"
+    bytes_counted = AlltoallvReduction.bytes_counted.replace("MPI_Alltoallv", "MPI_Ialltoallv")
+
+    def _post(self, send: np.ndarray, recv: np.ndarray, counts: np.ndarray, displacements: np.ndarray, k: int,
+              blocking: bool = False) -> None:
+        if blocking:
+            return super()._post(send, recv, counts, displacements, k)
+        self._buffers = (send, recv)  # kept alive until the wait
+        self._request = self.comm.Ialltoallv(
+            [send, (counts * k).astype(np.int32), (displacements * k).astype(np.int32), MPI.DOUBLE],
+            [recv, (counts * k).astype(np.int32), (displacements * k).astype(np.int32), MPI.DOUBLE],
+        )
+
+    def _wait(self) -> None:
+        request = getattr(self, "_request", None)
+        if request is not None:
+            request.Wait()
+            self._request, self._buffers = None, None
+
+
+class NeighborOverlapReduction(OverlapMixin, NeighborReduction):
+    """``neighbor`` with the exchange started (persistent ``Start`` or ``Ineighbor_alltoallv``) before the private rows."""
+
+    name = "neighbor-overlap"
+    bytes_counted = NeighborReduction.bytes_counted
+
+    def _post(self, send: np.ndarray, recv: np.ndarray, counts: np.ndarray, displacements: np.ndarray, k: int,
+              blocking: bool = False) -> None:
+        if blocking:
+            return super()._post(send, recv, counts, displacements, k)
+        mine_counts = (counts[self.neighbours] * k).astype(np.int32)
+        mine_displacements = (displacements[self.neighbours] * k).astype(np.int32)
+        self._buffers = (send, recv)
+        self._request = self.graph.Ineighbor_alltoallv(
+            [send, mine_counts, mine_displacements, MPI.DOUBLE], [recv, mine_counts, mine_displacements, MPI.DOUBLE]
+        )
+
+
+class PairwiseReduction(AlltoallvReduction):
+    """The Alltoallv's blocks exchanged pairwise in XOR order (seed 002's transposition study).
+
+    At step s = 1 .. P - 1 (P the power of two >= p) rank i swaps its block
+    with rank i XOR s by one ``Sendrecv`` when the two share pixels (both
+    ends know it from the plan, so empty pairs skip the step): every step is
+    a perfect matching, no rank waits on two partners at once. The library's
+    Alltoallv chooses its own schedule; which wins depends on the machine,
+    so ``calibrate`` measures both and the model chooses.
+    """
+
+    name = "pairwise"
+    bytes_counted = (
+        "exact: 8 k bytes per shared pixel value this rank sends by MPI_Sendrecv (the Alltoallv's bytes); "
+        "messages: one per neighbour and round"
+    )
+    TAG = 24
+
+    def _post(self, send: np.ndarray, recv: np.ndarray, counts: np.ndarray, displacements: np.ndarray, k: int,
+              blocking: bool = False) -> None:
+        rank, size = self.comm.Get_rank(), self.comm.Get_size()
+        steps = 1 << max(size - 1, 0).bit_length()
+        send_flat, recv_flat = send.reshape(-1), recv.reshape(-1)
+        for step in range(1, steps):
+            partner = rank ^ step
+            if partner >= size or counts[partner] == 0:
+                continue
+            a, b = int(displacements[partner]) * k, int(displacements[partner] + counts[partner]) * k
+            self.comm.Sendrecv([send_flat[a:b], MPI.DOUBLE], dest=partner, sendtag=self.TAG,
+                               recvbuf=[recv_flat[a:b], MPI.DOUBLE], source=partner, recvtag=self.TAG)
 
 
 class ButterflyReduction(PixelReduction):
@@ -383,9 +628,15 @@ STRATEGIES: dict[str, type[PixelReduction]] = {
     "alltoallv": AlltoallvReduction,
     "butterfly": ButterflyReduction,
     "hybrid": HybridReduction,
+    "neighbor": NeighborReduction,
+    "pairwise": PairwiseReduction,
+    "alltoallv-overlap": AlltoallvOverlapReduction,
+    "neighbor-overlap": NeighborOverlapReduction,
 }
-KNOWN_STRATEGIES = ("allreduce", "alltoallv", "butterfly", "hybrid")
-PLAN_STRATEGIES = ("alltoallv", "butterfly", "hybrid")
+KNOWN_STRATEGIES = STRATEGY_NAMES
+PLAN_STRATEGIES = tuple(name for name in STRATEGY_NAMES if name != "allreduce")
+# Each overlap variant and the blocking strategy it shares messages, bytes and sums with.
+BLOCKING_TWIN = {"alltoallv-overlap": "alltoallv", "neighbor-overlap": "neighbor"}
 
 
 def resolve_strategy(requested: str) -> str:
@@ -466,6 +717,8 @@ def make_reduction(
         reduction = AlltoallvReduction(comm, local_pixels, plan, max_elements=max_elements)
     elif strategy == "butterfly":
         reduction = ButterflyReduction(comm, local_pixels, plan, max_elements=max_elements)
+    elif strategy in ("neighbor", "pairwise", "alltoallv-overlap", "neighbor-overlap"):
+        reduction = STRATEGIES[strategy](comm, local_pixels, plan, max_elements=max_elements)
     else:
         threshold = hybrid_threshold or int(selection.modeled["hybrid"]["threshold"])
         reduction = HybridReduction(

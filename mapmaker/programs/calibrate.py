@@ -10,7 +10,14 @@ Under ``mpiexec -n P`` (P >= 2), each measurement is the median over
 3. ``Alltoallv`` with n doubles to every other rank: fitted to
    (p - 1) alpha + 8 n (p - 1) beta, the model's per-rank form;
 4. ``Allgatherv`` of n int32 pixel ids per rank: lg p alpha + 4 n (p - 1) beta;
-5. the sift: seconds per received id of :class:`mapmaker.parallel.overlap.OverlapSifter`.
+5. the sift: seconds per received id of :class:`mapmaker.parallel.overlap.OverlapSifter`;
+6. ``Neighbor_alltoallv`` over a distributed graph joining every rank to
+   every other (``reorder=True``), n doubles per neighbour: fitted like the
+   Alltoallv, (p - 1) alpha + 8 n (p - 1) beta;
+7. the pairwise exchange in XOR order (``Sendrecv`` with rank XOR s, s = 1 ..
+   P - 1), n doubles per partner: the same form. Measured beside the
+   library's Alltoallv (3.) because which wins depends on the machine
+   (seed 002's transposition study); the model then chooses.
 
 The fits are least squares of the relative residuals (weights 1/t, so that
 the small messages that fix alpha count as much as the large ones that fix
@@ -153,6 +160,38 @@ def run_calibration(comm, *, repeat: int = 7, site: str = "local", progress=None
         allgather.append((4.0 * n * (size - 1), _timed(comm, gather, repeat, _inner(4 * n * size))))
     say(f"Allgatherv: {len(allgather)} sizes")
 
+    # 6. Neighbor_alltoallv on the complete graph.
+    others = [r for r in range(size) if r != rank]
+    graph = comm.Create_dist_graph_adjacent(others, others, reorder=True)
+    neighbor = []
+    for n in COLLECTIVE_DOUBLES:
+        counts = np.full(size - 1, n, dtype=np.int32)
+        displacements = (np.arange(size - 1) * n).astype(np.int32)
+        send, recv = np.ones(n * (size - 1)), np.empty(n * (size - 1))
+
+        def neighbourhood(send=send, recv=recv, counts=counts, displacements=displacements):
+            graph.Neighbor_alltoallv([send, counts, displacements, MPI.DOUBLE], [recv, counts, displacements, MPI.DOUBLE])
+
+        neighbor.append((8.0 * n * (size - 1), _timed(comm, neighbourhood, repeat, _inner(8 * n * size))))
+    graph.Free()
+    say(f"Neighbor_alltoallv: {len(neighbor)} sizes")
+
+    # 7. pairwise exchange in XOR order.
+    steps = 1 << (size - 1).bit_length()
+    pairwise = []
+    for n in COLLECTIVE_DOUBLES:
+        send, recv = np.ones(n), np.empty(n)
+
+        def exchange_pairs(send=send, recv=recv):
+            for step in range(1, steps):
+                partner = rank ^ step
+                if partner < size:
+                    comm.Sendrecv([send, MPI.DOUBLE], dest=partner, sendtag=9, recvbuf=[recv, MPI.DOUBLE],
+                                  source=partner, recvtag=9)
+
+        pairwise.append((8.0 * n * (size - 1), _timed(comm, exchange_pairs, repeat, _inner(8 * n * size))))
+    say(f"pairwise XOR: {len(pairwise)} sizes")
+
     # 5. the sift, on every rank at once (as in a real build), the slowest rank's figure.
     sift = comm.allreduce(measure_sift(), op=MPI.MAX)
     if rank != 0:
@@ -169,4 +208,6 @@ def run_calibration(comm, *, repeat: int = 7, site: str = "local", progress=None
         alltoallv=fit(alltoallv, size - 1, 1.0, "(p - 1) alpha + beta * bytes sent per rank"),
         allgather=fit(allgather, max(lg, 1), 1.0, "ceil(log2 p) alpha + beta * bytes received per rank"),
         sift_s_per_id=sift,
+        neighbor=fit(neighbor, size - 1, 1.0, "(p - 1) alpha + beta * bytes sent per rank (Neighbor_alltoallv)"),
+        pairwise=fit(pairwise, size - 1, 1.0, "(p - 1) alpha + beta * bytes sent per rank (XOR Sendrecv)"),
     )

@@ -177,6 +177,16 @@ def _add_model(commands: argparse._SubParsersAction) -> None:
         "--time-step", type=_positive_int, default=1, metavar="N",
         help="point every N-th sample only (faster, approximate; see README for the error); default 1 (exact)",
     )
+    parser.add_argument(
+        "--threads-per-rank", type=_positive_int, default=1, metavar="T",
+        help="ranks x threads: --ranks counts cores, the model decomposes into cores / T ranks of T threads (the "
+        "same samples on fewer, fatter ranks); default 1",
+    )
+    parser.add_argument(
+        "--cores-per-node", type=_positive_int, default=None, metavar="C",
+        help="cores per node: the C / T ranks of a node share its network interface (beta x C / T); default: "
+        "every rank has the link to itself",
+    )
     parser.add_argument("--json", action="store_true", help="print only JSON on stdout")
 
 

@@ -220,8 +220,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         return MapmakerExit.OK
     print(f"{calibration.ranks} ranks on {calibration.host} ({calibration.mpi}), load {calibration.load_average[0]:.2f}")
     print(f"{'operation':<10} {'alpha (us)':>11} {'bandwidth (GB/s)':>17} {'r2':>6}  form")
-    for name in ("p2p", "allreduce", "alltoallv", "allgather"):
+    for name in ("p2p", "allreduce", "alltoallv", "allgather", "neighbor", "pairwise"):
         fit = getattr(calibration, name)
+        if fit is None:
+            continue
         bandwidth = 1e-9 / fit.beta_s_per_byte if fit.beta_s_per_byte > 0 else float("inf")
         r2 = f"{fit.r2:.3f}" if fit.r2 is not None else "-"
         print(f"{name:<10} {fit.alpha_s * 1e6:>11.2f} {bandwidth:>17.2f} {r2:>6}  {fit.formula}")
@@ -257,7 +259,8 @@ def run_model(args: argparse.Namespace) -> int:
     else:
         machine = DEFAULT_MACHINE
     progress = None if args.json else (lambda message: print(message, file=sys.stderr, flush=True))
-    report = project(spec, args.ranks, machine, time_step=args.time_step, progress=progress)
+    report = project(spec, args.ranks, machine, time_step=args.time_step, progress=progress,
+                     threads_per_rank=args.threads_per_rank, cores_per_node=args.cores_per_node)
     if args.json:
         print(json.dumps(report, indent=2))
         return MapmakerExit.OK
@@ -268,7 +271,7 @@ def run_model(args: argparse.Namespace) -> int:
         overlap = projection["overlap"]
         exact = "" if overlap["neighbours_exact"] else " (sampled)"
         print(
-            f"\n{projection['ranks']} ranks: {overlap['local_pixels_max']} pixels per rank at most "
+            f"\n{projection['ranks']} ranks x {report['threads_per_rank']} threads: {overlap['local_pixels_max']} pixels per rank at most "
             f"(mean {overlap['local_pixels_mean']:.0f}), n_all / observed = {overlap['mean_multiplicity']:.2f}, "
             f"shared per rank {overlap['shared_pixels_max']} at most ({overlap['shared_fraction_max']:.2f} n_i), "
             f"neighbours {overlap['neighbours_max']}{exact} at most; {overlap['ranks_without_pixels']} ranks without pixels"
@@ -276,13 +279,13 @@ def run_model(args: argparse.Namespace) -> int:
         pre = projection["preprocessing"]
         print(f"  preprocessing: allgather {pre['allgather_s']:.3g} s ({pre['allgather_bytes']:.3g} bytes), "
               f"sift {pre['sift_s']:.3g} s")
-        print(f"  {'strategy':<10} {'bytes/iter':>11} {'msgs/iter':>10} {'s/iter':>10} {'vs allreduce':>12} {'campaign s':>11}")
+        print(f"  {'strategy':<17} {'bytes/iter':>11} {'msgs/iter':>10} {'s/iter':>10} {'vs allreduce':>12} {'campaign s':>11}")
         for name, row in projection["strategies"].items():
             speedup = f"{row['speedup_vs_allreduce']:.1f}x" if row["speedup_vs_allreduce"] else "-"
             note = f"  tau={row['threshold']:.0f}, |H|={row['heavy_pixels']:.0f}" if name == "hybrid" else ""
             mark = " <- auto" if name == projection["chosen"] else ""
             print(
-                f"  {name:<10} {row['bytes_per_iteration_max']:>11.4g} {row['messages_per_iteration_max']:>10.0f} "
+                f"  {name:<17} {row['bytes_per_iteration_max']:>11.4g} {row['messages_per_iteration_max']:>10.0f} "
                 f"{row['seconds_per_iteration']:>10.3g} {speedup:>12} {row['campaign_s']:>11.4g}{note}{mark}"
             )
     return MapmakerExit.OK

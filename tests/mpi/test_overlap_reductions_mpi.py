@@ -10,6 +10,9 @@ from schemas.result import RealizationResult
 pytestmark = pytest.mark.mpi
 
 STRATEGIES = ("alltoallv", "butterfly", "hybrid")
+# The strategies of issue 24, run on 2 and 4 ranks (3 ranks: the driver's exact sums); each overlap variant's twin.
+NEW_STRATEGIES = ("neighbor", "pairwise", "alltoallv-overlap", "neighbor-overlap")
+TWINS = {"alltoallv-overlap": "alltoallv", "neighbor-overlap": "neighbor"}
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
@@ -45,6 +48,12 @@ def maps(tmp_path_factory):
         completed = realize(ranks, spec, 0, out, "--quiet", *extra)
         assert completed.returncode == 0, completed.stderr[-3000:]
         runs[ranks, strategy] = out
+    spec = write_spec(folder, "new.toml")
+    for ranks in (2, 4):  # the new strategies: one process start per rank count
+        out = folder / f"new-{ranks}"
+        completed = run_ranks(ranks, str(DRIVERS / "run_strategies.py"), str(spec), str(out), *NEW_STRATEGIES, timeout=300)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        runs.update({(ranks, strategy): out / strategy for strategy in NEW_STRATEGIES})
     return runs
 
 
@@ -70,10 +79,14 @@ def test_result_reports_each_strategy(maps):
             assert communication.strategy == strategy
         if ranks == 1:
             continue
-        assert communication.plan == ("file" if ranks == 4 else "memory")
+        assert communication.plan == ("file" if ranks == 4 and strategy not in NEW_STRATEGIES else "memory")
         assert communication.bytes_per_iteration.max > 0 and communication.messages_per_iteration.max > 0
         if strategy == "alltoallv":
             assert communication.messages_per_iteration.max <= ranks - 1
+        if strategy in ("neighbor", "neighbor-overlap", "pairwise", "alltoallv-overlap"):
+            assert communication.messages_per_iteration.max <= ranks - 1
+        if strategy.startswith("neighbor"):  # the mpich wheel is MPI-4: the persistent collective ran
+            assert communication.details == {"persistent": 1.0}
         if strategy == "butterfly":
             assert communication.messages_per_iteration.max <= 2  # one step (2-3 ranks) or two (4), folds on 3
         if strategy == "hybrid":
@@ -85,7 +98,7 @@ def test_auto_records_its_choice(maps):
     communication = read_result(maps[4, "auto"]).communication
     selection = communication.selection
     assert selection.requested == "auto" and selection.chosen == communication.strategy
-    assert set(selection.modeled) == {"allreduce", "alltoallv", "butterfly", "hybrid"}
+    assert set(selection.modeled) == {"allreduce", *STRATEGIES, *NEW_STRATEGIES}
     chosen = selection.modeled[selection.chosen]
     assert all(chosen.campaign_s <= other.campaign_s for other in selection.modeled.values())
     assert selection.realizations == 3 and selection.iterations == 50 and "Franklin" in selection.machine
@@ -113,7 +126,7 @@ def test_model_bytes_equal_the_bytes_a_run_counted(maps):
     assert [p["ranks"] for p in report["projections"]] == [2, 4]
     for projection in report["projections"]:
         ranks = projection["ranks"]
-        for strategy in STRATEGIES:
+        for strategy in STRATEGIES + NEW_STRATEGIES:
             counted = read_result(maps[ranks, strategy]).communication
             modeled = projection["strategies"][strategy]
             assert counted.bytes_per_iteration.max == modeled["bytes_per_iteration_max"], (ranks, strategy)
@@ -125,3 +138,15 @@ def test_model_bytes_equal_the_bytes_a_run_counted(maps):
         assert projection["strategies"]["allreduce"]["bytes_per_iteration_max"] == round(2 * npix * 3 * (ranks - 1) / ranks * 8)
         if ranks == 4:  # the same figures and machine: the same choice as the run's auto
             assert projection["chosen"] == read_result(maps[4, "auto"]).communication.strategy
+
+
+def test_overlap_variant_solves_as_its_blocking_twin(maps):
+    """The same iterations and residual history (to round-off: P^T runs in two parts), the same traffic."""
+    for ranks in (2, 4):
+        for overlap, twin in TWINS.items():
+            a, b = read_result(maps[ranks, overlap]), read_result(maps[ranks, twin])
+            assert a.iterations == b.iterations, (ranks, overlap)
+            np.testing.assert_allclose(a.residual_history, b.residual_history, rtol=1e-8, atol=0, err_msg=overlap)
+            assert a.communication.bytes_per_iteration == b.communication.bytes_per_iteration
+            assert a.communication.messages_per_iteration == b.communication.messages_per_iteration
+            assert a.communication.reductions == b.communication.reductions

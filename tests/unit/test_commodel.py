@@ -94,3 +94,50 @@ def test_allreduce_traffic_counts_buffers():
     assert pieces == 4 and messages == 4 * 2 * 2
     assert nbytes == round(2 * 1000 * 3 * 3 / 4 * 8)
     assert commodel.allreduce_traffic(1000, 300, 3, 1)[:2] == (0, 0)
+
+
+def test_new_strategies_cost_like_the_alltoallv_on_their_own_links():
+    npix, size = 20_000, 8
+    figures = figures_of(bands(size, npix, 10), npix)
+    slow_neighbour = Machine(
+        "test", FRANKLIN.p2p, FRANKLIN.allreduce, FRANKLIN.alltoallv, FRANKLIN.allgather,
+        neighbor=commodel.LinkCost(2 * FRANKLIN.alltoallv.alpha_s, FRANKLIN.alltoallv.beta_s_per_byte),
+    )
+    costs = strategy_costs(figures, slow_neighbour, k=3, buffer_pixels=npix)
+    for name in ("neighbor", "pairwise", "alltoallv-overlap", "neighbor-overlap"):
+        assert costs[name].bytes_max == costs["alltoallv"].bytes_max and costs[name].messages_max == 2, name
+    # neighbor: the Alltoallv's form with its own alpha; pairwise: the point-to-point figures.
+    assert costs["neighbor"].seconds == pytest.approx(costs["alltoallv"].seconds + 2 * FRANKLIN.alltoallv.alpha_s)
+    assert costs["pairwise"].seconds == pytest.approx(FRANKLIN.p2p(2, 40 * 3 * 8))
+    # With nothing to hide behind an overlap variant costs its twin; it hides at most what it is given.
+    assert costs["alltoallv-overlap"].seconds == costs["alltoallv"].seconds
+    hidden = strategy_costs(figures, FRANKLIN, k=3, buffer_pixels=npix, hideable_s=1e-6)
+    assert hidden["alltoallv-overlap"].seconds == pytest.approx(costs["alltoallv"].seconds - 1e-6)
+    assert strategy_costs(figures, FRANKLIN, k=3, hideable_s=1.0)["neighbor-overlap"].seconds == 0.0
+    # Ties go to the blocking twin: auto picks an overlap variant only where it hides something.
+    assert select_strategy(figures, FRANKLIN, MANY).chosen not in commodel.OVERLAP_TWINS
+
+
+def test_ranks_per_node_share_the_interface_and_figures_scale_by_area():
+    shared = commodel.per_node(FRANKLIN, 4)
+    assert shared.allreduce.beta_s_per_byte == 4 * FRANKLIN.allreduce.beta_s_per_byte
+    assert shared.alltoallv.alpha_s == FRANKLIN.alltoallv.alpha_s
+    figures = figures_of(bands(4, 1000, 10), 1000)
+    scaled = commodel.scale_figures(figures, 3.0, 3000)
+    np.testing.assert_array_equal(scaled.shared, 3 * figures.shared)
+    np.testing.assert_array_equal(scaled.neighbours, figures.neighbours)
+    assert scaled.npix == 3000
+
+
+def test_figure6_row_compares_the_two_configurations():
+    """Franklin's Figure-5 bandwidths: the Allreduce at 0.25 GB/s against the Alltoallv at 1.15 GB/s."""
+    original = figures_of(bands(8, 20_000, 10), 20_000)
+    optimized = figures_of(bands(2, 20_000, 10), 20_000)
+    franklin = commodel.PAPER_SYSTEMS[0]
+    row = commodel.figure6_row(franklin, original, optimized, buffer_pixels=20_000)
+    assert row["paper_speedup"] == 8.3 and row["threads_per_rank"] == 4
+    allreduce_bytes = 2 * 20_000 * 3 * 7 / 8 * 8
+    assert row["allreduce_s_figure5"] == pytest.approx(6 * 8.15e-6 + allreduce_bytes / 0.25e9)
+    assert row["alltoallv_s_figure5"] == pytest.approx(8.15e-6 + 40 * 3 * 8 / 1.15e9)
+    # ranks x threads: 4 ranks share Franklin's node unthreaded, 1 threaded.
+    assert row["speedup_per_node"] > row["speedup_table2"]

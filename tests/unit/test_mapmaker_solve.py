@@ -210,3 +210,26 @@ def test_gathered_maps_are_typed_full_sky_arrays_built_without_a_dense_copy():
     # The maps (40 bytes per sky pixel) plus the local [n_local, 6] rows (48 per observed pixel,
     # half the sky here) and one piece; the dense copy would add 48 more per sky pixel.
     assert peak - before <= 40 * npix + 48 * n + 200 * 4096 + (1 << 20)
+
+
+@pytest.mark.parametrize("kernels", ["numpy", "fast"])
+@pytest.mark.parametrize("f_knee_hz", [0.0, 0.5])
+def test_overlapped_operator_equals_the_operator(kernels, f_knee_hz):
+    """P^T N^-1 P with the shared rows' P^T first and start() between: the same product to round-off,
+    the shared rows final when start() sees them (the private rows' samples added after)."""
+    spec = make_spec({"noise.f_knee_hz": f_knee_hz})  # white, then 1/f noise
+    layout = chunk_layout(spec)
+    local = build_local_data(spec, layout, decompose(layout, 1).chunks_of(0), NoiseModel(spec, layout), kernels=kernels)
+    x = np.random.default_rng(5).standard_normal((local.n_local, 3))
+    shared = np.random.default_rng(6).random(local.n_local) < 0.4
+    expected = local.apply_operator(x)
+    seen = {}
+
+    def start(partial):
+        seen["shared"] = partial[shared].copy()
+
+    product = local.apply_operator_overlapped(x, local.operator_split(shared), start)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(product, expected, rtol=0, atol=1e-12 * scale)
+    np.testing.assert_allclose(seen["shared"], expected[shared], rtol=0, atol=1e-12 * scale)
+    assert 0 < local.operator_split(shared).private_fraction < 1
