@@ -172,8 +172,11 @@ def run(service: Any, options: argparse.Namespace, others: int, figures: dict[st
             cursor = page["next_cursor"]
         figures["realizations_deep_page"] = timed_reads(user, f"/campaigns/{big}/realizations", reads,
                                                         params={"limit": 100, "cursor": cursor})  # fmt: skip
-        with dashboard_login(service.url, service.user_token) as browser:
+        browser = dashboard_login(service.url, service.user_token)
+        try:
             figures["dashboard_campaign_page"] = timed_reads(browser, f"/campaigns/{big}", max(reads // 4, 5))
+        finally:
+            browser.close()
 
         # The big campaign was made first: with equal priorities the claims take its realisations.
         figures["claims"] = [

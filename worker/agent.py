@@ -145,7 +145,9 @@ class Agent:
 
     def _register(self) -> bool:
         capacity = self.site.max_tasks
-        registration = WorkerRegistration(name=self.name, site=self.site.name, host=self.host[:255], capacity=capacity)
+        registration = WorkerRegistration(
+            name=self.name, site=self.site.name, host=self.host[:255], capacity=capacity, data_dir=str(self.layout.root)
+        )
         pause = 1.0
         while True:
             try:

@@ -38,6 +38,7 @@ def register_worker(*, session: Session, principal: Principal, registration: Wor
     worker.site = registration.site
     worker.host = registration.host
     worker.capacity = registration.capacity
+    worker.data_dir = registration.data_dir
     worker.token_id = principal.token_id
     worker.last_heartbeat_at = now
     session.flush()

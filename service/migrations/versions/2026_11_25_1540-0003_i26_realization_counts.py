@@ -1,4 +1,5 @@
-"""Realisation counts per campaign and state, kept by the database; an index for recent finishes.
+"""Realisation counts per campaign and state, kept by the database; an index for recent finishes; a worker's
+site data folder.
 
 A campaign's status read counted its realisations by state (``GROUP BY`` over all its rows:
 1.5 ms for 10,000, growing with the campaign); the dashboard and every status refresh paid it.
@@ -10,6 +11,9 @@ at a time, so no lock order to keep).
 
 ``ix_realizations_campaign_id_finished_at`` serves the throughput figure (realisations finished in
 the last hour), which otherwise read every finished row of the campaign.
+
+``workers.data_dir``: the site's data folder a worker registered with; the plan paths it reports built
+must lie inside it.
 
 A later migration that recreates ``realizations`` on SQLite (Alembic batch mode) drops its
 triggers, and has to create them again (:func:`create_sqlite_triggers`).
@@ -109,6 +113,7 @@ def upgrade() -> None:
         "SELECT campaign_id, state, count(*) FROM realizations GROUP BY campaign_id, state"
     )
     op.create_index("ix_realizations_campaign_id_finished_at", "realizations", ["campaign_id", "finished_at"])
+    op.add_column("workers", sa.Column("data_dir", sa.String(length=4096), nullable=True))
     if op.get_bind().dialect.name == "postgresql":
         for operation, body in _PG_FUNCTIONS.items():
             op.execute(
@@ -130,5 +135,7 @@ def downgrade() -> None:
         op.execute(f"DROP TRIGGER IF EXISTS realization_counts_{operation}{' ON realizations' if postgresql else ''}")
         if postgresql:
             op.execute(f"DROP FUNCTION IF EXISTS realization_counts_{operation}()")
+    with op.batch_alter_table("workers") as batch_op:
+        batch_op.drop_column("data_dir")
     op.drop_index("ix_realizations_campaign_id_finished_at", table_name="realizations")
     op.drop_table("realization_counts")
