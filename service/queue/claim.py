@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
-from sqlalchemy import BigInteger, exists, insert, literal, select, update
+from sqlalchemy import BigInteger, Table, exists, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from schemas.api import PlanRef, PreprocessTask, RealizeTask, preprocess_task_id, realize_task_id
@@ -204,8 +204,8 @@ def _claim_in_one_statement(
     """
     worker, now = answer.worker, answer.now
     claimed_state = advance(Entity.REALIZATION, RealizationState.QUEUED, RealizationState.CLAIMED)
-    realizations = Realization.__table__
-    attempts = Attempt.__table__
+    realizations = cast(Table, Realization.__table__)
+    attempts = cast(Table, Attempt.__table__)
     picked = (
         select(realizations.c.id, realizations.c.attempts_total)
         .where(realizations.c.campaign_id == candidate.id, realizations.c.state == RealizationState.QUEUED)
