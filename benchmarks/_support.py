@@ -178,13 +178,18 @@ def service_env(data_dir: Path, port: int, database_url: str | None, extra: dict
 
 
 def start_live_service(
-    data_dir: Path, database_url: str | None = None, *, env: dict[str, str] | None = None, startup_timeout: float = 60.0
+    data_dir: Path,
+    database_url: str | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    startup_timeout: float = 60.0,
+    serve_args: tuple[str, ...] = (),
 ) -> LiveService:
     """Start ``mapcampaign serve`` and wait until /healthz answers.
 
     ``database_url=None`` is the embedded default (SQLite in ``data_dir``, tokens made on first start);
     any other URL is migrated with ``mapcampaign db upgrade`` and gets user ``local`` tokens from
-    ``mapcampaign token create``.
+    ``mapcampaign token create``. ``serve_args`` are added to ``mapcampaign serve`` (``--workers 2``).
     """
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -209,7 +214,7 @@ def start_live_service(
     log_path = data_dir / f"serve-{port}.log"
     with open(log_path, "wb") as log_file:  # the child keeps its own descriptor of the log
         process = subprocess.Popen(
-            mapcampaign_command("serve"),
+            mapcampaign_command("serve", *serve_args),
             env=environment,
             stdout=log_file,
             stderr=subprocess.STDOUT,

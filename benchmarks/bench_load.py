@@ -2,10 +2,17 @@
 
     .venv/bin/python benchmarks/bench_load.py                       # the documented run: 200 clients, 4 workers, 60 s
     .venv/bin/python benchmarks/bench_load.py --duration 5 --clients 50
+    .venv/bin/python benchmarks/bench_load.py --open-loop --period 4  # 200 users refreshing every 4 s: 50 reads/s
 
 A real ``mapcampaign serve`` on a fresh PostgreSQL database on 127.0.0.1:5432 (loopback).
 The readers are asyncio tasks in this process, each with its own HTTP connection, alternating
 ``GET /campaigns/{id}`` (status) and ``GET /campaigns/{id}/realizations?limit=50``.
+
+Closed loop (the default): each reader sends its next request as soon as the last is answered, so
+the figures are the service's throughput under saturation. Open loop (``--open-loop``): each reader
+is a user refreshing a page every ``--period`` seconds (first refresh at a random phase), whatever
+the service's speed; a read's latency is counted from the time it was due, so a slow answer also
+delays (and is charged to) the user's next refresh. That is the latency a user sees.
 The workers are protocol-level (not Parsl or the map-maker):
 separate processes that register, claim 1-3 tasks, report started, and report the plan built or a
 fabricated result, as fast as the service answers. Every non-2xx answer or transport error counts
@@ -47,12 +54,15 @@ from benchmarks._support import (
 
 
 def latency_ms(values: list[float]) -> dict[str, float | None]:
-    """Median and 99th percentile of latencies given in seconds, in ms (None without any)."""
+    """Median, 95th and 99th percentiles of latencies given in seconds, in ms (None without any)."""
     if not values:
-        return {"p50_ms": None, "p99_ms": None}
+        return {"p50_ms": None, "p95_ms": None, "p99_ms": None}
     ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return {"p50_ms": statistics.median(ordered) * 1e3, "p99_ms": p99 * 1e3}
+
+    def rank(fraction: float) -> float:
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1e3
+
+    return {"p50_ms": statistics.median(ordered) * 1e3, "p95_ms": rank(0.95), "p99_ms": rank(0.99)}
 
 
 @dataclass
@@ -60,6 +70,7 @@ class LoadReport:
     duration_s: float
     clients: int
     workers: int
+    open_loop_period_s: float | None = None  # None: closed loop
     read_latencies_s: list[float] = field(default_factory=list)
     worker_latencies_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -75,6 +86,8 @@ class LoadReport:
         """The figures as one JSON object (latencies in ms, rates per second)."""
         return {
             "duration_s": self.duration_s,
+            "mode": "closed" if self.open_loop_period_s is None else "open",
+            "open_loop_period_s": self.open_loop_period_s,
             "clients": self.clients,
             "workers": self.workers,
             "requests": self.requests,
@@ -95,12 +108,17 @@ class LoadReport:
             if not values:
                 return "none"
             figures = latency_ms(values)
-            return f"p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms"
+            return f"p50 {figures['p50_ms']:.1f} ms, p95 {figures['p95_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms"
 
+        mode = (
+            "closed loop"
+            if self.open_loop_period_s is None
+            else f"open loop, each refreshing every {self.open_loop_period_s:g} s"
+        )
         return [
             (
-                f"{self.clients} reading clients + {self.workers} protocol-level workers for {self.duration_s:.0f} s "
-                "against PostgreSQL on loopback"
+                f"{self.clients} reading clients ({mode}) + {self.workers} protocol-level workers for "
+                f"{self.duration_s:.0f} s against PostgreSQL on loopback"
             ),
             f"requests: {self.requests} ({self.requests / self.duration_s:.0f}/s), errors: {len(self.errors)}",
             (
@@ -139,8 +157,32 @@ async def _reader(api_url: str, token: str, campaign_ids: list[int], stop_at: fl
                 report.errors.append(f"GET {path}: {answer.status_code} {answer.text[:200]}")
 
 
+async def _user(api_url: str, token: str, campaign_ids: list[int], stop_at: float, report: LoadReport) -> None:
+    """One user of the open loop: a refresh every ``report.open_loop_period_s``, latency counted from when it was due."""
+    period = report.open_loop_period_s or 1.0
+    rng = random.Random()
+    async with httpx.AsyncClient(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+        due = time.monotonic() + rng.uniform(0, period)
+        while due < stop_at:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            campaign_id = rng.choice(campaign_ids)
+            path = f"/campaigns/{campaign_id}" if rng.random() < 0.5 else f"/campaigns/{campaign_id}/realizations"
+            try:
+                answer = await client.get(path, params={"limit": 50} if path.endswith("realizations") else None)
+            except httpx.HTTPError as error:
+                report.errors.append(f"GET {path}: {type(error).__name__}: {error}")
+            else:
+                if answer.status_code == 503 and "Retry-After" in answer.headers:
+                    report.busy += 1
+                report.read_latencies_s.append(time.monotonic() - due)
+                if answer.status_code != 200:
+                    report.errors.append(f"GET {path}: {answer.status_code} {answer.text[:200]}")
+            due += period
+
+
 async def _readers(api_url: str, token: str, campaign_ids: list[int], clients: int, stop_at: float, report: LoadReport):
-    await asyncio.gather(*(_reader(api_url, token, campaign_ids, stop_at, report) for _ in range(clients)))
+    reader = _reader if report.open_loop_period_s is None else _user
+    await asyncio.gather(*(reader(api_url, token, campaign_ids, stop_at, report) for _ in range(clients)))
 
 
 def protocol_worker(args: tuple[str, str, str, float, int]) -> dict:
@@ -210,6 +252,7 @@ def run_load(
     workers: int = 4,
     realizations: int = 20_000,
     campaigns: int = 4,
+    open_loop_period_s: float | None = None,
 ) -> LoadReport:
     """Create ``campaigns`` campaigns, then load the service for ``duration_s`` seconds; return what happened."""
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {user_token}"}, timeout=120) as user:
@@ -220,7 +263,7 @@ def run_load(
             )
             answer.raise_for_status()
             campaign_ids.append(answer.json()["id"])
-    report = LoadReport(duration_s=duration_s, clients=clients, workers=workers)
+    report = LoadReport(duration_s=duration_s, clients=clients, workers=workers, open_loop_period_s=open_loop_period_s)
     stop_wall = time.time() + duration_s
     stop_at = time.monotonic() + duration_s
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
@@ -267,13 +310,18 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--realizations", type=int, default=20_000, help="queued at the start, over 4 campaigns")
+    parser.add_argument("--open-loop", action="store_true", help="users refreshing every --period s (not closed loop)")
+    parser.add_argument("--period", type=float, default=4.0, help="open loop: seconds between a user's refreshes")
+    parser.add_argument("--api-workers", type=int, default=1, help="API processes (mapcampaign serve --workers)")
     add_json_option(parser)
     options = parser.parse_args()
 
     pg_url = create_pg_database("mapcampaign_load")
     try:
         with tempfile.TemporaryDirectory(prefix="mapcampaign-load-") as folder:
-            service = start_live_service(Path(folder) / "service", pg_url)
+            service = start_live_service(
+                Path(folder) / "service", pg_url, serve_args=("--workers", str(options.api_workers))
+            )
             try:
                 report = run_load(
                     service.api_url,
@@ -283,6 +331,7 @@ def main() -> None:
                     clients=options.clients,
                     workers=options.workers,
                     realizations=options.realizations,
+                    open_loop_period_s=options.period if options.open_loop else None,
                 )
                 problems = check_database(pg_url, report)
             finally:
@@ -294,7 +343,7 @@ def main() -> None:
     for error in report.errors[:10]:
         print("error:", error)
     print("database check:", "; ".join(problems) if problems else "every accepted result stored once, none twice")
-    write_json(options.json, {**report.figures(), "database_problems": problems})
+    write_json(options.json, {**report.figures(), "api_workers": options.api_workers, "database_problems": problems})
     sys.exit(1 if report.errors or problems else 0)
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.programs import MAX_LOG_TAIL_CHARS, MAX_MESSAGE_CHARS
 from schemas.result import RealizationResult
-from schemas.spec import MAX_REALIZATIONS, CampaignKind, CampaignSpec, Integer
+from schemas.spec import CONTROL_CHARACTERS, MAX_REALIZATIONS, CampaignKind, CampaignSpec, Integer
 from schemas.states import CampaignState, PlanState, RealizationState
 
 API_PREFIX = "/api/v1"
@@ -257,6 +258,22 @@ class PlanPage(ApiModel):
 # --------------------------------------------------------------------------- workers
 
 
+def site_path_problem(path: str) -> str | None:
+    """Why a path a worker sends cannot be a file or folder of its site, or None if it can.
+
+    The service hands such a path to every worker of the site and lists it to every user, so it is held
+    to the rules of user-supplied paths: absolute (a worker resolves it without a folder of its own),
+    no ``.`` or ``..`` component, no control character or backslash.
+    """
+    if CONTROL_CHARACTERS.search(path) or "\\" in path:
+        return "must not contain control characters or backslashes"
+    if not PurePosixPath(path).is_absolute():
+        return "must be an absolute path on the site"
+    if any(part in (".", "..") for part in path.split("/")):
+        return "must not contain '.' or '..' components"
+    return None
+
+
 class WorkerRegistration(RequestModel):
     name: str = Field(pattern=NAME_PATTERN, description="Stable name of this worker; registering again updates it")
     site: str = Field(pattern=NAME_PATTERN, description="Site whose preprocessing plans this worker can use")
@@ -270,6 +287,21 @@ class WorkerRegistration(RequestModel):
             "declares is refused at submit. None: the site has no sky_root"
         ),
     )
+    data_dir: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4_096,
+        description="The site's data folder on this worker's host (absolute); the plan files the worker "
+        "reports built must lie inside it",
+    )
+
+    @field_validator("data_dir")
+    @classmethod
+    def _site_folder(cls, value: str | None) -> str | None:
+        problem = None if value is None else site_path_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("host")
     @classmethod

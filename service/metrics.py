@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.api import API_PREFIX, CAMPAIGN_STATES, REALIZATION_STATES
 from schemas.states import PlanState
-from service.campaigns.models import Attempt, Campaign, Realization
+from service.campaigns.models import Attempt, Campaign, RealizationCount
 from service.db import Database
 from service.events.models import Event
 from service.queue.models import PreprocessingPlan
@@ -31,7 +31,11 @@ class QueueCollector:
 
     def collect(self):
         with self.database.session(write=False) as session:
-            by_state = dict(session.execute(select(Realization.state, func.count()).group_by(Realization.state)).all())
+            by_state = dict(  # the counts the database's triggers keep, not a scan of every realisation
+                session.execute(
+                    select(RealizationCount.state, func.sum(RealizationCount.count)).group_by(RealizationCount.state)
+                ).all()
+            )
             campaigns = dict(session.execute(select(Campaign.state, func.count()).group_by(Campaign.state)).all())
             plans = dict(
                 session.execute(select(PreprocessingPlan.state, func.count()).group_by(PreprocessingPlan.state)).all()
@@ -48,7 +52,7 @@ class QueueCollector:
             workers = session.scalar(select(func.count()).select_from(Worker)) or 0
         gauge = GaugeMetricFamily("mapcampaign_realizations", "Realisations by state", labels=["state"])
         for state in REALIZATION_STATES:
-            gauge.add_metric([state], by_state.get(state, 0))
+            gauge.add_metric([state], int(by_state.get(state, 0)))
         yield gauge
         gauge = GaugeMetricFamily("mapcampaign_campaigns", "Campaigns by state", labels=["state"])
         for state in CAMPAIGN_STATES:

@@ -151,6 +151,7 @@ class Agent:
             host=self.host[:255],
             capacity=capacity,
             sky_maps=declared_sky_maps(self.site.sky_root),
+            data_dir=str(self.layout.root),
         )
         pause = 1.0
         while True:

@@ -1,7 +1,11 @@
-"""Work folders a dead worker left behind (``<site data>/work/<task id>/``), removed when a worker starts.
+"""Work folders a dead worker left behind (``<site data>/work/<task id>/``), removed by the live workers of the site.
 
 A worker removes a task's work folder once the task is reported; a worker killed
-(SIGKILL, node lost) leaves its folders. Several workers may share a site folder,
+(SIGKILL, node lost) leaves its folders, and the service requeues its tasks when
+their leases expire. Every worker sweeps its site's work folder when it starts
+and then again every :data:`QUIET_TOUCHES` touch intervals while it runs, so the
+folders of a worker killed beside live ones go once they are provably dead, not
+only when some worker starts again. Several workers may share a site folder,
 on this host and on others, so a folder is removed only when it provably belongs
 to nobody alive:
 
@@ -112,20 +116,23 @@ class LeftoverSweep:
 def start_sweep(
     work: Path, host: str, *, touch_interval_s: float, stop: threading.Event, owned: Container[str]
 ) -> threading.Thread:
-    """Note the folders now, then in a thread of its own wait QUIET_TOUCHES touch intervals and remove the leftovers.
+    """Note the folders now, then in a thread of its own wait QUIET_TOUCHES touch intervals and remove the
+    leftovers; then note them again, and so on until ``stop`` is set.
 
-    The worker claims meanwhile: its own folders are new, not among those noted. Nothing is removed once
-    ``stop`` is set.
+    The worker claims meanwhile: its own folders are new, not among those first noted, and later ones are
+    in ``owned`` (and touched) while they run. Nothing is removed once ``stop`` is set.
     """
     sweep = LeftoverSweep.begin(work, host)
 
-    def finish() -> None:
-        if sweep.stamps and not stop.wait(QUIET_TOUCHES * touch_interval_s):
+    def sweep_while_running() -> None:
+        nonlocal sweep
+        while not stop.wait(QUIET_TOUCHES * touch_interval_s):
             try:
                 sweep.finish(owned)
-            except Exception:  # a failed sweep is tried again at the next start; the worker goes on
+            except Exception:  # a failed sweep is tried again at the next round; the worker goes on
                 log.exception("removing the work folders of stopped workers failed")
+            sweep = LeftoverSweep.begin(work, host)
 
-    thread = threading.Thread(target=finish, name="leftovers", daemon=True)
+    thread = threading.Thread(target=sweep_while_running, name="leftovers", daemon=True)
     thread.start()
     return thread

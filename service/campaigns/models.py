@@ -46,6 +46,8 @@ class Realization(Base):
         # The claim walks this index: a campaign's queued realisations in index order.
         Index("ix_realizations_campaign_id_state_index", "campaign_id", "state", "index"),
         Index("ix_realizations_state_lease_expires_at", "state", "lease_expires_at"),
+        # The throughput figure: a campaign's realisations finished in the last window.
+        Index("ix_realizations_campaign_id_finished_at", "campaign_id", "finished_at"),
         NEVER_REUSE_IDS,
     )
 
@@ -61,6 +63,20 @@ class Realization(Base):
     result: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RealizationCount(Base):
+    """How many of a campaign's realisations are in each state: what a status read shows.
+
+    Written only by the database's triggers on ``realizations`` (migration 0005), in the
+    transaction of each change; the service reads it and never writes it.
+    """
+
+    __tablename__ = "realization_counts"
+
+    campaign_id: Mapped[int] = mapped_column(BigId, ForeignKey("campaigns.id", ondelete="CASCADE"), primary_key=True)
+    state: Mapped[RealizationState] = mapped_column(state_type(RealizationState), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
 
 
 class Attempt(Base):

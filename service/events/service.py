@@ -55,6 +55,10 @@ def _write_pending_events(session: Session) -> None:
     pending = session.info.pop(_PENDING, None)
     if not pending:
         return
+    # Changes still pending in the session are written before the event lock is taken, not after it (the
+    # commit flushes after this hook): a change to realisations locks their count rows (migration 0005),
+    # and every transaction must take those before the event lock, or two could wait on each other.
+    session.flush()
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": EVENTS_LOCK_KEY})
     session.execute(cast(Table, Event.__table__).insert(), pending)  # Core executemany: no RETURNING needed

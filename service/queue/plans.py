@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from pathlib import PurePosixPath
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, select, update
@@ -21,7 +20,6 @@ from sqlalchemy.orm import Session
 
 from schemas.api import PlanBuilt, PlanInfo
 from schemas.programs import MAX_MESSAGE_CHARS
-from schemas.spec import CONTROL_CHARACTERS  # the rule of user-supplied paths
 from schemas.states import (
     LIVE_PLAN_STATES,
     UNFINISHED_CAMPAIGN_STATES,
@@ -148,22 +146,6 @@ def locked_build(*, session: Session, plan_id: int, build: int, worker_id: int) 
     if plan.state != PlanState.BUILDING or plan.build_number != build or plan.lease_holder_id != worker_id:
         raise LeaseLost(f"build {build} of plan {plan_id} is no longer this worker's (plan is {plan.state})")
     return plan
-
-
-def site_path_problem(path: str) -> str | None:
-    """Why a path a worker reports cannot be a file of its site folder, or None if it can.
-
-    The service hands the path to every worker of the site and lists it to every user, so it is held
-    to the rules of user-supplied paths: absolute (a worker resolves it without a folder of its own),
-    no ``.`` or ``..`` component, no control character or backslash.
-    """
-    if CONTROL_CHARACTERS.search(path) or "\\" in path:
-        return "must not contain control characters or backslashes"
-    if not PurePosixPath(path).is_absolute():
-        return "must be an absolute path on the site"
-    if any(part in (".", "..") for part in path.split("/")):
-        return "must not contain '.' or '..' components"
-    return None
 
 
 def report_built(*, session: Session, plan: PreprocessingPlan, report: PlanBuilt) -> None:

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from schemas.api import HeartbeatAnswer, PlanBuilt, TaskFailed, TaskStarted, parse_task_id, realize_task_id
+from schemas.api import (
+    HeartbeatAnswer,
+    PlanBuilt,
+    TaskFailed,
+    TaskStarted,
+    parse_task_id,
+    realize_task_id,
+    site_path_problem,
+)
 from schemas.result import RealizationResult
 from schemas.spec import CampaignSpec, spec_hash
 from schemas.states import (
@@ -45,7 +54,7 @@ from service.queue.errors import (
 )
 from service.queue.leases import lease_expiry
 from service.queue.models import PreprocessingPlan
-from service.queue.plans import locked_build, report_build_failed, report_built, site_path_problem
+from service.queue.plans import locked_build, report_build_failed, report_built
 from service.storage import ArtifactStore
 from service.workers.models import Worker
 
@@ -391,9 +400,11 @@ def report_plan_built(*, session: Session, task_id: str, principal: Principal, r
     problem = site_path_problem(report.path)
     if problem is not None:
         raise InvalidField(("body", "path"), problem)
-    plan = locked_build(
-        session=session, plan_id=plan_id, build=build or 0, worker_id=_plan_worker(session, plan_id, principal, task_id)
-    )
+    worker_id = _plan_worker(session, plan_id, principal, task_id)
+    folder = session.scalar(select(Worker.data_dir).where(Worker.id == worker_id))
+    if folder is not None and not PurePosixPath(report.path).is_relative_to(PurePosixPath(folder)):
+        raise InvalidField(("body", "path"), f"must lie inside the site's data folder {folder} (the registration's)")
+    plan = locked_build(session=session, plan_id=plan_id, build=build or 0, worker_id=worker_id)
     report_built(session=session, plan=plan, report=report)
     return plan.state
 

@@ -17,6 +17,9 @@ class Worker(Base):
     site: Mapped[str] = mapped_column(String(128))
     host: Mapped[str] = mapped_column(String(255))
     capacity: Mapped[int] = mapped_column(Integer, default=1)
+    data_dir: Mapped[str | None] = mapped_column(
+        String(4096), default=None, doc="The site's data folder on the worker's host: its plan paths lie inside"
+    )
     token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), doc="Registered by")
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -39,6 +39,7 @@ def register_worker(*, session: Session, principal: Principal, registration: Wor
     worker.host = registration.host
     worker.capacity = registration.capacity
     worker.sky_maps = registration.sky_maps
+    worker.data_dir = registration.data_dir
     worker.token_id = principal.token_id
     worker.last_heartbeat_at = now
     session.flush()

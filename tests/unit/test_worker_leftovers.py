@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from tests.support.task_run import runner_status
 from tests.support.worker_helpers import wait_for
 from worker.agent import Agent
 from worker.layout import SiteLayout
-from worker.leftovers import LeftoverSweep
+from worker.leftovers import LeftoverSweep, start_sweep
 from worker.settings import WorkerSettings
 from worker.site import parse_site
 
@@ -132,3 +133,28 @@ def test_a_worker_keeping_work_folders_for_inspection_keeps_those_of_earlier_run
     monkeypatch.setattr(agent, "_loop", lambda: None)
     assert agent.run() == 0
     assert sweeps == []
+
+
+def test_a_folder_left_by_a_worker_killed_beside_a_running_one_goes_without_a_restart(tmp_path, runner_like):
+    """The running worker sweeps again and again: the folders of a worker killed after it started (whose tasks
+    the service requeues) are removed once provably dead; the folders of its own tasks stay."""
+    work = SiteLayout(tmp_path).work
+    work.mkdir(parents=True)
+    stop = threading.Event()
+    own = leftover(work, "realize-1")
+    thread = start_sweep(work, HOST, touch_interval_s=0.05, stop=stop, owned={"realize-1"})
+    try:
+        killed = leftover(work, "realize-2")
+        killed_runner = leftover(work, "realize-3")
+        (killed_runner / RUNNER_FILE).write_text(
+            RunnerStarted(
+                host=HOST, runner_pid=killed_runner_pid(runner_like, killed_runner), marker="local:w:run:realize-3",
+                pid=1, pgid=1, launched_at=1.0, walltime_s=300.0,
+            ).model_dump_json()
+        )  # fmt: skip
+        wait_for(lambda: not killed.exists() and not killed_runner.exists(), 30, "the running worker's sweep")
+        assert own.exists()
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
