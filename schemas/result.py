@@ -125,6 +125,10 @@ class DecoupledBandpowers(ResultModel):
         description="Where the mode coupling came from: read from realize --coupling, or built by this run"
     )
     coupling_build_s: float | None = Field(None, description="Seconds this run spent building the coupling (None: read)")
+    coupling_sha256: str | None = Field(
+        None, description="SHA-256 of the coupling file as written or read (None: no --coupling file)"
+    )
+    coupling_bytes: int | None = Field(None, description="Size of the coupling file (bytes; None: no --coupling file)")
     bandpowers_s: float = Field(description="Seconds for the bandpowers given the coupling (transforms and decoupling)")
 
 

@@ -261,12 +261,19 @@ def for_campaign(spec: CampaignSpec, iqu: np.ndarray, coupling: bandpowers.Coupl
 
 
 def result_record(
-    spec: CampaignSpec, measured: RealizationSpectra, *, coupling_source: str, coupling_build_s: float | None
+    spec: CampaignSpec,
+    measured: RealizationSpectra,
+    *,
+    coupling_source: str,
+    coupling_build_s: float | None,
+    coupling_sha256: str | None = None,
+    coupling_bytes: int | None = None,
 ) -> dict:
     """The compact record of :class:`schemas.result.BinnedSpectra` (as plain data).
 
     ``coupling_source`` is "file" (read from ``realize --coupling``) or "built" (by this run, in
-    ``coupling_build_s`` seconds).
+    ``coupling_build_s`` seconds); ``coupling_sha256`` and ``coupling_bytes`` identify the coupling
+    file when there is one.
     """
     def by_name(rows: np.ndarray) -> dict[str, list[float]]:
         return {name: [float(value) for value in row] for name, row in zip(SPECTRA, rows, strict=True)}
@@ -301,6 +308,8 @@ def result_record(
             "mask_sha256": measured.coupling.mask_sha256,
             "coupling_source": coupling_source,
             "coupling_build_s": coupling_build_s,
+            "coupling_sha256": coupling_sha256,
+            "coupling_bytes": coupling_bytes,
             "bandpowers_s": measured.bandpowers_s,
         },
     }

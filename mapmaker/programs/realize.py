@@ -46,7 +46,7 @@ from mapmaker.programs.products import OutputUnusable, ProductFolder, refuse_unw
 from mapmaker.programs.versions import package_versions
 from mapmaker.solve.realization import Progress, SolveOutcome, run_realization
 from mapmaker.solve.timing import Timers, peak_memory_mib
-from schemas.files import atomic_write
+from schemas.files import atomic_write, sha256_file
 from schemas.result import ProductFile, RealizationResult
 from schemas.spec import CampaignSpec, scan_key, spec_hash
 
@@ -165,7 +165,8 @@ def campaign_coupling(
     built for this mask, binning and purification), else build it and write it atomically there.
     ``in_file`` is the coupling :func:`check_coupling_path` already read from ``path`` (binning and
     purification checked): only its mask is compared. Returns the coupling and
-    ``{"source": "file" | "built", "build_s": seconds or None}``.
+    ``{"source": "file" | "built", "build_s": seconds or None, "sha256": str or None, "bytes": int or None}``
+    (the file's checksum and size, None without ``path``).
     """
     binning, purify_b = spectra.campaign_binning(spec), spec.products.purify_b
     say = progress or (lambda message: None)
@@ -181,7 +182,7 @@ def campaign_coupling(
         coupling = None
     if coupling is not None:
         say(f"coupling: read from {path} (mask sha256 {coupling.mask_sha256[:12]})")
-        return coupling, {"source": "file", "build_s": None}
+        return coupling, {"source": "file", "build_s": None, **coupling_file_identity(path)}
     started = time.perf_counter()
     coupling = build_coupling(mask, binning, purify_b=purify_b)
     build_s = time.perf_counter() - started
@@ -189,7 +190,14 @@ def campaign_coupling(
         atomic_write(path, coupling.write_npz)
     where = f", written to {path}" if path is not None else ""
     say(f"coupling: built in {build_s:.2f} s (mask sha256 {coupling.mask_sha256[:12]}){where}")
-    return coupling, {"source": "built", "build_s": build_s}
+    return coupling, {"source": "built", "build_s": build_s, **coupling_file_identity(path)}
+
+
+def coupling_file_identity(path: str | Path | None) -> dict[str, Any]:
+    """``{"sha256", "bytes"}`` of the coupling file at ``path`` (both None without one): what the service records."""
+    if path is None:
+        return {"sha256": None, "bytes": None}
+    return {"sha256": sha256_file(path), "bytes": Path(path).stat().st_size}
 
 
 def write_products(
@@ -296,7 +304,12 @@ def realization_result(
         versions=package_versions(),
         products=product_records,
         spectra=spectra.result_record(
-            spec, measured, coupling_source=coupling_record["source"], coupling_build_s=coupling_record["build_s"]
+            spec,
+            measured,
+            coupling_source=coupling_record["source"],
+            coupling_build_s=coupling_record["build_s"],
+            coupling_sha256=coupling_record.get("sha256"),
+            coupling_bytes=coupling_record.get("bytes"),
         ),
     )
 

@@ -17,6 +17,7 @@ these solves take.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -171,6 +172,10 @@ def test_result_records_the_bandpowers_the_offset_and_the_coupling_source(campai
     mask_sha256 = {result.spectra.bandpowers.mask_sha256 for result in results}
     with np.load(campaign["coupling"]) as coupling:
         assert mask_sha256 == {str(coupling["mask_sha256"])}
+    # the file's identity the service records: every run, builder and readers, reports the same bytes
+    file_sha256 = hashlib.sha256(campaign["coupling"].read_bytes()).hexdigest()
+    assert {result.spectra.bandpowers.coupling_sha256 for result in results} == {file_sha256}
+    assert {result.spectra.bandpowers.coupling_bytes for result in results} == {campaign["coupling"].stat().st_size}
 
 
 def test_the_coupling_file_is_written_once_and_reused(campaign):
@@ -229,6 +234,8 @@ def test_without_a_coupling_file_every_run_builds_its_own(campaign, tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
     assert result["spectra"]["bandpowers"]["coupling_source"] == "built"
+    assert result["spectra"]["bandpowers"]["coupling_sha256"] is None
+    assert result["spectra"]["bandpowers"]["coupling_bytes"] is None
     np.testing.assert_allclose(
         load_bandpowers(out)["bandpowers"], load_bandpowers(campaign["runs"][2]["out"])["bandpowers"], rtol=1e-10
     )
