@@ -255,6 +255,33 @@ class PlanPage(ApiModel):
     next_cursor: str | None = None
 
 
+class CouplingCampaignRef(ApiModel):
+    id: int
+    name: str
+
+
+class CouplingInfo(ApiModel):
+    """The bandpowers' mode-coupling file of one coupling key at one site, as accepted results reported it."""
+
+    id: int
+    coupling_key: str = Field(description="schemas.spec.coupling_key of the campaigns sharing the file (64 hex)")
+    site: str
+    scan_key: str
+    mask_sha256: str = Field(description="SHA-256 of the analysis mask the coupling was built for")
+    file_sha256: str = Field(description="SHA-256 of the coupling file the latest accepted result used")
+    size_bytes: int = Field(description="Size of the coupling file (bytes)")
+    build_time_s: float | None = Field(None, description="Seconds the building realisation spent (None: not reported)")
+    built_at: datetime | None = Field(None, description="When the building realisation's result was accepted")
+    uses: int = Field(description="Accepted realisation results of every user that used the file")
+    campaigns: list[CouplingCampaignRef] = Field(description="The caller's campaigns that used it, newest first")
+    created_at: datetime
+    updated_at: datetime
+
+
+class CouplingPage(ApiModel):
+    items: list[CouplingInfo]
+
+
 # --------------------------------------------------------------------------- workers
 
 
@@ -448,7 +475,7 @@ class EventInfo(ApiModel):
     """One state change. ``id`` increases monotonically; SSE clients resume with Last-Event-ID."""
 
     id: int
-    kind: str = Field(description="campaign, realization, plan, worker or lease_expired")
+    kind: str = Field(description="campaign, realization, plan, coupling, worker or lease_expired")
     state: str | None = None
     campaign_id: int | None = None
     realization: int | None = None

@@ -40,7 +40,7 @@ from service.migrate import current_revisions
 from service.products import mount_products
 from service.products.reconcile import run_reconciler
 from service.queue.reaper import run_reaper
-from service.queue.router import claims_router, tasks_router
+from service.queue.router import claims_router, couplings_router, tasks_router
 from service.queue.router import router as plans_router
 from service.startup import ensure_local_tokens, prepare_database
 from service.workers.router import workers_router
@@ -140,6 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (
         campaigns_router,
         plans_router,
+        couplings_router,
         workers_router,
         claims_router,
         tasks_router,

@@ -19,6 +19,7 @@ from service.config import Settings
 from service.dashboard import queries
 from service.dashboard.panels import collect_products_panel
 from service.events.service import latest_event_id
+from service.queue import couplings
 
 CAMPAIGNS_PER_PAGE = 50
 REALIZATIONS_PER_PAGE = 50
@@ -196,4 +197,7 @@ def products_panel_json(*, session: Session, owner_id: int, campaign_id: int, se
 
 
 def plans_page(*, session: Session, owner_id: int) -> dict[str, Any]:
-    return {"plans": queries.plans_of_owner(session=session, owner_id=owner_id)}
+    return {
+        "plans": queries.plans_of_owner(session=session, owner_id=owner_id),
+        "couplings": couplings.list_couplings(session=session, owner_id=owner_id),
+    }

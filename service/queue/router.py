@@ -1,5 +1,6 @@
 """HTTP for the queue: workers claim tasks, keep their leases alive and report on what they hold; users read
-the preprocessing plans (shared, so every user sees them), and workers report a ready plan unusable."""
+the preprocessing plans (shared, so every user sees them) and the mode couplings their campaigns used, and workers
+report a ready plan unusable."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from schemas.api import (
     ArtifactReceipt,
     ClaimAnswer,
     ClaimRequest,
+    CouplingPage,
     ErrorBody,
     HeartbeatAnswer,
     HeartbeatRequest,
@@ -32,7 +34,7 @@ from service.db import get_database
 from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, RowId, SessionDep, SettingsDep
 from service.errors import DomainError, InsufficientStorage
 from service.pagination import decode_cursor, encode_cursor
-from service.queue import plans, tasks
+from service.queue import couplings, plans, tasks
 from service.queue.claim import claim_tasks
 from service.storage import ArtifactStore
 from service.workers import service as workers
@@ -44,6 +46,9 @@ _worker_errors: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody},
 }
 router = APIRouter(prefix="/plans", tags=["plans"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}})
+couplings_router = APIRouter(
+    prefix="/couplings", tags=["plans"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}}
+)
 claims_router = APIRouter(prefix="/workers", tags=["workers"], responses=_worker_errors)
 tasks_router = APIRouter(prefix="/tasks", tags=["workers"], responses=_worker_errors)
 
@@ -69,6 +74,27 @@ def list_plans(
     )
     next_cursor = encode_cursor({"after_id": items[limit - 1].id}) if len(items) > limit else None
     return PlanPage(items=items[:limit], next_cursor=next_cursor)
+
+
+@couplings_router.get("", response_model=CouplingPage)
+def list_couplings(
+    user: CurrentUser,
+    session: ReadSessionDep,
+    scan_key: Annotated[str | None, Query(max_length=64)] = None,
+    site: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 200,
+) -> CouplingPage:
+    """The bandpowers' mode-coupling files the caller's campaigns used, newest first.
+
+    One per (site, coupling key), recorded as realisation results are accepted: the file's SHA-256 and
+    size, the build time, how many accepted results of every user used it, and the caller's campaigns
+    among them.
+    """
+    return CouplingPage(
+        items=couplings.list_couplings(
+            session=session, owner_id=user.user_id, site=site, scan_key=scan_key, limit=limit
+        )
+    )
 
 
 @router.get("/{plan_id}", response_model=PlanInfo, responses={404: {"model": ErrorBody}})

@@ -44,6 +44,7 @@ from service.config import Settings
 from service.db import Database, in_chunks, utcnow
 from service.errors import InvalidField
 from service.events.service import record_event
+from service.queue.couplings import record_coupling_use
 from service.queue.errors import (
     LeaseLost,
     NotTaskHolder,
@@ -245,6 +246,7 @@ def accept_result(*, session: Session, held: HeldAttempt, result: RealizationRes
             .values(uses=PreprocessingPlan.uses + 1)
             .execution_options(synchronize_session=False)
         )
+    record_coupling_use(session=session, campaign=held.campaign, site=held.worker.site, result=result)
     record_event(
         session,
         "realization",

@@ -14,7 +14,17 @@ import pytest
 
 from benchmarks import _support
 
-TABLES = ("events", "attempts", "realizations", "campaigns", "preprocessing_plans", "workers", "api_tokens", "users")
+TABLES = (
+    "events",
+    "attempts",
+    "realizations",
+    "campaigns",
+    "preprocessing_plans",
+    "couplings",
+    "workers",
+    "api_tokens",
+    "users",
+)
 
 
 def create_pg_database(prefix: str = "mapcampaign_test") -> str:
