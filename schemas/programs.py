@@ -23,7 +23,10 @@ class MapmakerExit(enum.IntEnum):
 
     OK = 0
     BAD_INPUT = 2  # spec, options, sky map, an existing --out: the same command will fail again
-    PLAN_REFUSED = 3  # realize --plan (or --coupling) with a file that does not match the run or is damaged
+    PLAN_REFUSED = 3  # realize --plan with an overlap plan that does not match the run or is damaged
+    # realize or bandpowers --coupling with a coupling file built for another mask, binning or estimator, or
+    # damaged: apart from PLAN_REFUSED, as the worker removes a stale coupling file and leaves the plan alone
+    COUPLING_REFUSED = 4
 
 
 # --------------------------------------------------------------------------- file names

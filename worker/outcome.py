@@ -15,6 +15,9 @@ outcome                    when                                                 
 ``app_error``              it exited non-zero (2: bad input; 1: crash)            ``app_error``
 ``plan_refused``           ``realize`` exited 3: the plan does not match or is    ``app_error`` (and the
                            corrupted                                              plan is invalidated)
+``coupling_refused``       ``realize`` exited 4: the site's coupling file was      ``site_error`` (the worker
+                           built for another mask, binning or estimator, or is    removes the file; the
+                           damaged                                                plan is left alone)
 ``walltime``               the runner killed it at ``resources.walltime_s``, or   ``walltime``
                            the scheduler ended its block at the block's time
                            limit (:mod:`worker.scheduler`)
@@ -61,6 +64,7 @@ class Outcome(str, enum.Enum):
     SUCCEEDED = "succeeded"
     APP_ERROR = "app_error"
     PLAN_REFUSED = "plan_refused"
+    COUPLING_REFUSED = "coupling_refused"
     WALLTIME = "walltime"
     OOM = "oom"
     LAUNCH_ERROR = "launch_error"
@@ -79,6 +83,8 @@ class Outcome(str, enum.Enum):
 _FAILURE_CLASSES: dict[Outcome, FailureClass] = {
     Outcome.APP_ERROR: "app_error",
     Outcome.PLAN_REFUSED: "app_error",
+    # The site's coupling file is stale (the worker removes it): the site's doing, not the realisation's.
+    Outcome.COUPLING_REFUSED: "site_error",
     Outcome.WALLTIME: "walltime",
     Outcome.OOM: "oom",
     Outcome.LAUNCH_ERROR: "launch_error",
@@ -189,6 +195,8 @@ def classify(evidence: Evidence) -> Verdict:
     last = _last_line(tail)
     if evidence.kind == "realize" and exit_code == MapmakerExit.PLAN_REFUSED:
         return Verdict(Outcome.PLAN_REFUSED, exit_code, f"plan refused: {last}"[:MAX_MESSAGE_CHARS])
+    if evidence.kind == "realize" and exit_code == MapmakerExit.COUPLING_REFUSED:
+        return Verdict(Outcome.COUPLING_REFUSED, exit_code, f"coupling refused: {last}"[:MAX_MESSAGE_CHARS])
     if _signal_of(exit_code) == 9 or _OOM.search(tail):
         return Verdict(Outcome.OOM, exit_code, f"out of memory (exit code {exit_code}): {last}"[:MAX_MESSAGE_CHARS])
     if exit_code in (126, 127) or _LAUNCH.search(tail):

@@ -85,7 +85,7 @@ def _add_realize(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--coupling", type=Path, default=None, metavar="FILE",
         help="mode-coupling file of the bandpowers: read if it exists (one built for another mask, binning or "
-        "purify_b exits 3), else built and written here for the next realisations",
+        "purify_b exits 4), else built and written here for the next realisations",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -235,7 +235,7 @@ def _add_bandpowers(commands: argparse._SubParsersAction) -> None:
         description=(
             "Remove the I map's monopole and dipole over the mask, then compute its decoupled (MASTER) "
             "bandpowers TT EE BB TE EB TB with the mask's coupling (read from --coupling, or built), and write "
-            "them as JSON (schemas.result.MapBandpowers) to --out. Exit 2: the map cannot be used; exit 3: the "
+            "them as JSON (schemas.result.MapBandpowers) to --out. Exit 2: the map cannot be used; exit 4: the "
             "mask or coupling is not the one --mask-sha256 names."
         ),
     )

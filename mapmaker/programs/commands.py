@@ -120,7 +120,7 @@ def run_realize(args: argparse.Namespace) -> int:
     except PlanRefused as error:  # raised on every rank, after the pixels were compared
         return fail(f"plan refused: {error}", code=MapmakerExit.PLAN_REFUSED)
     except CouplingMismatch as error:  # raised on every rank, before the solve or once the mask is known
-        return fail(str(error), code=MapmakerExit.PLAN_REFUSED)
+        return fail(str(error), code=MapmakerExit.COUPLING_REFUSED)
     except OutputUnusable as error:  # --coupling cannot be written: raised on every rank before the solve
         return fail(str(error))
     except OutputExists as error:  # --out appeared during the run; only root sees it
@@ -327,6 +327,6 @@ def run_bandpowers_command(args: argparse.Namespace) -> int:
         return MapmakerExit.BAD_INPUT
     except CouplingMismatch as error:
         print(f"mapmaker bandpowers: {error}", file=sys.stderr)
-        return MapmakerExit.PLAN_REFUSED
+        return MapmakerExit.COUPLING_REFUSED
     atomic_write_json(args.out, measured.model_dump(mode="json"))
     return MapmakerExit.OK

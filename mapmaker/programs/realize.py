@@ -14,7 +14,7 @@ products settings only, so every realisation of a campaign (and every campaign
 with that scan and those settings) can share it: the first run that finds no
 file builds the coupling and writes it atomically, the next ones read it. A
 file built for another mask, binning or purification is refused
-(:class:`mapmaker.model.bandpowers.CouplingMismatch`, exit ``PLAN_REFUSED``),
+(:class:`mapmaker.model.bandpowers.CouplingMismatch`, exit ``COUPLING_REFUSED``),
 never rebuilt silently: the binning and purification are checked before the
 solve, the mask (known once the map is) after it. A missing file whose folder
 cannot be written is refused before the solve as well

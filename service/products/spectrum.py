@@ -129,7 +129,7 @@ def _map_bandpowers(transfer: RoleCampaign, map_bytes: bytes, work_dir: Path) ->
         reason = (done.stderr.strip().splitlines() or ["no message"])[-1].removeprefix("mapmaker bandpowers: ")
         if done.returncode == MapmakerExit.BAD_INPUT:
             raise InvalidField(("body",), reason)
-        if done.returncode == MapmakerExit.PLAN_REFUSED:
+        if done.returncode == MapmakerExit.COUPLING_REFUSED:
             raise InvalidField(("query", "transfer"), f"campaign {transfer.campaign.id}'s stored mask: {reason}")
         if done.returncode != 0:
             raise RuntimeError(f"mapmaker bandpowers exited {done.returncode}: {done.stderr[-2000:]}")

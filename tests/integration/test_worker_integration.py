@@ -374,3 +374,50 @@ def test_refused_plan_is_invalidated_rebuilt_and_the_attempt_retried(make_live_s
     assert_campaign_sound(api, service, second["id"], [worker.marker_prefix])
     record("faults", "damaged plan file: the attempt refused it (exit 3), plan rebuilt once, campaign succeeded")
     api.close()
+
+
+@on_database("sqlite")
+def test_refused_coupling_file_is_removed_rebuilt_and_recorded_leaving_the_plan_alone(make_live_service, tmp_path):
+    """A damaged coupling file: the map-maker refuses it (exit 4), the worker removes it and reports ``site_error``
+    (no attempt used), the plan stays ready, the retry builds the coupling again, and the service's couplings
+    record counts both accepted realisations."""
+    service = make_live_service(env=FAST)
+    api = Api(service)
+    site = write_site(tmp_path / "site.toml", max_tasks=1)
+    first = api.create(tiny_spec("builds the coupling", realizations=1))
+    worker = start_worker(service, site, "w-coupling-1")
+    try:
+        assert api.wait_state(first["id"], {"succeeded", "failed"}, 240, worker)["state"] == "succeeded"
+    finally:
+        assert worker.stop(timeout=60) == 0
+    [plan] = api.plans()
+    [coupling_file] = (worker.site_data / "couplings").glob("*.npz")
+    [recorded] = api.client.get("/couplings").json()["items"]
+    assert recorded["uses"] == 1 and recorded["file_sha256"] == hashlib.sha256(coupling_file.read_bytes()).hexdigest()
+    assert recorded["size_bytes"] == coupling_file.stat().st_size and recorded["build_time_s"] > 0
+    coupling_file.write_bytes(b"not a coupling any more")
+
+    second = api.create(tiny_spec("gets the damaged coupling", realizations=1, seed=8))
+    worker = start_worker(service, site, "w-coupling-2")
+    try:
+        assert api.wait_state(second["id"], {"succeeded", "failed"}, 240, worker)["state"] == "succeeded"
+    finally:
+        assert worker.stop(timeout=60) == 0
+    [realization] = api.realizations(second["id"])
+    refused, success = realization["attempt_history"]
+    assert (refused["failure_class"], refused["exit_code"]) == ("site_error", 4)
+    assert "is not a readable coupling file" in refused["log_tail"]
+    assert success["failure_class"] is None and success["exit_code"] == 0
+    assert realization["result"]["spectra"]["bandpowers"]["coupling_source"] == "built"
+    [still] = api.plans()  # the overlap plan was not in question: not invalidated, not rebuilt, used again
+    assert {**still, "uses": plan["uses"]} == plan and still["uses"] == 2
+    assert not [e for e in api.events() if e["kind"] == "plan" and e["data"].get("invalidated")]
+    # The same mask and binning give the same bytes: the rebuilt file is the one recorded, so no checksum warning.
+    rebuilt = hashlib.sha256(coupling_file.read_bytes()).hexdigest()
+    [coupling] = api.client.get("/couplings").json()["items"]
+    assert coupling["id"] == recorded["id"] and coupling["uses"] == 2
+    assert coupling["file_sha256"] == rebuilt == recorded["file_sha256"]
+    assert [c["id"] for c in coupling["campaigns"]] == [second["id"], first["id"]]
+    assert not [e for e in api.events() if e["kind"] == "coupling"]
+    assert_campaign_sound(api, service, second["id"], [worker.marker_prefix])
+    api.close()

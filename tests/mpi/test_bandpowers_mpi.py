@@ -197,7 +197,7 @@ def test_a_coupling_for_another_mask_is_refused_after_the_solve(campaign, tmp_pa
     before = path.stat().st_mtime_ns
     out = tmp_path / "refused"
     completed = run(campaign["spec"], 1, out, "--coupling", str(path))
-    assert completed.returncode == MapmakerExit.PLAN_REFUSED, completed.stderr[-3000:]
+    assert completed.returncode == MapmakerExit.COUPLING_REFUSED, completed.stderr[-3000:]
     assert "coupling refused" in completed.stderr and f"built for the mask with sha256 {other.mask_sha256}" in completed.stderr
     assert "iteration" in completed.stderr  # refused after the solve, not before
     assert not out.exists() and path.stat().st_mtime_ns == before  # no products, and the file is not rebuilt
@@ -222,7 +222,7 @@ def test_a_coupling_for_other_settings_is_refused_before_the_solve(campaign, tmp
             np.savez(handle, **arrays)
     out = tmp_path / "refused"
     completed = run(campaign["spec"], 1, out, "--coupling", str(path))
-    assert completed.returncode == MapmakerExit.PLAN_REFUSED, completed.stderr[-3000:]
+    assert completed.returncode == MapmakerExit.COUPLING_REFUSED, completed.stderr[-3000:]
     assert expected in completed.stderr and "iteration" not in completed.stderr
     assert not out.exists()
 

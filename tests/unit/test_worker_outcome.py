@@ -22,6 +22,11 @@ def status(ending: str, exit_code: int | None = None, **extra) -> RunnerStatus:
         (Evidence("realize", status("exited", 2), stderr_tail="mapmaker realize: sky: no such map"), Outcome.APP_ERROR, "app_error", 2),
         (Evidence("realize", status("exited", 3), stderr_tail="mapmaker realize: plan refused: x"), Outcome.PLAN_REFUSED, "app_error", 3),
         (Evidence("preprocess", status("exited", 3)), Outcome.APP_ERROR, "app_error", 3),
+        (
+            Evidence("realize", status("exited", 4), stderr_tail="mapmaker realize: --coupling 'c.npz': built for the mask x"),
+            Outcome.COUPLING_REFUSED, "site_error", 4,
+        ),
+        (Evidence("preprocess", status("exited", 4)), Outcome.APP_ERROR, "app_error", 4),
         (Evidence("realize", status("exited", 137)), Outcome.OOM, "oom", 137),
         (Evidence("realize", status("exited", -9)), Outcome.OOM, "oom", -9),
         (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.programs import CANCEL_FILE, RUNNER_FILE, STATUS_FILE, CancelReason
+from schemas.programs import CANCEL_FILE, RUNNER_FILE, STATUS_FILE, CancelReason, MapmakerExit
 from schemas.spec import CampaignSpec
 from tests.support.service_helpers import result_for
 from tests.support.task_run import RecordingClient, finish_with, make_run, runner_started, runner_status
@@ -178,6 +178,22 @@ def test_refused_plan_is_invalidated_before_the_failure_report(tmp_path):
     assert [call[0] for call in client.calls] == ["started", "plan_invalid", "failed"]
     assert client.calls[1] == ("plan_invalid", 3, "realize-5", "sha:plan")
     assert client.calls[2][2:4] == ("app_error", 3) and "section 2 checksum mismatch" in client.calls[2][5]
+
+
+def test_refused_coupling_file_is_removed_and_the_plan_left_alone(tmp_path):
+    """A stale coupling file (exit 4) is not a refused overlap plan: the plan stays ready, the file goes, and the
+    failure is the site's (``site_error``, requeued without using an attempt), so the next attempt rebuilds it."""
+    client = RecordingClient()
+    run = make_run(tmp_path, client)
+    run.prepare()
+    coupling_file = run.placement.coupling_file
+    coupling_file.write_bytes(b"a coupling for another mask")
+    refusal = f"mapmaker realize: --coupling {str(coupling_file)!r}: built for the mask with sha256 abc\n"
+    finish_with(run, "exited", MapmakerExit.COUPLING_REFUSED, stderr=refusal)
+    assert [call[0] for call in client.calls] == ["started", "failed"]  # no plan_invalid
+    assert client.calls[1][2:4] == ("site_error", 4) and "built for the mask with sha256 abc" in client.calls[1][5]
+    assert not coupling_file.exists()
+    assert run.placement.plan_file.read_bytes() == b"plan"
 
 
 def test_walltime_failure_reports_class_exit_code_and_log_tail(tmp_path):

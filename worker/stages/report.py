@@ -115,6 +115,8 @@ class Reporter:
             else:
                 if verdict.outcome is Outcome.PLAN_REFUSED:
                     self._invalidate_plan(verdict.message)
+                elif verdict.outcome is Outcome.COUPLING_REFUSED:
+                    self._remove_stale_coupling(verdict.message)
                 self._report_failure(verdict)
         except TaskGone as gone:
             log.info("%s: the service no longer holds it for this worker (%s)", self.task_id, gone)
@@ -206,6 +208,22 @@ class Reporter:
             )
         except TaskGone:
             pass
+
+    def _remove_stale_coupling(self, reason: str) -> None:
+        """Remove the coupling file the map-maker refused, so that the next attempt builds it again.
+
+        The overlap plan is not in question. A file another realisation of the site wrote since the refusal
+        may go too: it is then built once more, which costs time and loses nothing.
+        """
+        assert isinstance(self.placement, RealizePlacement)  # only realize exits COUPLING_REFUSED (worker.outcome)
+        coupling_file = self.placement.coupling_file
+        if coupling_file is None:
+            return
+        log.warning("%s: %s; removing %s so that the next attempt builds it", self.task_id, reason, coupling_file)
+        try:
+            coupling_file.unlink(missing_ok=True)
+        except OSError as error:
+            log.error("%s: could not remove the refused coupling file %s: %s", self.task_id, coupling_file, error)
 
     def _report_failure(self, verdict: Verdict, *, note: str | None = None) -> None:
         """``note``: a cause found by the worker itself (the map-maker's stderr does not have it), kept last."""
