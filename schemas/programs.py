@@ -187,7 +187,7 @@ def mapmaker_bandpowers_args(
     """``python -m mapmaker bandpowers ...``: one map's decoupled bandpowers into ``out`` (``schemas.result.MapBandpowers``).
 
     Exit :attr:`MapmakerExit.BAD_INPUT` for a map that cannot be used (not HEALPix I/Q/U, another nside,
-    unobserved pixels inside the mask), :attr:`MapmakerExit.PLAN_REFUSED` for a mask or coupling that is not
+    unobserved pixels inside the mask), :attr:`MapmakerExit.COUPLING_REFUSED` for a mask or coupling that is not
     the one named by ``mask_sha256``.
     """
     args = [

@@ -91,6 +91,12 @@ def test_campaign_runs_end_to_end(make_live_service, tmp_path):
         assert len(list((worker.site_data / "couplings").glob("*.npz"))) == 1
         sources = [r["result"]["spectra"]["bandpowers"]["coupling_source"] for r in api.realizations(campaign["id"])]
         assert "file" in sources and sources.count("built") <= 2, sources
+        # ... and the service's record of it: every realisation counted, the file's checksum and size.
+        [coupling_file] = (worker.site_data / "couplings").glob("*.npz")
+        [coupling] = api.client.get("/couplings").json()["items"]
+        assert coupling["uses"] == 4 and coupling["site"] == "local" and coupling["build_time_s"] > 0
+        assert coupling["file_sha256"] == sha256(coupling_file) and coupling["size_bytes"] == coupling_file.stat().st_size
+        assert [c["id"] for c in coupling["campaigns"]] == [campaign["id"]]
 
         [plan] = api.plans()
         assert (plan["state"], plan["uses"], plan["build_attempts"], plan["ranks"]) == ("ready", 4, 1, 2)

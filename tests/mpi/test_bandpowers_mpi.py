@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import subprocess
+import sys
 
 import healpy as hp
 import numpy as np
@@ -27,7 +29,7 @@ import pytest
 from mpi_support import realize
 
 from mapmaker.model import bandpowers as bp
-from schemas.programs import MapmakerExit
+from schemas.programs import MapmakerExit, mapmaker_bandpowers_args
 from schemas.result import RealizationResult
 
 pytestmark = pytest.mark.mpi
@@ -249,3 +251,21 @@ def test_a_coupling_file_that_cannot_be_written_is_refused_before_the_solve(camp
     assert completed.returncode == MapmakerExit.BAD_INPUT, completed.stderr[-3000:]
     assert "--coupling" in completed.stderr and "is not a folder" in completed.stderr
     assert "iteration" not in completed.stderr and not out.exists()
+
+
+def test_the_bandpowers_of_a_map_refuse_a_mask_that_is_not_the_named_one(campaign, tmp_path):
+    """``mapmaker bandpowers`` (the service's spectrum of a data map) exits COUPLING_REFUSED, not PLAN_REFUSED."""
+    realisation = campaign["runs"][0]["out"]
+    command = mapmaker_bandpowers_args(
+        sys.executable,
+        map_file=realisation / "map_iqu.fits",
+        mask_file=realisation / "mask.fits",
+        mask_sha256="0" * 64,
+        bin_width=BIN_WIDTH,
+        lmax=3 * NSIDE - 1,
+        purify_b=True,
+        out=tmp_path / "bandpowers.json",
+    )
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert completed.returncode == MapmakerExit.COUPLING_REFUSED, completed.stderr[-3000:]
+    assert "0" * 64 in completed.stderr and not (tmp_path / "bandpowers.json").exists()
