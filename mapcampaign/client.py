@@ -37,6 +37,8 @@ from schemas.api import (
     CampaignDetail,
     CampaignPage,
     CampaignSummary,
+    CouplingInfo,
+    CouplingPage,
     PlanInfo,
     PlanPage,
     RealizationDetail,
@@ -268,6 +270,11 @@ class Client:
         plans = self._pages("/plans", {"scan_key": scan_key, "site": site}, PlanPage, None)
         wanted = [plan for plan in plans if state is None or plan.state == _value(state)]
         return wanted if limit is None else wanted[:limit]
+
+    def couplings(self, scan_key: str | None = None, site: str | None = None) -> builtins.list[CouplingInfo]:
+        """The bandpowers' mode-coupling files one's campaigns used, newest first: checksum, size, build time, uses."""
+        query = {key: value for key, value in {"scan_key": scan_key, "site": site}.items() if value is not None}
+        return self._get("/couplings", CouplingPage, query).items
 
     def products_summary(self, campaign_id: int) -> ProductsSummary:
         """The Monte Carlo products as the service reports them (lists of numbers)."""

@@ -17,6 +17,7 @@ import healpy as hp
 import numpy as np
 import pytest
 
+import mapcampaign
 from mapmaker.model import bandpowers as bp
 from schemas.result import SPECTRA
 from schemas.spec import CampaignSpec, coupling_key
@@ -126,6 +127,13 @@ def test_couplings_are_recorded_as_results_are_accepted_and_listed_to_their_owne
     assert seen["uses"] == 6 and [c["name"] for c in seen["campaigns"]] == ["bob's"]
     assert seen["campaigns"][0]["id"] == bobs["id"]
     assert api.get("/couplings", params={"site": "elsewhere"}).json()["items"] == []
+
+    # the public client reads the same listing
+    with mapcampaign.Client(server="http://testserver", token=api.alice, transport=api.client._transport) as client:
+        [listed] = client.couplings(site="local")
+        assert listed.uses == 6 and listed.file_sha256 == coupling_file["sha256"]
+        assert [c.id for c in listed.campaigns] == [second["id"], first["id"]]
+        assert client.couplings(scan_key="0" * 64) == []
 
 
 def test_a_differing_coupling_file_is_a_warning_event_not_a_failure(api, coupling_file):
