@@ -176,7 +176,11 @@ def test_products_page_links_downloads_and_the_panel_appears(api, mapped):
 
     panel = api.client.get(f"/ui/campaigns/{campaign_id}/products-panel").json()
     assert panel["empty"] is False and "2 realisation(s)" in panel["note"]
-    assert [chart["kind"] for chart in panel["charts"]] == ["mc-spectra", "mc-noise-bias"]
+    # signal+noise of a CMB sky: the pseudo-spectra and their noise bias, then the decoupled bandpowers
+    # against the input model and the bandpowers' noise bias
+    assert [chart["kind"] for chart in panel["charts"]] == [
+        "mc-spectra", "mc-noise-bias", "mc-bandpowers", "mc-bandpower-noise"
+    ]
     assert [figure["src"].split("?")[0] for figure in panel["figures"]] == [
         f"/campaigns/{campaign_id}/products/mean-{field}.png" for field in "IQU"
     ]

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
@@ -29,6 +30,14 @@ from tests.support.service_helpers import spec_data
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
 
 FUZZ_EXAMPLES = int(os.environ.get("MAPCAMPAIGN_FUZZ_EXAMPLES", "10"))
+
+# The spectrum endpoint takes a raw FITS map (application/fits), which schemathesis cannot make from a
+# schema: give it arbitrary bytes and truncated FITS headers, each of which must be a 4xx.
+_FITS_CARD = b"SIMPLE  =                    T" + b" " * 50
+schemathesis.openapi.media_type(
+    "application/fits",
+    st.one_of(st.binary(max_size=4096), st.binary(max_size=2000).map(lambda tail: _FITS_CARD + tail)),
+)
 STATUS_SEEN: dict[int, int] = {}
 
 
