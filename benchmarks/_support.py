@@ -39,6 +39,10 @@ from schemas.io import example_spec_path, load_spec
 from schemas.programs import MARKER_VARIABLE
 from schemas.spec import CampaignSpec, scan_key, spec_hash
 
+# Claims of the service benchmarks are never run or reported: a lease longer than any drain keeps the reaper
+# from handing them out again mid-benchmark (which would count a realisation twice) on a slow or busy machine.
+DRAIN_LEASE_S = 86_400
+
 REPO = Path(__file__).resolve().parents[1]
 MAPCAMPAIGN = Path(sys.executable).with_name("mapcampaign")
 

@@ -28,12 +28,10 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-# The claimed tasks are never run or reported: a lease longer than any drain keeps the reaper from handing
-# them out again mid-benchmark (which would count a realisation twice) on a slow or busy machine.
-DRAIN_LEASE_S = 86_400
 sys.path.insert(0, str(REPO))
 
 from benchmarks._support import (
+    DRAIN_LEASE_S,
     add_json_option,
     create_pg_database,
     drop_pg_database,
