@@ -43,6 +43,8 @@ from schemas.spec import (
     DetectorSelection,
     FocalPlane,
     GroundScheduleScan,
+    SatelliteScheduledScan,
+    SatelliteScheduleScan,
     ScheduledScan,
 )
 
@@ -381,19 +383,129 @@ def read_ground_schedule(
     return site["site_lat"], tuple(scans)
 
 
+# --------------------------------------------------------------------------- satellite schedules
+
+SATELLITE_SCHEDULE_COLUMNS = ("name", "start", "stop", "prec_period", "spin_period")
+
+
+def read_satellite_schedule(
+    path: Path, *, file: str, chunk_s: float, sample_rate_hz: float, first_scans: int | None
+) -> tuple[SatelliteScheduledScan, ...]:
+    """The scans of a TOAST 3 satellite schedule in ECSV (``SatelliteSchedule.write``; astropy reads it).
+
+    Each scan keeps its whole chunks of ``chunk_s``. The first sample of a scan and the running sample clock
+    of the spin and precession phases are TOAST's (``toast.ops.SimSatellite`` at ``sample_rate_hz``): samples
+    on one grid from the first scan's start, each scan starting at the first grid point at or after its
+    start time, the clock counting each earlier scan's ``1 + int(rate (stop - first sample))`` samples. A scan
+    shorter than one chunk, a stop before a start, scans out of time order, and periods that are not positive
+    are refused.
+    """
+    from datetime import datetime
+
+    import astropy.units as u
+    from astropy.io import ascii as astropy_ascii
+
+    try:
+        table = astropy_ascii.read(path, format="ecsv", guess=False)
+    except (OSError, KeyError, ValueError, TypeError) as error:
+        raise ScheduleFileError(file, "", f"is not a TOAST ECSV schedule ({type(error).__name__}: {error})") from None
+    for column in SATELLITE_SCHEDULE_COLUMNS:
+        if column not in table.colnames:
+            raise ScheduleFileError(file, column, "the column is missing")
+
+    def seconds(column: str) -> Any:
+        values = table[column]
+        unit = getattr(values, "unit", None)
+        try:
+            return u.Quantity(values, unit or u.minute).to_value(u.s)  # TOAST writes minutes
+        except (u.UnitConversionError, u.UnitsError, TypeError, ValueError) as error:
+            raise ScheduleFileError(file, column, f"cannot be read as a time: {error}") from None
+
+    precession, spin = seconds("prec_period"), seconds("spin_period")
+    if len(table) == 0:
+        raise ScheduleFileError(file, "", "holds no scan")
+    times = []
+    for row in range(len(table)):
+        name = str(table["name"][row])
+        try:
+            start = datetime.fromisoformat(str(table["start"][row])).timestamp()
+        except ValueError as error:
+            raise ScheduleFileError(file, "start", f"scan {row} ({name!r}): {error}") from None
+        try:
+            stop = datetime.fromisoformat(str(table["stop"][row])).timestamp()
+        except ValueError as error:
+            raise ScheduleFileError(file, "stop", f"scan {row} ({name!r}): {error}") from None
+        times.append((name, start, stop))
+
+    increment = 1.0 / sample_rate_hz
+    mission_start = times[0][1]
+    rows = len(times) if first_scans is None else min(first_scans, len(times))
+    scans = []
+    offset = 0.0
+    sample_clock = 0  # TOAST's sample_offset: samples of the scans before, gaps left out
+    previous_stop = -math.inf
+    for row in range(rows):
+        name, start, stop = times[row]
+        if stop <= start or start < previous_stop:
+            raise ScheduleFileError(file, "stop", f"scan {row} ({name!r}) ends before it starts or overlaps the one before")
+        for column, values in (("prec_period", precession), ("spin_period", spin)):
+            if not (math.isfinite(float(values[row])) and float(values[row]) > 0):
+                raise ScheduleFileError(file, column, f"scan {row} ({name!r}): must be a positive time, is {values[row]}")
+        # As SimSatellite places the scan's samples (a start within 1e-3 sample of the grid is on it).
+        fractional_first = sample_rate_hz * (start - mission_start)
+        first = int(fractional_first)
+        if fractional_first - first > 1.0e-3 * increment:
+            first += 1
+        first_sample_s = first * increment + mission_start
+        samples = 1 + int(sample_rate_hz * (stop - first_sample_s))
+        chunks = int((stop - first_sample_s) // chunk_s)
+        if chunks < 1:
+            raise ScheduleFileError(file, "stop", f"scan {row} ({name!r}) is shorter than one chunk ({chunk_s:g} s)")
+        scans.append(
+            SatelliteScheduledScan(
+                name=name,
+                offset_s=offset,
+                chunks=chunks,
+                start_unix_s=first_sample_s,
+                phase_offset_s=sample_clock * increment,
+                precession_period_s=float(precession[row]),
+                spin_period_s=float(spin[row]),
+            )
+        )
+        offset += chunks * chunk_s
+        sample_clock += samples
+        previous_stop = stop
+    return tuple(scans)
+
+
+def _schedule_path(scan: GroundScheduleScan | SatelliteScheduleScan, instrument_root: str | Path | None) -> Path:
+    """The schedule's file under ``instrument_root``, its checksum checked."""
+    try:
+        path = resolve_instrument_path(instrument_root, scan.file)
+    except FocalPlaneFileError as error:
+        raise ScheduleFileError(scan.file, "", error.reason) from None
+    digest = file_sha256(path)
+    if digest != scan.sha256:
+        raise ScheduleFileError(scan.file, "", f"its sha256 is {digest}, the spec says {scan.sha256}")
+    return path
+
+
 def resolve_files(spec: CampaignSpec, instrument_root: str | Path | None) -> CampaignSpec:
     """The spec with its focal-plane file and its schedule file read (both under ``instrument_root``)."""
     resolve_focal_plane(spec, instrument_root)
     scan = spec.scan
     if isinstance(scan, GroundScheduleScan) and scan._scans is None:
-        try:
-            path = resolve_instrument_path(instrument_root, scan.file)
-        except FocalPlaneFileError as error:
-            raise ScheduleFileError(scan.file, "", error.reason) from None
-        digest = file_sha256(path)
-        if digest != scan.sha256:
-            raise ScheduleFileError(scan.file, "", f"its sha256 is {digest}, the spec says {scan.sha256}")
+        path = _schedule_path(scan, instrument_root)
         latitude, scans = read_ground_schedule(path, file=scan.file, chunk_s=scan.chunk_s, first_scans=scan.first_scans)
         scan._site_latitude_deg = latitude
         scan._scans = scans
+    if isinstance(scan, SatelliteScheduleScan) and scan._scans is None:
+        path = _schedule_path(scan, instrument_root)
+        scan._scans = read_satellite_schedule(
+            path,
+            file=scan.file,
+            chunk_s=scan.chunk_s,
+            sample_rate_hz=spec.focal_plane.sample_rate_hz,
+            first_scans=scan.first_scans,
+        )
     return spec

@@ -189,6 +189,74 @@ class GroundScheduleScan(StrictModel):
         return sum(scan.chunks for scan in self.scans) * self.chunk_s
 
 
+class SatelliteScheduledScan(StrictModel):
+    """One scan of a satellite schedule, as the map-maker observes it (read from the file).
+
+    TOAST samples a satellite schedule on one clock from the first scan's start and keeps the spin and
+    precession phases running over the scans' samples only (gaps left out); ``phase_offset_s`` is that
+    running time at the scan's first sample, ``start_unix_s`` the first sample's UTC time.
+    """
+
+    name: str = Field(description="The schedule's scan name")
+    offset_s: Float = Field(ge=0, description="Where the scan starts on the observation's time axis (gaps removed)")
+    chunks: Integer = Field(ge=1, description="Whole chunks of chunk_s the scan holds (a shorter tail is left out)")
+    start_unix_s: Float = Field(description="UTC time of the scan's first sample (s since 1970)")
+    phase_offset_s: Float = Field(ge=0, description="TOAST's sample clock (s, gaps left out) at the scan's first sample")
+    precession_period_s: Float = Field(gt=0, description="Period of the spin axis around the anti-Sun direction")
+    spin_period_s: Float = Field(gt=0, description="Period of the boresight around the spin axis")
+
+
+class SatelliteScheduleScan(StrictModel):
+    """Spin and precession scans read from a TOAST 3 satellite schedule (``SatelliteSchedule.write`` to ``.ecsv``).
+
+    Each scheduled scan (start and stop time, precession and spin periods) is cut into whole chunks of
+    ``chunk_s``; the time between scans is not observed, and a chunk (so a stationary noise interval) never
+    spans two scans. The boresight follows TOAST's ``SimSatellite``: the precession axis points from the
+    solar-system barycentre to the Earth (the anti-Sun direction, as TOAST's ``SpaceSite`` has it) at each
+    sample's time, the spin axis turns around it at ``precession_angle_deg``, the boresight around the spin axis
+    at ``spin_angle_deg`` (TOAST keeps both angles on the operator, not in the file). Map frame: ecliptic. The
+    file lives under the instrument_root, pinned by its sha256, like a focal-plane file.
+    """
+
+    kind: Literal["satellite-schedule"] = "satellite-schedule"
+    file: str = Field(description="TOAST satellite schedule (.ecsv), relative to the instrument_root")
+    sha256: str = Field(description="SHA-256 of the file (64 hex digits)")
+    chunk_s: Float = Field(600.0, gt=0, le=86_400, description="Length of one data chunk; each scan holds whole chunks")
+    spin_angle_deg: Float = Field(30.0, gt=0, lt=180, description="Boresight angle from the spin axis (TOAST's spin_angle)")
+    precession_angle_deg: Float = Field(
+        65.0, ge=0, lt=180, description="Spin-axis angle from the anti-Sun direction (TOAST's prec_angle)"
+    )
+    first_scans: OptionalInteger = Field(None, ge=1, le=1_000_000, description="Take only the first N scans of the file")
+    # The scans read from ``file`` (schemas.instrument.resolve_files): never input, never dumped.
+    _scans: tuple[SatelliteScheduledScan, ...] | None = PrivateAttr(None)
+
+    @field_validator("file")
+    @classmethod
+    def _file_is_safe(cls, value: str) -> str:
+        return _check_relative_path(value, (".ecsv",), "the instrument folder", "a TOAST schedule in ECSV (.ecsv)")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
+            raise ValueError("sha256 must be 64 hexadecimal digits")
+        return value.lower()
+
+    @property
+    def scans(self) -> tuple[SatelliteScheduledScan, ...]:
+        if self._scans is None:
+            raise ScheduleNotRead(f"the schedule {self.file!r} has not been read (schemas.instrument.resolve_files)")
+        return self._scans
+
+    @property
+    def duration_s(self) -> float:
+        """Observed time: the whole chunks of every scan (the schedule must have been read)."""
+        return sum(scan.chunks for scan in self.scans) * self.chunk_s
+
+
+ScheduleScan = GroundScheduleScan | SatelliteScheduleScan  # the scan kinds read from a file
+
+
 class ScheduleNotRead(RuntimeError):
     """A program asked for the scans of a schedule before reading the file."""
 
@@ -200,7 +268,7 @@ def _check_chunk(chunk_s: float, duration_s: float) -> None:
         raise ValueError("duration_s / chunk_s gives more than 10 million chunks per detector")
 
 
-ScanSpec = Annotated[SatelliteScan | GroundScan | GroundScheduleScan, Field(discriminator="kind")]
+ScanSpec = Annotated[SatelliteScan | GroundScan | GroundScheduleScan | SatelliteScheduleScan, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- focal plane
@@ -614,7 +682,7 @@ def pointing_fingerprint(spec: CampaignSpec) -> dict[str, Any]:
                 del detector["quat"]  # keeps the keys of offset-only focal planes as they were
             focal_plane["detectors"].append(detector)
     scan = spec.scan.model_dump(mode="json")
-    if isinstance(spec.scan, GroundScheduleScan):
+    if isinstance(spec.scan, (GroundScheduleScan, SatelliteScheduleScan)):
         del scan["file"]  # the content (sha256) fixes the scans, wherever the file sits
     return {
         "version": SCAN_KEY_VERSION,

@@ -87,3 +87,48 @@ def ground(
     q = quat.mult(quat.about_axis("z", -azimuth), quat.about_axis("y", 0.5 * np.pi - elevation))
     q = quat.mult(quat.about_axis("y", site_latitude - 0.5 * np.pi), q)
     return quat.mult(quat.about_axis("z", lst + np.pi), q)
+
+
+def from_z_to(vectors: np.ndarray) -> np.ndarray:
+    """The smallest rotation taking +z to each unit vector of ``vectors [n, 3]``: quaternions [n, 4].
+
+    Axis ``z x v``, angle ``atan2(|z x v|, z . v)`` (TOAST's ``qarray.from_vectors`` from +z).
+    """
+    v = np.asarray(vectors, dtype=np.float64)
+    axis = np.stack([-v[:, 1], v[:, 0], np.zeros(len(v))], axis=-1)
+    sine = np.linalg.norm(axis, axis=1)
+    half = 0.5 * np.arctan2(sine, v[:, 2])
+    unit = np.divide(axis, sine[:, None], out=np.zeros_like(axis), where=sine[:, None] > 0)
+    return np.concatenate([np.cos(half)[:, None], np.sin(half)[:, None] * unit], axis=1)
+
+
+def satellite_precessing(
+    phase_time_s: np.ndarray,
+    precession_axis: np.ndarray,
+    *,
+    precession_period_s: float,
+    precession_angle: float,
+    spin_period_s: float,
+    spin_angle: float,
+) -> np.ndarray:
+    """Spin + precession about a moving precession axis, in TOAST's convention (``toast.ops.SimSatellite``).
+
+    ``R = Q(axis) Rz(2 pi phase(t / P_prec)) Rx(precession_angle) Rz(2 pi phase(t / P_spin)) Rx(spin_angle)
+    Rz(pi / 2)`` read right to left: turn the focal plane by pi/2 about the line of sight (TOAST's focal-plane
+    frame has +y along the scan), tilt it by ``spin_angle`` from the spin axis (+z), spin, tilt the spin axis by
+    ``precession_angle``, precess, and bring +z onto the precession axis by the smallest rotation ``Q``.
+    ``phase(x) = x - floor(x)``: the angles are taken from the fractional turn, as TOAST does.
+
+    phase_time_s [n] float64 (s, the clock of the spin and precession phases), precession_axis [n, 3] unit
+    vectors in the map frame -> quaternions [n, 4].
+    """
+    t = np.asarray(phase_time_s, dtype=np.float64)
+    precession_turns = t / precession_period_s
+    spin_turns = t / spin_period_s
+    precession = 2.0 * np.pi * (precession_turns - np.floor(precession_turns))
+    spin = 2.0 * np.pi * (spin_turns - np.floor(spin_turns))
+    q = quat.mult(quat.about_axis("x", spin_angle), quat.about_axis("z", 0.5 * np.pi))
+    q = quat.mult(quat.about_axis("z", spin), q)
+    q = quat.mult(quat.about_axis("x", precession_angle), q)
+    q = quat.mult(quat.about_axis("z", precession), q)
+    return quat.mult(from_z_to(precession_axis), q)

@@ -13,7 +13,8 @@ import numpy as np
 from mapmaker.kernels import boresight, implementation, pointing
 from mapmaker.kernels.implementation import Kernels
 from mapmaker.model.decomposition import ChunkLayout
-from schemas.spec import CampaignSpec, FocalPlane, GroundScan, GroundScheduleScan, SatelliteScan
+from mapmaker.model.ephemeris import anti_sun_direction
+from schemas.spec import CampaignSpec, FocalPlane, GroundScan, GroundScheduleScan, SatelliteScan, SatelliteScheduleScan
 
 DEG = math.pi / 180.0
 
@@ -77,6 +78,30 @@ def scheduled_boresight(
     raise IndexError(f"time chunk {time_chunk} is beyond the schedule's {first} chunks")
 
 
+def satellite_scheduled_boresight(schedule: SatelliteScheduleScan, time_chunk: int, times_s: np.ndarray) -> np.ndarray:
+    """Boresight [n, 4] (ecliptic) of one time chunk of a satellite schedule: the scan that holds the chunk.
+
+    ``times_s`` [n] are on the observation's time axis (scans back to back, gaps removed). Within its scan a
+    sample at ``t`` from the scan's first sample is at UTC ``start_unix_s + t`` (where the precession axis
+    is) and at ``phase_offset_s + t`` on TOAST's running clock of the spin and precession phases. Always the
+    numpy kernel: the ephemeris, not the quaternion algebra, is what costs here.
+    """
+    first = 0
+    for scan in schedule.scans:
+        if time_chunk < first + scan.chunks:
+            local = np.asarray(times_s, dtype=np.float64) - scan.offset_s
+            return boresight.satellite_precessing(
+                scan.phase_offset_s + local,
+                anti_sun_direction(scan.start_unix_s + local),
+                precession_period_s=scan.precession_period_s,
+                precession_angle=schedule.precession_angle_deg * DEG,
+                spin_period_s=scan.spin_period_s,
+                spin_angle=schedule.spin_angle_deg * DEG,
+            )
+        first += scan.chunks
+    raise IndexError(f"time chunk {time_chunk} is beyond the schedule's {first} chunks")
+
+
 def detector_quaternions(focal_plane: FocalPlane) -> np.ndarray:
     """Fixed rotation of every detector in the boresight frame, [n_detectors, 4], scalar first.
 
@@ -118,6 +143,8 @@ class ChunkPointing:
             times = sample_times(self._layout, time_chunk, self._rate)
             if isinstance(self._scan, GroundScheduleScan):
                 self._cached_boresight = scheduled_boresight(self._scan, time_chunk, times, self._kernels.boresight)
+            elif isinstance(self._scan, SatelliteScheduleScan):
+                self._cached_boresight = satellite_scheduled_boresight(self._scan, time_chunk, times)
             else:
                 self._cached_boresight = boresight_quaternions(self._scan, times, self._kernels.boresight)
             self._cached_time_chunk = time_chunk

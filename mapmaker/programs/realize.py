@@ -222,7 +222,7 @@ def write_products(
     with timers("io"):
         folder = ProductFolder(out)
         header = [("REALIZ", realization), ("SCANKEY", scan_key(spec))]
-        coord = "E" if spec.scan.kind == "satellite" else "C"  # ecliptic / equatorial
+        coord = "E" if spec.scan.kind in ("satellite", "satellite-schedule") else "C"  # ecliptic / equatorial
         records = products.write_maps(folder, outcome.iqu, outcome.hits, outcome.rcond, header, coord)
     with timers("calc"):
         measured = spectra.for_campaign(spec, outcome.iqu, coupling)

@@ -142,3 +142,31 @@ def test_a_ground_schedule_is_read_at_submit(make_api, instruments):
     assert problem["loc"] == ["body", "scan", "file"]
     assert "column 'stop_time' of schedule file 'short.ecsv'" in problem["msg"]
     assert len(api.get("/campaigns").json()["items"]) == 1  # only the good one
+
+
+def test_a_satellite_schedule_is_read_at_submit(make_api, instruments):
+    """A TOAST satellite schedule: accepted when whole; a 422 naming it and the column when not, nothing stored."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.support.toast_files import write_satellite_schedule
+
+    api = make_api(instrument_root=instruments)
+    start = datetime(2027, 3, 1, tzinfo=UTC)
+    scans = [{"name": "day1", "start": start, "stop": start + timedelta(hours=1), "prec_period": 10.0, "spin_period": 2.0}]
+    sha = write_satellite_schedule(instruments / "good.ecsv", scans)
+    data = spec_data()
+    data["scan"] = {"kind": "satellite-schedule", "file": "good.ecsv", "sha256": sha, "chunk_s": 600.0}
+    answer = api.post("/campaigns", json=data)
+    assert answer.status_code == 201, answer.text
+    api.client.post("/login", data={"token": api.alice, "next": "/"}, follow_redirects=False)
+    page = api.client.get(f"/campaigns/{answer.json()['id']}").text
+    assert "TOAST satellite schedule <code>good.ecsv</code>" in page and sha[:12] in page
+
+    bad = [{**scans[0], "spin_period": -2.0}]
+    data["scan"] = {**data["scan"], "file": "bad.ecsv", "sha256": write_satellite_schedule(instruments / "bad.ecsv", bad)}
+    answer = api.post("/campaigns", json=data)
+    assert answer.status_code == 422, answer.text
+    [problem] = answer.json()["detail"]
+    assert problem["loc"] == ["body", "scan", "file"]
+    assert "column 'spin_period' of schedule file 'bad.ecsv'" in problem["msg"]
+    assert len(api.get("/campaigns").json()["items"]) == 1  # only the good one

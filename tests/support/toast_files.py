@@ -124,3 +124,29 @@ def write_ground_schedule(path: Path, scans: Sequence[dict], site_lat_deg: float
     )
     schedule.write(str(path))
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_satellite_schedule(path: Path, scans: Sequence[dict]) -> str:
+    """Write a TOAST 3 satellite schedule (``SatelliteSchedule.write`` to ``.ecsv``); return its sha256.
+
+    ``scans``: dicts of ``name``, ``start``/``stop`` (timezone-aware datetimes), ``prec_period`` and
+    ``spin_period`` (minutes).
+    """
+    from toast.schedule import SatelliteScan, SatelliteSchedule
+
+    schedule = SatelliteSchedule(
+        scans=[
+            SatelliteScan(
+                name=scan["name"],
+                start=scan["start"],
+                stop=scan["stop"],
+                prec_period=scan["prec_period"] * u.minute,
+                spin_period=scan["spin_period"] * u.minute,
+            )
+            for scan in scans
+        ],
+        site_name="space",
+        telescope_name="satellite",
+    )
+    schedule.write(str(path))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
