@@ -265,6 +265,14 @@ def quaternion_offsets_deg(q_xyzw: Any) -> tuple[float, float]:
     return math.degrees(math.atan2(vx, vz)), math.degrees(math.asin(max(-1.0, min(1.0, vy))))
 
 
+def quaternion_pol_angle_deg(q_xyzw: Any) -> float:
+    """The polarisation angle (degrees) of a TOAST detector quaternion [x, y, z, w]: the direction its +x axis
+    takes in the focal plane, from the boresight frame's +x towards +y (exact on the boresight, and to second
+    order in the offset elsewhere)."""
+    x, y, z, w = (float(c) for c in q_xyzw)
+    return math.degrees(math.atan2(2.0 * (x * y + w * z), 1.0 - 2.0 * (y * y + z * z)))
+
+
 def read_focal_plane(plane: FocalPlane, instrument_root: str | Path | None) -> FocalPlaneTable:
     """Find, check the checksum of, and read the file of a file-based focal plane."""
     if plane.file is None:
@@ -283,7 +291,9 @@ def resolve_focal_plane(spec: CampaignSpec, instrument_root: str | Path | None) 
     """
     plane = spec.focal_plane
     if plane.file is not None and plane._from_file is None:
-        plane._from_file = read_focal_plane(plane, instrument_root).detectors
+        table = read_focal_plane(plane, instrument_root)
+        plane._from_file = table.detectors
+        plane._file_detectors = table.file_detectors
     return spec
 
 
@@ -367,6 +377,7 @@ def read_ground_schedule(
                 offset_s=offset,
                 chunks=chunks,
                 start_lst_deg=local_sidereal_time_deg(start, site["site_lon"]),
+                start_unix_s=start,
                 azimuth_min_deg=float(azmin[row]),
                 azimuth_max_deg=float(azmax[row]),
                 elevation_deg=float(elevation[row]),
@@ -509,3 +520,109 @@ def resolve_files(spec: CampaignSpec, instrument_root: str | Path | None) -> Cam
             first_scans=scan.first_scans,
         )
     return spec
+
+
+# --------------------------------------------------------------------------- what a campaign read from its files
+
+SUMMARY_DETECTORS = 2_000  # detectors kept for the dashboard's focal-plane plot
+SUMMARY_SCANS = 200  # scheduled scans kept for the dashboard's schedule table
+SIDEREAL_DAY_S = 86_164.0905
+
+
+def horizon_to_equatorial_deg(azimuth_deg: float, elevation_deg: float, latitude_deg: float, lst_deg: float) -> tuple[float, float]:
+    """RA and Dec (degrees, of date) of a direction at azimuth (from north through east) and elevation, seen
+    from ``latitude_deg`` at local sidereal time ``lst_deg`` (no refraction)."""
+    azimuth, elevation, latitude = (math.radians(v) for v in (azimuth_deg, elevation_deg, latitude_deg))
+    sin_dec = math.sin(latitude) * math.sin(elevation) + math.cos(latitude) * math.cos(elevation) * math.cos(azimuth)
+    dec = math.asin(max(-1.0, min(1.0, sin_dec)))
+    hour_angle = math.atan2(
+        -math.cos(elevation) * math.sin(azimuth),
+        math.sin(elevation) * math.cos(latitude) - math.cos(elevation) * math.sin(latitude) * math.cos(azimuth),
+    )
+    return (lst_deg - math.degrees(hour_angle)) % 360.0, math.degrees(dec)
+
+
+def _iso(unix_s: float | None) -> str | None:
+    from datetime import UTC, datetime
+
+    return None if unix_s is None else datetime.fromtimestamp(unix_s, tz=UTC).isoformat(timespec="seconds")
+
+
+def instrument_summary(spec: CampaignSpec) -> dict[str, Any] | None:
+    """What a spec's files said, small enough to keep with the campaign (JSON; None: no file in the spec).
+
+    ``focal_plane``: the file's detector count and the selected ones (the first :data:`SUMMARY_DETECTORS`
+    with their offsets and polarisation angles, degrees), and the range of their NETs. ``schedule``: the scan
+    count, the observed time, and the first :data:`SUMMARY_SCANS` scans with their UTC start and observed
+    length; a ground scan with its azimuth range, elevation, and the RA/Dec of the middle of its azimuth
+    range at the middle of the scan (the field it observes), a satellite scan with its periods. The spec's
+    files must have been read (:func:`resolve_files`).
+    """
+    summary: dict[str, Any] = {}
+    plane = spec.focal_plane
+    if plane.file is not None:
+        rows = plane.detector_rows
+        nets = sorted(d.net_k_sqrt_s for d in rows if d.net_k_sqrt_s is not None)
+        summary["focal_plane"] = {
+            "file": plane.file,
+            "sha256": plane.sha256,
+            "file_detectors": plane._file_detectors,
+            "detectors": len(rows),
+            "net_k_sqrt_s": [nets[0], nets[len(nets) // 2], nets[-1]] if nets else None,  # min, median, max
+            "shown": [
+                {
+                    "name": d.name,
+                    "offset_x_deg": round(d.offset_x_deg, 5),
+                    "offset_y_deg": round(d.offset_y_deg, 5),
+                    "pol_angle_deg": round(quaternion_pol_angle_deg(d.quat) if d.quat else d.pol_angle_deg, 3),
+                }
+                for d in rows[:SUMMARY_DETECTORS]
+            ],
+        }
+    scan = spec.scan
+    if isinstance(scan, GroundScheduleScan):
+        shown = []
+        for item in scan.scans[:SUMMARY_SCANS]:
+            observed = item.chunks * scan.chunk_s
+            lst = item.start_lst_deg + 360.0 * (0.5 * observed) / SIDEREAL_DAY_S
+            ra, dec = horizon_to_equatorial_deg(
+                0.5 * (item.azimuth_min_deg + item.azimuth_max_deg), item.elevation_deg, scan.site_latitude_deg, lst
+            )
+            shown.append(
+                {
+                    "name": item.name,
+                    "start": _iso(item.start_unix_s),
+                    "observed_s": observed,
+                    "azimuth_min_deg": item.azimuth_min_deg,
+                    "azimuth_max_deg": item.azimuth_max_deg,
+                    "elevation_deg": item.elevation_deg,
+                    "ra_deg": round(ra, 3),
+                    "dec_deg": round(dec, 3),
+                }
+            )
+        summary["schedule"] = {
+            "kind": scan.kind,
+            "file": scan.file,
+            "scans": len(scan.scans),
+            "observed_s": scan.duration_s,
+            "site_latitude_deg": scan.site_latitude_deg,
+            "shown": shown,
+        }
+    elif isinstance(scan, SatelliteScheduleScan):
+        summary["schedule"] = {
+            "kind": scan.kind,
+            "file": scan.file,
+            "scans": len(scan.scans),
+            "observed_s": scan.duration_s,
+            "shown": [
+                {
+                    "name": item.name,
+                    "start": _iso(item.start_unix_s),
+                    "observed_s": item.chunks * scan.chunk_s,
+                    "precession_period_s": item.precession_period_s,
+                    "spin_period_s": item.spin_period_s,
+                }
+                for item in scan.scans[:SUMMARY_SCANS]
+            ],
+        }
+    return summary or None

@@ -133,6 +133,7 @@ class ScheduledScan(StrictModel):
     offset_s: Float = Field(ge=0, description="Where the scan starts on the observation's time axis (gaps removed)")
     chunks: Integer = Field(ge=1, description="Whole chunks of chunk_s the scan holds (a shorter tail is left out)")
     start_lst_deg: Float = Field(description="Local sidereal time at the scan's start")
+    start_unix_s: OptionalFloat = Field(None, description="UTC time of the scan's start (s since 1970)")
     azimuth_min_deg: Float
     azimuth_max_deg: Float
     elevation_deg: Float = Field(gt=0, lt=90)
@@ -337,6 +338,7 @@ class FocalPlane(StrictModel):
     select: DetectorSelection = Field(default_factory=DetectorSelection, description="Part of the file's focal plane to take")
     # The detectors read from ``file`` (schemas.instrument.resolve_focal_plane): never input, never dumped.
     _from_file: tuple[Detector, ...] | None = PrivateAttr(None)
+    _file_detectors: int | None = PrivateAttr(None)  # rows in the file before the selection
 
     @field_validator("detectors")
     @classmethod

@@ -36,7 +36,7 @@ from schemas.api import (
     RealizationSummary,
     realize_task_id,
 )
-from schemas.instrument import FocalPlaneFileError, ScheduleFileError, resolve_files
+from schemas.instrument import FocalPlaneFileError, ScheduleFileError, instrument_summary, resolve_files
 from schemas.io import problem_message
 from schemas.spec import MAX_REALIZATIONS, CampaignSpec, scan_key, spec_hash
 from schemas.states import (
@@ -71,9 +71,9 @@ log = logging.getLogger("mapcampaign.service")
 # --------------------------------------------------------------------------- create
 
 
-def check_focal_plane_file(spec: CampaignSpec, instrument_root: Path | None) -> int | None:
-    """Read a spec's focal-plane and schedule files as the map-maker will; return the selected detector count of a
-    focal-plane file (None: inline detectors).
+def check_focal_plane_file(spec: CampaignSpec, instrument_root: Path | None) -> dict[str, Any] | None:
+    """Read a spec's focal-plane and schedule files as the map-maker will; return what they said
+    (:func:`schemas.instrument.instrument_summary`, None: no file in the spec).
 
     A missing, changed (sha256) or malformed file, or a detector without noise parameters, is refused
     here, at submit, with the file and the column named (:class:`InvalidField`, a 422), before anything
@@ -85,7 +85,7 @@ def check_focal_plane_file(spec: CampaignSpec, instrument_root: Path | None) -> 
         raise InvalidField(("body", "scan", "file"), str(error)) from None
     except FocalPlaneFileError as error:
         raise InvalidField(("body", "focal_plane", "file"), str(error)) from None
-    return None if spec.focal_plane.file is None else len(spec.focal_plane.detector_rows)
+    return instrument_summary(spec)
 
 
 def create_campaign(
@@ -102,7 +102,7 @@ def create_campaign(
     first time; with a different spec it is refused. A focal-plane file is read from
     ``instrument_root`` and checked first (:func:`check_focal_plane_file`).
     """
-    check_focal_plane_file(spec, instrument_root)
+    summary = check_focal_plane_file(spec, instrument_root)
     digest = spec_hash(spec)
     if idempotency_key is not None:
         existing = _by_idempotency_key(session, owner_id, idempotency_key)
@@ -120,6 +120,7 @@ def create_campaign(
         scan_key=scan_key(spec),
         spec_hash=digest,
         spec=spec.model_dump(mode="json"),
+        instrument_summary=summary,
         state=CampaignState.QUEUED,
         idempotency_key=idempotency_key,
         created_at=now,

@@ -122,6 +122,7 @@ def campaign_page(
     latest_map = queries.latest_map(session=session, campaign_id=campaign.id)
     return {
         "campaign": campaign,
+        "instrument": campaign.instrument_summary or {},  # loaded here, in the session (a deferred column)
         "progress": progress,
         "grid": queries.state_grid(session=session, campaign=campaign),
         "plans": queries.plans_of(session=session, campaign=campaign),

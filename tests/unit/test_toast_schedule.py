@@ -139,3 +139,21 @@ def test_a_malformed_schedule_is_refused_naming_the_file_and_the_column(tmp_path
     assert caught.value.column == column and "'bad.ecsv'" in str(caught.value)
     if column:
         assert f"column {column!r}" in str(caught.value)
+
+
+def test_the_instrument_summary_places_each_field_where_ephem_does(schedule):
+    """The dashboard's field list: each scan's start, observed time, and its field within 0.5 degree of ephem's
+    (the summary takes the middle of the observed chunks, 25 s before the middle of the first scan)."""
+    from schemas.instrument import instrument_summary
+
+    root, sha = schedule
+    spec = resolve_files(schedule_spec("schedule.ecsv", sha), root)
+    summary = instrument_summary(spec)
+    assert summary is not None and "focal_plane" not in summary  # inline detectors: nothing read
+    listed = summary["schedule"]
+    assert listed["scans"] == 2 and listed["observed_s"] == 4800.0
+    for scan, item in zip(SCANS, listed["shown"], strict=True):
+        assert item["name"] == scan["name"] and item["start"] == scan["start"].isoformat(timespec="seconds")
+        ra, dec = field_centre(scan)
+        ours = hp.ang2vec(item["ra_deg"], item["dec_deg"], lonlat=True)
+        assert math.degrees(math.acos(min(1.0, float(np.dot(ours, hp.ang2vec(ra, dec, lonlat=True)))))) < 0.5, item
