@@ -83,6 +83,7 @@ from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.reduction import make_reduction
 from mapmaker.solve.local_data import build_local_data
 from mapmaker.solve.solver import pcg
+from schemas.instrument import resolve_files
 from schemas.io import load_spec
 from schemas.spec import CampaignSpec
 
@@ -295,7 +296,7 @@ def interleaved_rounds(blocks: dict[str, Any], rounds: int) -> dict[str, list[An
 
 def run_bench(
     *, samples: int, nside: int, repeat: int, threads: int, as_json: bool, kernels: str = "numpy,fast",
-    spec_path: str | None = None, clock_name: str = "wall", rounds: int = 5,
+    spec_path: str | None = None, clock_name: str = "wall", rounds: int = 5, instrument_root: str | None = None,
 ) -> int:
     global clock
     comm = MPI.COMM_WORLD
@@ -303,7 +304,7 @@ def run_bench(
     clock = CLOCKS[clock_name]
     threading.configure(threads)
     if spec_path is not None:  # a campaign's own scan, focal plane, pixels and noise, split over the ranks
-        spec = load_spec(spec_path)
+        spec = resolve_files(load_spec(spec_path), instrument_root)  # its TOAST files, if it names any
         nside = spec.pixelization.nside
     else:
         spec = bench_spec(samples * size, nside)
@@ -436,7 +437,7 @@ def _print_report(report: dict, names: list[str]) -> None:
 
 def run_hybrid(
     *, cores: int, samples_total: int, nside: int, repeat: int, kernels: str, as_json: bool, spec_path: str | None = None,
-    clock_name: str = "wall", rounds: int = 5,
+    clock_name: str = "wall", rounds: int = 5, instrument_root: str | None = None,
 ) -> int:
     """Every ranks x threads = ``cores`` split under mpiexec at a fixed total of samples; calc/comm per iteration."""
     mpiexec = Path(sys.executable).with_name("mpiexec")
@@ -449,6 +450,7 @@ def run_hybrid(
                    "--rounds", str(rounds),
                    "--threads", str(threads), "--kernels", kernels, "--clock", clock_name]
         command += ["--spec", spec_path] if spec_path else []
+        command += ["--instrument-root", instrument_root] if instrument_root else []
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         report = json.loads(output)
         samples_total = report["samples_per_rank"] * ranks if spec_path else samples_total

@@ -225,6 +225,10 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "--spec", type=Path, default=None, metavar="FILE",
         help="benchmark this campaign's observation (scan, detectors, nside, noise) instead of the synthetic one",
     )
+    parser.add_argument(
+        "--instrument-root", type=Path, default=None, metavar="DIR",
+        help="folder that the --spec's focal_plane.file and schedule file (TOAST files) are relative to",
+    )
     parser.add_argument("--json", action="store_true", help="print only JSON on stdout")
 
 

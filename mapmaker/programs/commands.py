@@ -298,17 +298,22 @@ def run_bench_command(args: argparse.Namespace) -> int:
         return MapmakerExit.BAD_INPUT
     if args.spec is not None:  # refused here, not as a traceback from every rank (or every split of --hybrid)
         try:
-            load_spec(args.spec)
+            resolve_files(load_spec(args.spec), args.instrument_root)
         except SpecError as error:
             print(f"mapmaker bench: --spec: invalid spec\n{error}", file=sys.stderr)
             return MapmakerExit.BAD_INPUT
+        except FocalPlaneFileError as error:
+            print(f"mapmaker bench: --spec: {error}", file=sys.stderr)
+            return MapmakerExit.BAD_INPUT
+    instrument_root = str(args.instrument_root) if args.instrument_root else None
     if args.hybrid:
         return run_hybrid(cores=args.hybrid, samples_total=args.samples * args.hybrid, nside=args.nside,
                           repeat=args.repeat, kernels=",".join(kernels), as_json=args.json,
-                          spec_path=str(args.spec) if args.spec else None, clock_name=args.clock, rounds=args.rounds)
+                          spec_path=str(args.spec) if args.spec else None, clock_name=args.clock, rounds=args.rounds,
+                          instrument_root=instrument_root)
     return run_bench(samples=args.samples, nside=args.nside, repeat=args.repeat, threads=args.threads,
                      as_json=args.json, kernels=",".join(kernels), spec_path=str(args.spec) if args.spec else None,
-                     clock_name=args.clock, rounds=args.rounds)
+                     clock_name=args.clock, rounds=args.rounds, instrument_root=instrument_root)
 
 
 def run_bandpowers_command(args: argparse.Namespace) -> int:

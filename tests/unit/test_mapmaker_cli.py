@@ -125,3 +125,30 @@ def test_bench_hybrid_runs_every_split_under_mpiexec():
     for row in rows:  # the best round can be no slower than the median one
         assert 0 < row["seconds_per_iteration"] <= row["median_seconds_per_iteration"]
         assert row["calc_core_seconds"] > 0
+
+
+def test_bench_takes_a_spec_with_toast_files(tmp_path):
+    """A spec whose focal plane and schedule are TOAST files: found under --instrument-root and benchmarked;
+    without the root, refused with exit 2 naming the file."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.support.toast_files import hexagon_focal_plane, write_satellite_schedule
+
+    start = datetime(2027, 3, 1, tzinfo=UTC)
+    schedule = [{"name": "day1", "start": start, "stop": start + timedelta(minutes=30), "prec_period": 10.0, "spin_period": 2.0}]
+    schedule_sha = write_satellite_schedule(tmp_path / "satellite.ecsv", schedule)
+    focal_plane_sha = hexagon_focal_plane(tmp_path / "hex.h5", n_pix=7)
+    spec = tmp_path / "files.json"
+    spec.write_text(json.dumps({
+        "name": "bench from files",
+        "scan": {"kind": "satellite-schedule", "file": "satellite.ecsv", "sha256": schedule_sha, "chunk_s": 600.0},
+        "focal_plane": {"sample_rate_hz": 5.0, "file": "hex.h5", "sha256": focal_plane_sha, "select": {"first": 4}},
+        "pixelization": {"nside": 16},
+    }))  # fmt: skip
+    completed = run("bench", "--spec", str(spec), "--instrument-root", str(tmp_path), "--repeat", "1", "--rounds", "1",
+                    "--kernels", "numpy", "--json")  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    report = json.loads(completed.stdout)
+    assert report["nside"] == 16 and report["samples_per_rank"] == 4 * 3 * 600 * 5  # 4 detectors, 3 chunks of 600 s
+    completed = run("bench", "--spec", str(spec))
+    assert completed.returncode == 2 and "'hex.h5'" in completed.stderr and "Traceback" not in completed.stderr
