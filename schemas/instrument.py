@@ -461,7 +461,7 @@ def read_satellite_schedule(
             raise ScheduleFileError(file, "stop", f"scan {row} ({name!r}) ends before it starts or overlaps the one before")
         for column, values in (("prec_period", precession), ("spin_period", spin)):
             if not (math.isfinite(float(values[row])) and float(values[row]) > 0):
-                raise ScheduleFileError(file, column, f"scan {row} ({name!r}): must be a positive time, is {values[row]}")
+                raise ScheduleFileError(file, column, f"scan {row} ({name!r}): must be a positive time, is {float(values[row]):g} s")
         # As SimSatellite places the scan's samples (a start within 1e-3 sample of the grid is on it).
         fractional_first = sample_rate_hz * (start - mission_start)
         first = int(fractional_first)
