@@ -34,11 +34,14 @@ from mapcampaign.errors import ApiError, InvalidRequest, ServiceUnavailable, Wai
 from schemas import transport as shared_transport
 from schemas.api import (
     IDEMPOTENCY_KEY_HEADER,
+    INSTRUMENT_MEDIA_TYPES,
     CampaignDetail,
     CampaignPage,
     CampaignSummary,
     CouplingInfo,
     CouplingPage,
+    InstrumentFile,
+    InstrumentFileKind,
     PlanInfo,
     PlanPage,
     RealizationDetail,
@@ -56,6 +59,13 @@ if TYPE_CHECKING:
     from mapcampaign.products import Products
 
 Model = TypeVar("Model", bound=BaseModel)
+
+
+def upload_kind(path: Path) -> InstrumentFileKind:
+    """The kind of an instrument file from its name: ``.h5`` / ``.hdf5`` a focal plane; a schedule must be named."""
+    if path.suffix.lower() in (".h5", ".hdf5"):
+        return "focal-plane"
+    raise ValueError(f"{path.name}: say which schedule it is (kind 'ground-schedule' or 'satellite-schedule')")
 SpecSource = str | PathLike[str] | Mapping[str, Any] | CampaignSpec
 
 PAGE_SIZE = 500  # the service's largest page of campaigns and plans
@@ -286,6 +296,26 @@ class Client:
         from mapcampaign.products import Products
 
         return Products.from_summary(self.products_summary(campaign_id))
+
+    def upload_instrument_file(
+        self, path: str | PathLike[str], *, kind: InstrumentFileKind | None = None, timeout: float = 300.0
+    ) -> InstrumentFile:
+        """Upload a TOAST focal plane (``kind="focal-plane"``, the default for ``.h5`` / ``.hdf5``) or schedule
+        (``"ground-schedule"`` or ``"satellite-schedule"``, ``.ecsv``); the service checks it as a campaign's and
+        keeps it once, by its sha256, under its instrument_root. Name it in a spec by the answer's ``file`` and
+        ``sha256``. A file that does not check raises :class:`~mapcampaign.errors.InvalidRequest` naming the
+        column; the same bytes uploaded again answer the same record."""
+        path = Path(path)
+        kind = kind or upload_kind(path)
+        answer = self._request(
+            "POST",
+            "/instrument-files",
+            params={"kind": kind},
+            content=path.read_bytes(),
+            headers={"Content-Type": INSTRUMENT_MEDIA_TYPES[kind]},
+            timeout=timeout,
+        )
+        return InstrumentFile.model_validate_json(answer.content)
 
     def spectrum(
         self,

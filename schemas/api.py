@@ -461,6 +461,29 @@ class TaskAnswer(ApiModel):
     state: str = Field(description="State of the realisation or plan after the report")
 
 
+InstrumentFileKind = Literal["focal-plane", "ground-schedule", "satellite-schedule"]
+# The request body's media type per kind: TOAST's HDF5 focal plane, and the ECSV text of its schedules.
+INSTRUMENT_MEDIA_TYPES: dict[str, str] = {
+    "focal-plane": "application/x-hdf5",
+    "ground-schedule": "text/x-ecsv",
+    "satellite-schedule": "text/x-ecsv",
+}
+
+
+class InstrumentFile(ApiModel):
+    """A TOAST file uploaded to the service, stored once under its instrument_root by its sha256.
+
+    A spec names it by ``file`` (relative to the instrument_root) and ``sha256``, as it names any file there.
+    """
+
+    sha256: str = Field(description="SHA-256 of the file's bytes (64 hex digits)")
+    kind: InstrumentFileKind
+    file: str = Field(description="Where it is, relative to the instrument_root: uploads/<sha256>.h5 or .ecsv")
+    size_bytes: int
+    detectors: int | None = Field(None, description="Detectors in a focal-plane file")
+    scans: int | None = Field(None, description="Scans in a schedule")
+
+
 class ArtifactReceipt(ApiModel):
     task_id: str
     name: str

@@ -626,3 +626,31 @@ def instrument_summary(spec: CampaignSpec) -> dict[str, Any] | None:
             ],
         }
     return summary or None
+
+
+# --------------------------------------------------------------------------- uploaded files
+
+UPLOADS = "uploads"  # the folder, under the instrument_root, of files uploaded to the service
+UPLOAD_SUFFIXES = {"focal-plane": ".h5", "ground-schedule": ".ecsv", "satellite-schedule": ".ecsv"}
+
+
+def upload_path(sha256: str, kind: str) -> str:
+    """Where an uploaded file of ``kind`` is kept, relative to the instrument_root: named by its checksum."""
+    return f"{UPLOADS}/{sha256}{UPLOAD_SUFFIXES[kind]}"
+
+
+def check_instrument_file(path: Path, *, kind: str, file: str) -> int:
+    """Check a file as the map-maker will read it; return its detector count (focal plane) or scan count.
+
+    A focal plane is checked over its first :data:`MAX_DETECTORS` rows (a campaign selects at most that
+    many); a schedule in full, its scans against a 1 ms chunk (a campaign's ``chunk_s`` is checked at submit).
+    Errors name ``file`` and the column, as at submit.
+    """
+    if kind == "focal-plane":
+        table = read_focal_plane_file(path, file=file, selection=DetectorSelection(first=MAX_DETECTORS))
+        return table.file_detectors
+    if kind == "ground-schedule":
+        return len(read_ground_schedule(path, file=file, chunk_s=1e-3, first_scans=None)[1])
+    if kind == "satellite-schedule":
+        return len(read_satellite_schedule(path, file=file, chunk_s=1e-3, sample_rate_hz=1.0, first_scans=None))
+    raise ValueError(f"unknown instrument file kind {kind!r}")

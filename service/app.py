@@ -34,6 +34,7 @@ from service.dashboard import mount_dashboard
 from service.db import Database
 from service.errors import install_error_handlers
 from service.events.router import events_router
+from service.instruments.router import router as instruments_router
 from service.limits import BodyLimitMiddleware
 from service.metrics import LatencyMiddleware, Metrics
 from service.migrate import current_revisions
@@ -146,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tasks_router,
         events_router(campaign_visible),
         login_links_router,
+        instruments_router,
     ):
         api.include_router(router)
     app.include_router(api)

@@ -18,6 +18,7 @@ from service.errors import error_response
 ARTIFACT_UPLOAD = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/artifacts/[^/]+$")
 _RESULT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/succeeded$")
 SPECTRUM_UPLOAD = re.compile(rf"^{API_PREFIX}/spectrum$")  # a user's FITS map: as large as a product file
+INSTRUMENT_UPLOAD = re.compile(rf"^{API_PREFIX}/instrument-files$")  # a TOAST focal plane or schedule
 
 
 class BodyLimitMiddleware:
@@ -26,7 +27,7 @@ class BodyLimitMiddleware:
         self.settings = settings
 
     def limit_for(self, path: str) -> int:
-        if ARTIFACT_UPLOAD.match(path) or SPECTRUM_UPLOAD.match(path):
+        if ARTIFACT_UPLOAD.match(path) or SPECTRUM_UPLOAD.match(path) or INSTRUMENT_UPLOAD.match(path):
             return self.settings.max_artifact_bytes
         if _RESULT.match(path):
             return self.settings.max_result_body_bytes

@@ -13,6 +13,7 @@ import typer
 
 from mapcampaign.cli import campaigns as campaign_commands
 from mapcampaign.cli import db as db_commands
+from mapcampaign.cli import instruments as instrument_commands
 from mapcampaign.cli import plans as plan_commands
 from mapcampaign.cli import products as products_commands
 from mapcampaign.cli import serve as serve_commands
@@ -86,6 +87,8 @@ app.command("logs")(campaign_commands.logs)
 app.command("plans")(plan_commands.plans)
 app.command("products")(products_commands.products)
 app.command("spectrum")(spectrum_commands.spectrum)
+# Instruments
+app.command("upload")(instrument_commands.upload)
 # Administration on the service host
 app.add_typer(token_commands.app, name="token")
 app.add_typer(db_commands.app, name="db")

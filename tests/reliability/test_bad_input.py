@@ -38,6 +38,13 @@ schemathesis.openapi.media_type(
     "application/fits",
     st.one_of(st.binary(max_size=4096), st.binary(max_size=2000).map(lambda tail: _FITS_CARD + tail)),
 )
+# The instrument-file upload takes raw HDF5 (application/x-hdf5) or ECSV text: arbitrary bytes, and bytes after an
+# HDF5 signature, each of which must be a 4xx (the service has an instrument_root, so they are read and refused).
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+schemathesis.openapi.media_type(
+    "application/x-hdf5",
+    st.one_of(st.binary(max_size=4096), st.binary(max_size=2000).map(lambda tail: _HDF5_SIGNATURE + tail)),
+)
 STATUS_SEEN: dict[int, int] = {}
 
 
@@ -45,7 +52,8 @@ STATUS_SEEN: dict[int, int] = {}
 def fuzzed_service(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
     """One live service for the whole schema run, with a campaign, a worker and a stored product to aim at."""
     empty_pg_tables(pg_url)
-    service = start_live_service(tmp_path_factory.mktemp("fuzzed"), pg_url)
+    instruments = tmp_path_factory.mktemp("fuzzed-instruments")
+    service = start_live_service(tmp_path_factory.mktemp("fuzzed"), pg_url, env={"MAPCAMPAIGN_INSTRUMENT_ROOT": str(instruments)})
     with service.client(service.user_token) as user:
         user.post("/campaigns", json=spec_data(name="target", realizations=3)).raise_for_status()
     worker = FakeWorker(service.api_url, service.worker_token, name="w-fuzz")

@@ -1,0 +1,106 @@
+"""Uploading a TOAST file: checked like a campaign's, kept once by checksum under the instrument_root, named by
+a spec like any file there; a malformed one is a 422 naming the column, and nothing is written."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from tests.support.service_helpers import spec_data
+from tests.support.toast_files import detector_quat, focal_plane_table, write_focal_plane, write_satellite_schedule
+
+HDF5 = {"Content-Type": "application/x-hdf5"}
+ECSV = {"Content-Type": "text/x-ecsv"}
+
+
+@pytest.fixture
+def instruments(tmp_path):
+    root = tmp_path / "instruments"
+    root.mkdir()
+    return root
+
+
+def quad_bytes(tmp_path, drop: str | None = None, **columns) -> bytes:
+    quats = np.array([detector_quat(0.5, 0.0, angle) for angle in (0.0, 45.0, 90.0, 135.0)])
+    table = focal_plane_table([f"D{i}" for i in range(4)], quats, net=[50e-6] * 4, **columns)
+    if drop:
+        table.remove_column(drop)
+    path = tmp_path / "upload.h5"
+    write_focal_plane(path, table)
+    return path.read_bytes()
+
+
+def uploads(root) -> list[str]:
+    folder = root / "uploads"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_a_focal_plane_is_stored_once_by_checksum_and_a_spec_names_it(make_api, instruments, tmp_path):
+    api = make_api(instrument_root=instruments)
+    content = quad_bytes(tmp_path)
+    sha = hashlib.sha256(content).hexdigest()
+    answer = api.post("/instrument-files", params={"kind": "focal-plane"}, content=content, headers=HDF5)
+    assert answer.status_code == 201, answer.text
+    record = answer.json()
+    assert record == {"sha256": sha, "kind": "focal-plane", "file": f"uploads/{sha}.h5", "size_bytes": len(content),
+                      "detectors": 4, "scans": None}  # fmt: skip
+    assert (instruments / record["file"]).read_bytes() == content
+
+    again = api.post("/instrument-files", params={"kind": "focal-plane"}, content=content, headers=HDF5)
+    assert again.status_code == 200 and again.json() == record
+    assert uploads(instruments) == [f"{sha}.h5"]  # once, and no temporary file left
+
+    data = spec_data()
+    data["focal_plane"] = {"sample_rate_hz": 5.0, "file": record["file"], "sha256": record["sha256"]}
+    campaign = api.post("/campaigns", json=data)
+    assert campaign.status_code == 201, campaign.text
+
+
+def test_a_satellite_schedule_upload_counts_its_scans(make_api, instruments, tmp_path):
+    api = make_api(instrument_root=instruments)
+    start = datetime(2027, 3, 1, tzinfo=UTC)
+    scans = [{"name": f"day{i}", "start": start + timedelta(hours=i), "stop": start + timedelta(hours=i, minutes=50),
+              "prec_period": 10.0, "spin_period": 2.0} for i in range(3)]  # fmt: skip
+    write_satellite_schedule(tmp_path / "s.ecsv", scans)
+    answer = api.post("/instrument-files", params={"kind": "satellite-schedule"}, content=(tmp_path / "s.ecsv").read_bytes(), headers=ECSV)
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["scans"] == 3 and answer.json()["file"].endswith(".ecsv")
+
+
+@pytest.mark.parametrize(
+    "damage, column",
+    [("no net", "psd_net"), ("nan fknee", "psd_fknee"), ("not hdf5", "")],
+)
+def test_a_malformed_upload_is_a_422_naming_the_column_and_nothing_is_stored(make_api, instruments, tmp_path, damage, column):
+    api = make_api(instrument_root=instruments)
+    if damage == "not hdf5":
+        content = b"name,quat\nD0,1 0 0 0\n"
+    else:
+        fknee = [0.1, float("nan"), 0.1, 0.1] if damage == "nan fknee" else 0.1
+        content = quad_bytes(tmp_path, drop="psd_net" if damage == "no net" else None, fknee=fknee)
+    answer = api.post("/instrument-files", params={"kind": "focal-plane"}, content=content, headers=HDF5)
+    assert answer.status_code == 422, answer.text
+    [problem] = answer.json()["detail"]
+    sha = hashlib.sha256(content).hexdigest()
+    assert f"focal-plane file 'uploads/{sha}.h5'" in problem["msg"]
+    if column:
+        assert f"column {column!r}" in problem["msg"]
+    assert uploads(instruments) == []  # nothing kept, not even the temporary file
+
+
+def test_the_media_type_the_kind_and_the_root_are_checked(make_api, instruments, tmp_path):
+    content = quad_bytes(tmp_path)
+    api = make_api(instrument_root=instruments)
+    answer = api.post("/instrument-files", params={"kind": "focal-plane"}, content=content, headers=ECSV)
+    assert answer.status_code == 415 and "application/x-hdf5" in answer.text
+    answer = api.post("/instrument-files", params={"kind": "beam"}, content=content, headers=HDF5)
+    assert answer.status_code == 422 and "kind" in answer.text
+    answer = api.post("/instrument-files", params={"kind": "focal-plane"}, content=b"", headers=HDF5)
+    assert answer.status_code == 422 and answer.json()["detail"][0]["loc"] == ["body"]
+    without = make_api()
+    answer = without.post("/instrument-files", params={"kind": "focal-plane"}, content=content, headers=HDF5)
+    assert answer.status_code == 409 and "instrument_root" in answer.text
+    assert uploads(instruments) == []
