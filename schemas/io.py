@@ -31,9 +31,13 @@ class SpecError(ValueError):
         super().__init__("\n".join(lines))
 
 
+# The discriminators of the spec's unions (scan and sky kinds): pydantic puts them in an error's location.
+UNION_TAGS = ("satellite", "ground", "ground-schedule", "satellite-schedule", "cmb", "map", "none")
+
+
 def format_location(loc: tuple[Any, ...]) -> str:
     """Dotted field path from a pydantic error location, without union tags."""
-    return ".".join(str(part) for part in loc if part not in ("satellite", "ground", "cmb", "map", "none"))
+    return ".".join(str(part) for part in loc if part not in UNION_TAGS)
 
 
 def _model_types(annotation: Any) -> list[type[BaseModel]]:

@@ -188,3 +188,13 @@ def test_a_malformed_satellite_schedule_is_refused_naming_the_file_and_the_colum
     assert caught.value.column == column and "'bad.ecsv'" in str(caught.value)
     if column:
         assert f"column {column!r}" in str(caught.value)
+
+
+def test_a_bad_field_of_a_schedule_scan_is_named_without_the_kind():
+    from schemas.io import SpecError, spec_from_data
+
+    data = copy.deepcopy(BASE)
+    data["scan"] = {"kind": "satellite-schedule", "file": "s.ecsv", "sha256": "0" * 64, "spin_angle_deg": -1.0}
+    with pytest.raises(SpecError) as caught:
+        spec_from_data(data)
+    assert [location for location, _ in caught.value.problems] == ["scan.spin_angle_deg"]
