@@ -92,13 +92,14 @@ def ground(
 def from_z_to(vectors: np.ndarray) -> np.ndarray:
     """The smallest rotation taking +z to each unit vector of ``vectors [n, 3]``: quaternions [n, 4].
 
-    Axis ``z x v``, angle ``atan2(|z x v|, z . v)`` (TOAST's ``qarray.from_vectors`` from +z).
+    Axis ``z x v``, angle ``atan2(|z x v|, z . v)`` (TOAST's ``qarray.from_vectors`` from +z); for ``v = -z``,
+    where every axis in the xy plane is smallest, the half turn about +x.
     """
     v = np.asarray(vectors, dtype=np.float64)
     axis = np.stack([-v[:, 1], v[:, 0], np.zeros(len(v))], axis=-1)
     sine = np.linalg.norm(axis, axis=1)
     half = 0.5 * np.arctan2(sine, v[:, 2])
-    unit = np.divide(axis, sine[:, None], out=np.zeros_like(axis), where=sine[:, None] > 0)
+    unit = np.divide(axis, sine[:, None], out=np.tile([1.0, 0.0, 0.0], (len(v), 1)), where=sine[:, None] > 0)
     return np.concatenate([np.cos(half)[:, None], np.sin(half)[:, None] * unit], axis=1)
 
 

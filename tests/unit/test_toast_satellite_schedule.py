@@ -198,3 +198,20 @@ def test_a_bad_field_of_a_schedule_scan_is_named_without_the_kind():
     with pytest.raises(SpecError) as caught:
         spec_from_data(data)
     assert [location for location, _ in caught.value.problems] == ["scan.spin_angle_deg"]
+
+
+def test_the_precession_axis_rotation_takes_z_to_each_direction_even_opposite():
+    """from_z_to against TOAST's qarray.from_vectors, and the poles (+z: no turn; -z: a half turn, not zero)."""
+    import toast.qarray as qa
+
+    from mapmaker.kernels import quaternion
+    from mapmaker.kernels.boresight import from_z_to
+
+    rng = np.random.default_rng(7)
+    vectors = rng.normal(size=(50, 3))
+    vectors = np.concatenate([vectors / np.linalg.norm(vectors, axis=1, keepdims=True), [[0, 0, 1.0], [0, 0, -1.0]]])
+    ours = from_z_to(vectors)
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(quaternion.z_axis(ours), vectors, atol=1e-12)
+    theirs = np.asarray(qa.from_vectors(np.tile([0.0, 0.0, 1.0], (50, 1)), vectors[:50]))[:, [3, 0, 1, 2]]
+    np.testing.assert_allclose(ours[:50], theirs, atol=1e-12)
