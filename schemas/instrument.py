@@ -555,7 +555,8 @@ def instrument_summary(spec: CampaignSpec) -> dict[str, Any] | None:
     with their offsets and polarisation angles, degrees), and the range of their NETs. ``schedule``: the scan
     count, the observed time, and the first :data:`SUMMARY_SCANS` scans with their UTC start and observed
     length; a ground scan with its azimuth range, elevation, and the RA/Dec of the middle of its azimuth
-    range at the middle of the scan (the field it observes), a satellite scan with its periods. The spec's
+    range at the middle of the scan (the field it observes), a satellite scan with its periods and the
+    ecliptic longitude of the anti-Sun direction at its middle (the centre of the ring it observes). The spec's
     files must have been read (:func:`resolve_files`).
     """
     summary: dict[str, Any] = {}
@@ -609,6 +610,15 @@ def instrument_summary(spec: CampaignSpec) -> dict[str, Any] | None:
             "shown": shown,
         }
     elif isinstance(scan, SatelliteScheduleScan):
+        import numpy as np
+
+        from schemas.ephemeris import anti_sun_direction
+
+        listed = scan.scans[:SUMMARY_SCANS]
+        middles = np.array([item.start_unix_s + 0.5 * item.chunks * scan.chunk_s for item in listed])
+        # Each middle on its own: the directions are interpolated between the times they are asked at.
+        axes = np.concatenate([anti_sun_direction(middles[i : i + 1]) for i in range(len(listed))])
+        longitudes = np.degrees(np.arctan2(axes[:, 1], axes[:, 0])) % 360.0
         summary["schedule"] = {
             "kind": scan.kind,
             "file": scan.file,
@@ -621,8 +631,9 @@ def instrument_summary(spec: CampaignSpec) -> dict[str, Any] | None:
                     "observed_s": item.chunks * scan.chunk_s,
                     "precession_period_s": item.precession_period_s,
                     "spin_period_s": item.spin_period_s,
+                    "anti_sun_longitude_deg": round(float(longitude), 3),
                 }
-                for item in scan.scans[:SUMMARY_SCANS]
+                for item, longitude in zip(listed, longitudes, strict=True)
             ],
         }
     return summary or None

@@ -13,7 +13,7 @@ import numpy as np
 from mapmaker.kernels import boresight, implementation, pointing
 from mapmaker.kernels.implementation import Kernels
 from mapmaker.model.decomposition import ChunkLayout
-from mapmaker.model.ephemeris import anti_sun_direction
+from schemas.ephemeris import anti_sun_direction
 from schemas.spec import CampaignSpec, FocalPlane, GroundScan, GroundScheduleScan, SatelliteScan, SatelliteScheduleScan
 
 DEG = math.pi / 180.0

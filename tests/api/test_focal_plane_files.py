@@ -174,7 +174,7 @@ def test_a_satellite_schedule_is_read_at_submit(make_api, instruments):
     page = api.client.get(f"/campaigns/{answer.json()['id']}").text
     assert "TOAST satellite schedule <code>good.ecsv</code>" in page and sha[:12] in page
     assert "<td>day1</td><td>2027-03-01T00:00:00+00:00</td><td>3600 s</td>" in page
-    assert "<td>10.0 min</td><td>2.00 min</td>" in page
+    assert "<td>10.0 min</td><td>2.00 min</td>" in page and "anti-Sun longitude" in page
 
     bad = [{**scans[0], "spin_period": -2.0}]
     data["scan"] = {**data["scan"], "file": "bad.ecsv", "sha256": write_satellite_schedule(instruments / "bad.ecsv", bad)}

@@ -215,3 +215,24 @@ def test_the_precession_axis_rotation_takes_z_to_each_direction_even_opposite():
     np.testing.assert_allclose(quaternion.z_axis(ours), vectors, atol=1e-12)
     theirs = np.asarray(qa.from_vectors(np.tile([0.0, 0.0, 1.0], (50, 1)), vectors[:50]))[:, [3, 0, 1, 2]]
     np.testing.assert_allclose(ours[:50], theirs, atol=1e-12)
+
+
+def test_the_instrument_summary_lists_each_scan_with_its_anti_sun_longitude(schedule):
+    """The dashboard's scan list: start, observed time, periods, and the anti-Sun ecliptic longitude at the middle
+    of each scan within 1 degree of the direction away from astropy's Sun in the J2000 ecliptic (the precession
+    axis points away from the barycentre, which is up to 0.01 AU, 0.6 degree seen from the Earth, from the Sun)."""
+    from astropy.coordinates import GeocentricMeanEcliptic, get_sun
+    from astropy.time import Time
+
+    from schemas.instrument import instrument_summary
+
+    root, sha = schedule
+    spec = resolve_files(schedule_spec("satellite.ecsv", sha), root)
+    listed = instrument_summary(spec)["schedule"]
+    assert listed["kind"] == "satellite-schedule" and listed["scans"] == 3 and listed["observed_s"] == 3600.0
+    for scan, item in zip(spec.scan.scans, listed["shown"], strict=True):
+        assert item["observed_s"] == 1200.0 and item["spin_period_s"] == scan.spin_period_s
+        middle = Time(scan.start_unix_s + 600.0, format="unix")
+        sun = get_sun(middle).transform_to(GeocentricMeanEcliptic(equinox="J2000"))
+        difference = (item["anti_sun_longitude_deg"] - (sun.lon.deg + 180.0) + 180.0) % 360.0 - 180.0
+        assert abs(difference) < 1.0, (item, difference)

@@ -1,5 +1,8 @@
 """The direction of the Earth from the solar-system barycentre: a satellite's precession axis.
 
+Here, below both, because the map-maker points the satellite with it and the service lists each scheduled
+scan's anti-Sun direction with it.
+
 TOAST's ``SpaceSite`` places a satellite at the Earth's barycentric position (astropy's built-in ERFA
 ephemeris, ``get_body_barycentric``, no download) and points the precession axis away from the
 barycentre, the anti-Sun direction to within the Sun's wobble about the barycentre. The position is
