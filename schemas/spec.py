@@ -255,9 +255,6 @@ class SatelliteScheduleScan(StrictModel):
         return sum(scan.chunks for scan in self.scans) * self.chunk_s
 
 
-ScheduleScan = GroundScheduleScan | SatelliteScheduleScan  # the scan kinds read from a file
-
-
 class ScheduleNotRead(RuntimeError):
     """A program asked for the scans of a schedule before reading the file."""
 
