@@ -58,6 +58,7 @@ from schemas.api import HeartbeatAnswer, WorkerRegistration
 from schemas.programs import CancelReason
 from worker.apps import mpi_task
 from worker.client import NotAuthorized, ServiceClient, ServiceError, TaskGone
+from worker.instruments import fetch_uploads
 from worker.layout import SiteLayout
 from worker.leftovers import start_sweep
 from worker.outcome import Outcome, Verdict
@@ -318,6 +319,7 @@ class Agent:
         verdict = run.precheck()
         if verdict is None:
             try:
+                fetch_uploads(run.task.spec, self.site.instrument_root, self.client)
                 run.prepare()
                 future = run.submit(self.app)
                 future.add_done_callback(lambda _future: self.wake.set())

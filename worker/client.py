@@ -143,6 +143,10 @@ class ServiceClient:
             },
         )
 
+    def instrument_file(self, sha256: str) -> bytes:
+        """The bytes of a file uploaded to the service (``GET /instrument-files/{sha256}``)."""
+        return self._request("GET", f"/instrument-files/{sha256}").content
+
     def succeeded(self, task_id: str, result: RealizationResult) -> None:
         self._post(f"/tasks/{task_id}/succeeded", TaskSucceeded(result=result))
 

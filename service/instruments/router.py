@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Header, Query, Response, status
+from fastapi import APIRouter, Body, Header, Path, Query, Response, status
+from fastapi.responses import FileResponse
 
 from schemas.api import INSTRUMENT_MEDIA_TYPES, ErrorBody, InstrumentFile, InstrumentFileKind, ValidationErrorBody
-from service.deps import CurrentUser, SettingsDep
+from service.deps import CurrentUser, CurrentWorker, SettingsDep
 from service.errors import DomainError
 from service.instruments import service
 
@@ -58,3 +59,23 @@ def upload_instrument_file(
     if not new:
         response.status_code = status.HTTP_200_OK
     return record
+
+
+@router.get(
+    "/{sha256}",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/x-hdf5": {}, "text/x-ecsv": {}}, "description": "The file's bytes"},
+        404: {"model": ErrorBody},
+    },
+)
+def download_instrument_file(
+    _worker: CurrentWorker,
+    settings: SettingsDep,
+    sha256: Annotated[str, Path(pattern="^[0-9a-f]{64}$", description="SHA-256 of the uploaded file")],
+) -> FileResponse:
+    """An uploaded file's bytes, by its checksum (worker tokens): a site that does not share the service's
+    instrument folder fetches the uploads its campaigns name into its own ``instrument_root``."""
+    path = service.uploaded_file(instrument_root=settings.instrument_root, sha256=sha256)
+    media_type = INSTRUMENT_MEDIA_TYPES["focal-plane" if path.suffix == ".h5" else "ground-schedule"]
+    return FileResponse(path, media_type=media_type, filename=path.name)

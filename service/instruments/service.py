@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from schemas.api import InstrumentFile
-from schemas.instrument import FocalPlaneFileError, check_instrument_file, upload_path
-from service.errors import Conflict, InsufficientStorage, InvalidField
+from schemas.instrument import UPLOAD_SUFFIXES, UPLOADS, FocalPlaneFileError, check_instrument_file, upload_path
+from service.errors import Conflict, InsufficientStorage, InvalidField, NotFound
 
 log = logging.getLogger("mapcampaign.service")
 
@@ -60,3 +60,14 @@ def store_instrument_file(*, instrument_root: Path | None, kind: str, content: b
         scans=None if kind == "focal-plane" else count,
     )
     return record, new
+
+
+def uploaded_file(*, instrument_root: Path | None, sha256: str) -> Path:
+    """The uploaded file with this checksum (a focal plane or a schedule), for a site that has no copy."""
+    if instrument_root is None:
+        raise NotFound("this service keeps no instrument files (no instrument_root)")
+    for suffix in sorted(set(UPLOAD_SUFFIXES.values())):
+        path = Path(instrument_root) / UPLOADS / f"{sha256}{suffix}"
+        if path.is_file():
+            return path
+    raise NotFound(f"no instrument file with sha256 {sha256} was uploaded here")

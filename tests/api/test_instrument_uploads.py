@@ -104,3 +104,15 @@ def test_the_media_type_the_kind_and_the_root_are_checked(make_api, instruments,
     answer = without.post("/instrument-files", params={"kind": "focal-plane"}, content=content, headers=HDF5)
     assert answer.status_code == 409 and "instrument_root" in answer.text
     assert uploads(instruments) == []
+
+
+def test_a_worker_fetches_an_upload_by_its_checksum(make_api, instruments, tmp_path):
+    api = make_api(instrument_root=instruments)
+    content = quad_bytes(tmp_path)
+    sha = api.post("/instrument-files", params={"kind": "focal-plane"}, content=content, headers=HDF5).json()["sha256"]
+    answer = api.get(f"/instrument-files/{sha}", api.alice_worker)
+    assert answer.status_code == 200 and answer.content == content
+    assert answer.headers["content-type"] == "application/x-hdf5"
+    assert api.get(f"/instrument-files/{sha}").status_code == 403  # a user token: uploads go one way
+    assert api.get(f"/instrument-files/{'0' * 64}", api.alice_worker).status_code == 404
+    assert api.get("/instrument-files/..%2F..%2Fetc%2Fpasswd", api.alice_worker).status_code in (404, 422)

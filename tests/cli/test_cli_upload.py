@@ -70,3 +70,32 @@ def test_the_client_uploads_and_a_spec_names_the_upload(upload_service, tmp_path
         with pytest.raises(InvalidRequest) as caught:
             client.upload_instrument_file(tmp_path / "bad.h5")
         assert hashlib.sha256((tmp_path / "bad.h5").read_bytes()).hexdigest() in str(caught.value)
+
+
+def test_a_site_without_the_service_folder_fetches_the_uploads_a_task_names(upload_service, tmp_path):
+    """The worker's fetch (worker.instruments) against the live service: the upload lands under the site's own
+    instrument_root with the checksum's bytes, once; an unknown upload and a file outside uploads/ are left alone."""
+    from schemas.io import spec_from_data
+    from worker.client import ServiceClient
+    from worker.instruments import fetch_uploads
+
+    sha = hexagon_focal_plane(tmp_path / "wide.h5", n_pix=7, width_deg=8.0)
+    with mapcampaign.Client(server=upload_service.url, token=upload_service.user_token, timeout=30.0) as client:
+        record = client.upload_instrument_file(tmp_path / "wide.h5")
+    site_root = tmp_path / "site-instruments"
+    data = spec_data(name="fetched")
+    data["focal_plane"] = {"sample_rate_hz": 5.0, "file": record.file, "sha256": sha}
+    spec = spec_from_data(data)
+    worker = ServiceClient(upload_service.api_url, upload_service.worker_token, retry_s=5.0)
+    try:
+        assert fetch_uploads(spec, site_root, worker) == [site_root / record.file]
+        assert (site_root / record.file).read_bytes() == (tmp_path / "wide.h5").read_bytes()
+        assert fetch_uploads(spec, site_root, worker) == []  # kept for the next task
+        data["focal_plane"] = {**data["focal_plane"], "file": f"uploads/{'1' * 64}.h5", "sha256": "1" * 64}
+        assert fetch_uploads(spec_from_data(data), site_root, worker) == []  # the map-maker will refuse it
+        data["focal_plane"] = {**data["focal_plane"], "file": "mine/wide.h5", "sha256": sha}
+        assert fetch_uploads(spec_from_data(data), site_root, worker) == []  # the site's own file, not fetched
+        assert fetch_uploads(spec, None, worker) == []  # a site without an instrument_root reads no files
+    finally:
+        worker.close()
+    assert sorted(p.name for p in (site_root / "uploads").iterdir()) == [f"{sha}.h5"]
