@@ -33,8 +33,9 @@ class Settings(BaseSettings):
     )
     instrument_root: Path | None = Field(
         None,
-        description="Folder that focal_plane.file paths are relative to (the files the sites see under their "
-        "instrument_root); unset: campaigns with a focal-plane file are refused",
+        description="Folder that a spec's focal_plane.file and schedule file paths are relative to (the files the "
+        "sites see under their instrument_root), and where uploaded instrument files are kept (uploads/); unset: "
+        "campaigns naming such a file, and uploads, are refused",
     )
     host: str = Field("127.0.0.1", min_length=1, description="Listen address; loopback only unless told")
     port: int = Field(8765, ge=1, le=65_535)
