@@ -188,7 +188,9 @@ class SiteConfig(SiteModel):
     )
     sky_root: Path | None = Field(None, description="Folder that sky.kind = 'map' paths are relative to")
     instrument_root: Path | None = Field(
-        None, description="Folder that focal_plane.file paths (TOAST focal-plane files) are relative to"
+        None,
+        description="Folder that a spec's TOAST files (focal_plane.file, a schedule's file) are relative to; uploads "
+        "the service keeps are fetched into its uploads/ when missing",
     )
     python: str | None = Field(None, description="Python on the nodes that run tasks; default: the worker's own")
     provider: ProviderSpec
