@@ -27,6 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pydantic_core import PydanticCustomError
 
 SCAN_KEY_VERSION = 1
+COARSE_KEY_VERSION = 1  # bump with mapmaker.solve.coarsefile.COARSE_FORMAT: an older file must not be named
 COUPLING_KEY_VERSION = 1  # bump with mapmaker.model.bandpowers.COUPLING_FORMAT: an older file must not be named
 
 MAX_REALIZATIONS = 100_000
@@ -666,5 +667,40 @@ def coupling_key(spec: CampaignSpec) -> str:
             "apodization_deg": products.apodization_deg,
             "ell_bin_width": products.ell_bin_width,
             "purify_b": products.purify_b,
+        }
+    )
+
+
+def coarse_key(spec: CampaignSpec) -> str:
+    """Stable hash (64 hex characters) of everything the two-level preconditioner's coarse operator depends on.
+
+    ``E = Z^T A Z`` and ``A Z`` (:mod:`mapmaker.solve.coarse`) are made of the pointing (the scan key),
+    the rcond cut (``solver.rcond_min``), the noise model that weights the solve (whether noise is
+    simulated, the noise section and every detector's noise overrides: the PSDs), the N^-1 filter
+    (``solver.noise_filter`` and its tolerance), ``solver.coarse_nside`` and the rank count (which rank
+    holds which rows, and the order of the sums). Never of the seed, the sky or the realisation: every
+    realisation of a campaign, and every campaign of that scan and noise, share one coarse file at a site.
+    """
+    plane = spec.focal_plane
+    if plane.file is not None:
+        detectors: Any = {"file_sha256": plane.sha256, "select": plane.select.model_dump(mode="json")}
+    else:
+        detectors = [
+            {name: detector.get(name) for name in ("name", "net_k_sqrt_s", "f_knee_hz", "alpha", "f_min_hz")}
+            for detector in plane.model_dump(mode="json")["detectors"]
+        ]
+    solver = spec.solver
+    return _sha256(
+        {
+            "version": COARSE_KEY_VERSION,
+            "scan_key": scan_key(spec),
+            "ranks": spec.resources.ranks,
+            "rcond_min": solver.rcond_min,
+            "simulates_noise": spec.simulates_noise,
+            "noise": spec.noise.model_dump(mode="json"),
+            "detector_noise": detectors,
+            "noise_filter": solver.noise_filter,
+            "noise_filter_tolerance": solver.noise_filter_tolerance,
+            "coarse_nside": solver.coarse_nside,
         }
     )

@@ -80,3 +80,28 @@ def test_finite_filter_map_is_within_its_stated_bound():
         difference = np.sqrt(np.mean((finite.iqu[s][solved] - exact.iqu[s][solved]) ** 2))
         noise = np.sqrt(np.mean(exact.iqu[s][solved] ** 2))
         assert 0 < difference <= np.sqrt(2 * delta / (1 - delta)) * noise, (s, difference, noise, delta)
+
+
+def test_coarse_cache_is_read_by_the_next_realisation_and_a_foreign_file_is_rebuilt(tmp_path):
+    """One rank: realisation 0 writes the coarse file, realisation 1 reads it (same iterations and map as without
+    it, 1e-10); a file of another noise model or one that is not a coarse file is refused by name and replaced."""
+    changes = {**ONE_OVER_F, "solver.tol": 1e-10, "solver.preconditioner": "two-level", "solver.coarse_nside": 1}
+    spec = make_spec(changes)
+    cache = tmp_path / "coarse.npz"
+    first = run_realization(spec, 0, MPI.COMM_SELF, coarse_cache=cache)
+    assert (first.stats.coarse_source, first.stats.coarse_written, first.stats.coarse_refused) == ("built", True, None)
+    second = run_realization(spec, 1, MPI.COMM_SELF, coarse_cache=cache)
+    assert (second.stats.coarse_source, second.stats.coarse_written, second.stats.coarse_refused) == ("file", False, None)
+    uncached = run_realization(spec, 1, MPI.COMM_SELF)
+    assert uncached.stats.coarse_source == "built" and second.pcg.iterations == uncached.pcg.iterations
+    assert relative_difference(second.iqu, uncached.iqu) <= 1e-10
+
+    other_noise = make_spec({**changes, "noise.f_knee_hz": 0.3})
+    foreign = run_realization(other_noise, 0, MPI.COMM_SELF, coarse_cache=cache)
+    assert foreign.stats.coarse_source == "built" and foreign.stats.coarse_written
+    assert "key is" in foreign.stats.coarse_refused and "refused" in foreign.stats.coarse_refused
+
+    cache.write_bytes(b"not a coarse file")
+    garbage = run_realization(spec, 2, MPI.COMM_SELF, coarse_cache=cache)
+    assert garbage.stats.coarse_source == "built" and garbage.stats.coarse_written and garbage.stats.coarse_refused
+    assert run_realization(spec, 3, MPI.COMM_SELF, coarse_cache=cache).stats.coarse_source == "file"
