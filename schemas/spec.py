@@ -433,7 +433,7 @@ ReductionStrategy = Literal[
 ]
 STRATEGY_NAMES: tuple[str, ...] = get_args(ReductionStrategy)
 Reduction = Literal["auto", ReductionStrategy]
-Preconditioner = Literal["block-diagonal", "two-level"]
+Preconditioner = Literal["block-diagonal", "two-level", "two-level-additive"]
 NoiseFilter = Literal["exact", "finite"]
 
 
@@ -450,8 +450,10 @@ class SolverSpec(StrictModel):
     preconditioner: Preconditioner = Field(
         "block-diagonal",
         description="block-diagonal: the 3x3 white-noise blocks; two-level: those plus a coarse-space "
-        "correction on coarse_nside pixels (fewer iterations, set-up and memory of 3 x 12 coarse_nside^2 "
-        "operator applications and map-sized columns)",
+        "correction on coarse_nside pixels, A-DEF2 (fewest iterations; holds A Z, 12 bytes per pixel and coarse "
+        "column, read every iteration); two-level-additive: the blocks plus Z E^-1 Z^T (a few more iterations at "
+        "the block-diagonal one's cost, holds E only). Both coarse forms set up with one operator application "
+        "per coarse column, shared by a campaign's realisations through realize --coarse-cache",
     )
     coarse_nside: Integer = Field(
         4, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
@@ -702,5 +704,6 @@ def coarse_key(spec: CampaignSpec) -> str:
             "noise_filter": solver.noise_filter,
             "noise_filter_tolerance": solver.noise_filter_tolerance,
             "coarse_nside": solver.coarse_nside,
+            "preconditioner": solver.preconditioner,  # A-DEF2's file holds A Z, the additive form's E only
         }
     )

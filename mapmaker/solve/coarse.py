@@ -108,6 +108,8 @@ class TwoLevelPreconditioner:
     bool the coarse pixels (NESTED at ``coarse_nside``) that this rank's
     samples visit. ``operator``: a :class:`CoarseOperator` made before (a
     file's); None builds it (:attr:`built` says which happened).
+    ``additive``: the additive coarse correction ``M = M_BD + Z E^-1 Z^T``
+    (module doc) instead of A-DEF2; it keeps no ``A Z``.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class TwoLevelPreconditioner:
         apply_blocks: Callable[..., np.ndarray],
         apply_operator: Operator,
         operator: CoarseOperator | None = None,
+        additive: bool = False,
     ):
         self.pixels = pixels
         self.comm = pixels.comm
@@ -129,6 +132,7 @@ class TwoLevelPreconditioner:
         self.inverse_blocks = inverse_blocks
         self.apply_blocks = apply_blocks
         self.apply_operator = apply_operator
+        self.additive = bool(additive)
         self.nside = int(nside)
         self.coarse_nside = min(int(coarse_nside), int(nside))
         n_local = pixels.n_local
@@ -152,10 +156,10 @@ class TwoLevelPreconditioner:
         self._owned_rows = np.flatnonzero(self.owned)
         self.built = operator is None
         self.operator = self._build() if operator is None else operator
-        if self.operator.columns.shape != (self.n_columns, len(self._owned_rows)) or self.operator.n_columns != self.n_columns:
+        if self.operator.columns.shape != (self.n_columns, self.rows_held) or self.operator.n_columns != self.n_columns:
             raise ValueError(
                 f"coarse operator of shape {self.operator.matrix.shape} / {self.operator.columns.shape}, expected "
-                f"{self.n_columns} columns over {len(self._owned_rows)} owned rows"
+                f"{self.n_columns} columns over {self.rows_held} owned rows"
             )
         self.factor = scipy.linalg.cho_factor(self.operator.matrix)
         self._both = np.empty(2 * self.n_columns)
@@ -164,7 +168,7 @@ class TwoLevelPreconditioner:
         """Collective: ``A Z`` column by column (one operator application over the intervals that visit the
         column's coarse pixel, and one reduction each), ``E`` from its double-precision columns."""
         n_local = self.pixels.n_local
-        columns = np.empty((self.n_columns, len(self._owned_rows)), dtype=np.float32)
+        columns = np.empty((self.n_columns, self.rows_held), dtype=np.float32)
         coarse = np.zeros((self.n_columns, self.n_columns))
         unit = np.zeros((n_local, 3))
         flat_unit = unit.reshape(-1)
@@ -176,10 +180,16 @@ class TwoLevelPreconditioner:
             self.reduction.reduce(product)
             # E[:, k] = Z^T (A z_k) over owned rows (summed over ranks below); A z_k kept at owned rows.
             coarse[:, k] = np.bincount(self.column, weights=flat_product * self.owned, minlength=self.n_columns + 1)[:-1]
-            columns[k] = flat_product[self._owned_rows]
+            if not self.additive:
+                columns[k] = flat_product[self._owned_rows]
         self.comm.Allreduce(MPI.IN_PLACE, coarse, op=MPI.SUM)
         # Symmetric to round-off; made exactly so for Cholesky.
         return CoarseOperator(matrix=0.5 * (coarse + coarse.T), columns=columns)
+
+    @property
+    def rows_held(self) -> int:
+        """Rows of ``A Z`` this rank keeps: its owned (pixel, Stokes) rows for A-DEF2, none for the additive form."""
+        return 0 if self.additive else len(self._owned_rows)
 
     @property
     def coarse_matrix(self) -> np.ndarray:
@@ -218,8 +228,16 @@ class TwoLevelPreconditioner:
         return x0, b - product
 
     def apply(self, residual: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Collective: ``M r`` into out [n_local, 3] (K^2 K^-1 = K): one map-sized pass over A Z, one Allreduce of 2K."""
+        """Collective: ``M r`` into out [n_local, 3] (K^2 K^-1 = K).
+
+        A-DEF2: one map-sized pass over A Z, one Allreduce of 2K numbers. Additive: ``M_BD r + Z E^-1 Z^T r``,
+        one Allreduce of K numbers and no pass over A Z.
+        """
         smoothed = self.apply_blocks(self.inverse_blocks, residual, out=out)
+        if self.additive:
+            restricted = self._restrict(residual)
+            self.comm.Allreduce(MPI.IN_PLACE, restricted, op=MPI.SUM)
+            return self._prolong_add(scipy.linalg.cho_solve(self.factor, restricted), smoothed)
         k = self.n_columns
         self._both[:k] = self._restrict(residual)
         self._both[k:] = self.operator.columns @ smoothed.reshape(-1)[self._owned_rows].astype(np.float32)

@@ -12,7 +12,7 @@ The file is an uncompressed ``.npz`` (numpy's zip of ``.npy`` members), written 
 ``header``        JSON: format, the coarse key, rank count, coarse nside, column count, ``matrix_sha256``
 ``matrix``        E [K, K] float64
 ``pixels_<r>``    rank r's owned pixels [n_owned] int64 (global RING ids): the rows it holds
-``columns_<r>``   rank r's ``A Z`` rows [K, 3 n_owned] float32
+``columns_<r>``   rank r's ``A Z`` rows [K, 3 n_owned] float32 ([K, 0] for the additive form, which needs E only)
 
 Every rank reads the header, ``matrix`` and its own two members. A file is refused
 (:class:`CoarseRefused`), on every rank alike, when it is not readable (zip's CRC-32 of each member is
@@ -50,9 +50,12 @@ def matrix_checksum(matrix: np.ndarray) -> str:
 
 
 def read_coarse_operator(
-    comm: MPI.Comm, path: str | Path, *, key: str, coarse_nside: int, n_columns: int, owned_pixels: np.ndarray
+    comm: MPI.Comm, path: str | Path, *, key: str, coarse_nside: int, n_columns: int, owned_pixels: np.ndarray,
+    rows: int,
 ) -> CoarseOperator | None:
     """Collective: this rank's coarse operator from ``path``; None when there is no file (rank 0 looks).
+
+    ``rows``: the rows of ``A Z`` this rank holds (3 n_owned for A-DEF2, 0 for the additive form).
 
     Raises :class:`CoarseRefused` on every rank when any rank cannot use the file (module doc).
     """
@@ -63,7 +66,7 @@ def read_coarse_operator(
     operator, problem = None, None
     try:
         operator = _read_rank(comm, path, key=key, coarse_nside=coarse_nside, n_columns=n_columns,
-                              owned_pixels=owned_pixels)
+                              owned_pixels=owned_pixels, rows=rows)
     except UNREADABLE as error:  # an unreadable or foreign file is a refusal, never a crash of the run
         problem = f"rank {comm.Get_rank()}: {type(error).__name__}: {error}"
     problems = [p for p in comm.allgather(problem) if p is not None]
@@ -73,7 +76,7 @@ def read_coarse_operator(
 
 
 def _read_rank(
-    comm: MPI.Comm, path: Path, *, key: str, coarse_nside: int, n_columns: int, owned_pixels: np.ndarray
+    comm: MPI.Comm, path: Path, *, key: str, coarse_nside: int, n_columns: int, owned_pixels: np.ndarray, rows: int
 ) -> CoarseOperator:
     rank = comm.Get_rank()
     with np.load(path, allow_pickle=False) as members:
@@ -92,7 +95,7 @@ def _read_rank(
         if matrix_checksum(matrix) != header.get("matrix_sha256"):
             raise ValueError("matrix does not match its sha256")
         columns = members[f"columns_{rank}"]
-        shape = (n_columns, 3 * len(owned_pixels))
+        shape = (n_columns, rows)
         if columns.shape != shape or columns.dtype != np.float32:
             raise ValueError(f"columns of shape {columns.shape} {columns.dtype}, expected {shape} float32")
     return CoarseOperator(matrix=matrix, columns=columns)

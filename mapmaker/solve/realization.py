@@ -53,6 +53,7 @@ from schemas.spec import CampaignSpec, MapSky, coarse_key
 
 Progress = Callable[[str], None]
 
+TWO_LEVEL = ("two-level", "two-level-additive")  # the preconditioners with a coarse space
 SINGULAR_RCOND = 1e-12  # blocks below this are cut even when solver.rcond_min is 0
 
 
@@ -376,7 +377,7 @@ def solve_realization(
             return setup.pixels.dot(u, v)
 
     x0 = initial_residual = None
-    if spec.solver.preconditioner == "two-level":
+    if spec.solver.preconditioner in TWO_LEVEL:
         started = MPI.Wtime()
         with timers("calc"):
             two_level = build_two_level(setup, coarse_cache, stats, say)
@@ -426,9 +427,12 @@ def build_two_level(
     stats = stats if stats is not None else RankStats()
     nside = spec.pixelization.nside
     coarse_nside = min(spec.solver.coarse_nside, nside)
-    visits = local.intervals_visiting(coarse_parents(local.local_pixels, nside, coarse_nside), 12 * coarse_nside**2)
+    visits: list[np.ndarray] = []  # the intervals visiting each coarse pixel, made for a build only
 
     def apply_operator(x: np.ndarray, out: np.ndarray, coarse_pixel: int | None) -> np.ndarray:
+        if coarse_pixel is not None and not visits:
+            visits.extend(local.intervals_visiting(coarse_parents(local.local_pixels, nside, coarse_nside),
+                                                   12 * coarse_nside**2))
         intervals = None if coarse_pixel is None else visits[coarse_pixel]
         return local.apply_operator(x, workers=threads, out=out, intervals=intervals)
 
@@ -436,7 +440,7 @@ def build_two_level(
         return TwoLevelPreconditioner(
             pixels=setup.pixels, reduction=setup.reduction, nside=nside, coarse_nside=coarse_nside, cut=setup.cut,
             inverse_blocks=setup.inverse_blocks, apply_blocks=setup.kernels.blocks.apply,
-            apply_operator=apply_operator, operator=operator,
+            apply_operator=apply_operator, operator=operator, additive=spec.solver.preconditioner == "two-level-additive",
         )
 
     if coarse_cache is None:
@@ -450,10 +454,11 @@ def build_two_level(
     seen[np.unique(parents[~setup.cut])] = 1
     comm.Allreduce(MPI.IN_PLACE, seen, op=MPI.MAX)
     n_columns = 3 * int(seen.sum())
+    rows = 0 if spec.solver.preconditioner == "two-level-additive" else 3 * len(owned_pixels)
     operator = None
     try:
         operator = read_coarse_operator(comm, coarse_cache, key=key, coarse_nside=coarse_nside,
-                                        n_columns=n_columns, owned_pixels=owned_pixels)
+                                        n_columns=n_columns, owned_pixels=owned_pixels, rows=rows)
     except CoarseRefused as refused:
         stats.coarse_refused = str(refused)
         say(f"{refused}: building the coarse operator again and replacing the file")

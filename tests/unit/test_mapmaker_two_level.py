@@ -105,3 +105,21 @@ def test_coarse_cache_is_read_by_the_next_realisation_and_a_foreign_file_is_rebu
     garbage = run_realization(spec, 2, MPI.COMM_SELF, coarse_cache=cache)
     assert garbage.stats.coarse_source == "built" and garbage.stats.coarse_written and garbage.stats.coarse_refused
     assert run_realization(spec, 3, MPI.COMM_SELF, coarse_cache=cache).stats.coarse_source == "file"
+
+
+def test_additive_two_level_reaches_the_block_diagonal_map_in_fewer_iterations_and_keeps_no_a_z(tmp_path):
+    """M = M_BD + Z E^-1 Z^T from the coarse start: the block-diagonal map (1e-8), fewer iterations, E alone held
+    and cached (its file holds no A Z rows)."""
+    base = {**ONE_OVER_F, "solver.tol": 1e-11}
+    block = run_realization(make_spec(base), 0, MPI.COMM_SELF)
+    spec = make_spec({**base, "solver.preconditioner": "two-level-additive", "solver.coarse_nside": 1})
+    cache = tmp_path / "additive.npz"
+    additive = run_realization(spec, 0, MPI.COMM_SELF, coarse_cache=cache)
+    assert block.pcg.converged and additive.pcg.converged
+    assert relative_difference(additive.iqu, block.iqu) < 1e-8
+    assert additive.stats.coarse_columns == 3 * 12 and additive.stats.coarse_bytes == 2 * 8 * 36**2
+    assert additive.pcg.iterations < 0.85 * block.pcg.iterations, (additive.pcg.iterations, block.pcg.iterations)
+    with np.load(cache) as members:
+        assert members["columns_0"].shape == (36, 0)
+    again = run_realization(spec, 1, MPI.COMM_SELF, coarse_cache=cache)
+    assert again.stats.coarse_source == "file"

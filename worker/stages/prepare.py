@@ -90,7 +90,7 @@ def place(task: PreprocessTask | RealizeTask, layout: SiteLayout, *, marker_pref
         plan_file=Path(task.plan.path) if task.plan.path else None,
         coupling_file=layout.coupling_file(coupling_key(task.spec)),
         coarse_file=(
-            layout.coarse_file(coarse_key(task.spec)) if task.spec.solver.preconditioner == "two-level" else None
+            layout.coarse_file(coarse_key(task.spec)) if task.spec.solver.preconditioner != "block-diagonal" else None
         ),
     )
 
