@@ -111,15 +111,15 @@ def write_coarse_operator(
     realisation a build, never this one its map.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
-    counts = comm.gather(len(owned_pixels), root=0)
+    counts = comm.gather((len(owned_pixels), operator.columns.shape[1]), root=0)
     members: dict[str, np.ndarray] = {}
     if rank == 0:
         assert counts is not None
         members["matrix"] = operator.matrix
         members["pixels_0"], members["columns_0"] = owned_pixels, operator.columns
         for r in range(1, size):
-            pixels = np.empty(counts[r], dtype=np.int64)
-            columns = np.empty((operator.n_columns, 3 * counts[r]), dtype=np.float32)
+            pixels = np.empty(counts[r][0], dtype=np.int64)
+            columns = np.empty((operator.n_columns, counts[r][1]), dtype=np.float32)
             comm.Recv(pixels, source=r, tag=71)
             comm.Recv(columns, source=r, tag=72)
             members[f"pixels_{r}"], members[f"columns_{r}"] = pixels, columns

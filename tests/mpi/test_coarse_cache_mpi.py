@@ -79,3 +79,13 @@ def test_a_damaged_coarse_file_is_refused_rebuilt_and_replaced(folder):
 
     again, _ = run(spec, 2, folder / "d2", "--coarse-cache", str(cache))
     assert again.coarse is not None and again.coarse.source == "file" and again.coarse.refused is None
+
+
+def test_the_additive_forms_file_holds_e_alone_and_is_read_on_both_ranks(folder):
+    spec, cache = folder / "additive.toml", folder / "additive.npz"
+    spec.write_text(SPEC.replace('preconditioner = "two-level"', 'preconditioner = "two-level-additive"'))
+    first, _ = run(spec, 0, folder / "a0", "--coarse-cache", str(cache))
+    second, _ = run(spec, 1, folder / "a1", "--coarse-cache", str(cache))
+    assert (first.coarse.source, second.coarse.source) == ("built", "file") and second.coarse.refused is None
+    with np.load(cache) as members:
+        assert members["columns_0"].shape == members["columns_1"].shape == (first.coarse.columns, 0)
