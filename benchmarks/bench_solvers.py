@@ -96,12 +96,14 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
         spec = spec.model_copy(update={"scan": spec.scan.model_copy(update={"duration_s": args.hours * 3600.0})})
     if args.f_min is not None:
         spec = spec.model_copy(update={"noise": spec.noise.model_copy(update={"f_min_hz": args.f_min})})
-    spec = _configured(spec, coarse_nside=args.coarse_nside, noise_filter_tolerance=args.filter_tolerance)
+    spec = _configured(spec, noise_filter_tolerance=args.filter_tolerance)
+    if args.coarse_nside is not None:
+        spec = _configured(spec, coarse_nside=args.coarse_nside)
 
     def quiet(message: str) -> None:
         pass
 
-    figures: dict = {"ranks": comm.Get_size(), "samples": spec.total_samples, "nside": spec.pixelization.nside,
+    figures: dict = {"ranks": comm.Get_size(), "samples": spec.total_samples, "nside": spec.pixelization.nside, "coarse_nside": spec.solver.coarse_nside,
                      "tol": args.tol, "quality": args.quality, "configurations": []}
     prepared: dict[str, tuple] = {}
     for noise_filter in ("exact", "finite"):
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preconditioners", default=",".join(PRECONDITIONERS), help="which to run (default all)")
     parser.add_argument("--tol", type=float, default=1e-6)
     parser.add_argument("--quality", type=float, default=0.01, help="map quality: |m - exact| / exact noise rms")
-    parser.add_argument("--coarse-nside", type=int, default=4)
+    parser.add_argument("--coarse-nside", type=int, default=None, help="solver.coarse_nside (default: the spec's)")
     parser.add_argument("--filter-tolerance", type=float, default=1e-3)
     parser.add_argument("--campaign", type=int, default=100,
                         help="realisations sharing one coarse-operator build (the amortised time to quality)")
@@ -251,12 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for ranks in [int(r) for r in args.ranks.split(",")]:
         command = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", __file__, "--worker",
-                   "--tol", str(args.tol), "--quality", str(args.quality), "--coarse-nside", str(args.coarse_nside),
+                   "--tol", str(args.tol), "--quality", str(args.quality),
                    "--filter-tolerance", str(args.filter_tolerance), "--campaign", str(args.campaign)]
         command += ["--spec", args.spec] if args.spec else []
         command += ["--hours", str(args.hours)] if args.hours is not None else []
         command += ["--f-min", str(args.f_min)] if args.f_min is not None else []
         command += ["--preconditioners", args.preconditioners]
+        command += ["--coarse-nside", str(args.coarse_nside)] if args.coarse_nside is not None else []
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(output.strip().splitlines()[-1]))
     if args.json != "-":

@@ -448,7 +448,7 @@ class SolverSpec(StrictModel):
         1 << 16, ge=1, le=1 << 28, description="Pixels per buffered Allreduce call (the paper's n_b)"
     )
     preconditioner: Preconditioner = Field(
-        "block-diagonal",
+        "two-level-additive",
         description="block-diagonal: the 3x3 white-noise blocks; two-level: those plus a coarse-space "
         "correction on coarse_nside pixels, A-DEF2 (fewest iterations; holds A Z, 12 bytes per pixel and coarse "
         "column, read every iteration); two-level-additive: the blocks plus Z E^-1 Z^T (a few more iterations at "
@@ -456,8 +456,8 @@ class SolverSpec(StrictModel):
         "per coarse column, shared by a campaign's realisations through realize --coarse-cache",
     )
     coarse_nside: Integer = Field(
-        4, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
-        "(capped at the map's nside)"
+        2, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
+        "(capped at the map's nside): 3 x 12 coarse_nside^2 columns; higher costs more set-up for fewer iterations"
     )
     noise_filter: NoiseFilter = Field(
         "exact", description="N^-1 per stationary interval: exact (full Fourier transform) or finite (a kernel of "

@@ -24,7 +24,7 @@ def relative_difference(a, b):
 
 def test_two_level_reaches_the_block_diagonal_map_in_fewer_iterations():
     base = {**ONE_OVER_F, "solver.tol": 1e-11}
-    block = run_realization(make_spec(base), 0, MPI.COMM_SELF)
+    block = run_realization(make_spec({**base, "solver.preconditioner": "block-diagonal"}), 0, MPI.COMM_SELF)
     two_level = run_realization(make_spec({**base, "solver.preconditioner": "two-level", "solver.coarse_nside": 1}),
                                 0, MPI.COMM_SELF)
     assert block.pcg.converged and two_level.pcg.converged
@@ -111,7 +111,7 @@ def test_additive_two_level_reaches_the_block_diagonal_map_in_fewer_iterations_a
     """M = M_BD + Z E^-1 Z^T from the coarse start: the block-diagonal map (1e-8), fewer iterations, E alone held
     and cached (its file holds no A Z rows)."""
     base = {**ONE_OVER_F, "solver.tol": 1e-11}
-    block = run_realization(make_spec(base), 0, MPI.COMM_SELF)
+    block = run_realization(make_spec({**base, "solver.preconditioner": "block-diagonal"}), 0, MPI.COMM_SELF)
     spec = make_spec({**base, "solver.preconditioner": "two-level-additive", "solver.coarse_nside": 1})
     cache = tmp_path / "additive.npz"
     additive = run_realization(spec, 0, MPI.COMM_SELF, coarse_cache=cache)
