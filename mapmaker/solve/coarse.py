@@ -18,8 +18,9 @@ interval 15; the slow modes are large-scale *map* patterns, not offsets.
 Piecewise-constant I, Q, U on the pixels of a coarse HEALPix grid
 (``solver.coarse_nside``) give 14 iterations at coarse nside 2 (144
 columns) and 11 at nside 4 (480 observed), so that is the coarse space
-here: column ``(c, s)`` is 1 in Stokes ``s`` of every solved fine pixel
-inside coarse pixel ``c`` (NESTED parents of the RING fine pixels).
+here (default coarse nside 2: the set-up grows with the columns): column
+``(c, s)`` is 1 in Stokes ``s`` of every solved fine pixel inside coarse
+pixel ``c`` (NESTED parents of the RING fine pixels).
 Being an aggregation, ``Z^T v`` is one bincount and ``Z y`` one gather.
 
 The preconditioner is A-DEF2 (Tang, Nabben, Vuik & Erlangga, J. Sci.
@@ -43,10 +44,15 @@ The additive form (``solver.preconditioner = "two-level-additive"``),
 ``M r = M_BD r + Z E^-1 Z^T r`` from the same start, needs ``E`` alone: no
 ``A Z`` is held or read, and an iteration costs what a block-diagonal one
 does plus one ``Allreduce`` of K numbers. It does not deflate the coarse
-modes exactly, so PCG takes a few more iterations than with A-DEF2 (13
-against 10 to 1e-6 on the satellite example, 27 block-diagonal), but each
-is about a third cheaper there, where A-DEF2's pass over ``A Z``
-(340 MB at 576 columns) costs about half an operator application.
+modes exactly, so PCG takes a few more iterations than with A-DEF2 (at
+coarse nside 4 on the satellite example: 13 against 10 to 1e-6, 27
+block-diagonal), but each is cheaper, and so is reading its cached set-up:
+A-DEF2 reads ``A Z`` (340 MB at 576 columns) every iteration and from the
+coarse file every realisation (1.5 s at 1 rank under load, against 0.07 s
+for ``E`` alone; docs/results/solvers.md). With ``E`` alone the coarse
+space's only per-map cost is its set-up, and the additive form is the
+default (at coarse nside 2: 15 iterations to 1e-6, 6 to the exact map's
+quality against block-diagonal's 27 and 21).
 
 Set-up: ``A Z`` is K applications of the PCG operator, each reduced over
 ranks through the solve's own :class:`~mapmaker.parallel.reduction.PixelReduction`.
@@ -56,8 +62,9 @@ do (on the satellite example 117 of 192 coarse pixels per 1-hour interval:
 about 0.6 of an iteration per column). That is the count of (column,
 visited interval) transforms that forming ``E`` interval by interval from
 dense ``P Z`` blocks would make too: the FFTs, not the bookkeeping, set the
-cost, and only a smaller coarse space would lower it. ``A Z`` and ``E`` depend on the
-pointing, the cut, the detectors' noise model (its PSD) and the rank count,
+cost, and only a smaller coarse space would lower it. ``A Z`` and ``E``
+depend on the pointing, the cut, the detectors' noise model (its PSD) and
+the rank count,
 never on the noise draw or the sky: they are the same for every realisation
 of a campaign. :class:`CoarseOperator` holds them, and
 :mod:`mapmaker.solve.coarsefile` keeps them in a file that the first

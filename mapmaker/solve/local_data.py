@@ -253,12 +253,15 @@ class LocalData:
         """For each of ``n_parents`` groups of pixels, the stationary intervals [m] int64 with a sample in it.
 
         parent [n_local] int64, sorted order: each local pixel's group (the
-        two-level preconditioner's coarse pixel). One pass over the samples.
+        two-level preconditioner's coarse pixel). One pass over the samples, an interval at a time (no
+        per-sample array of the rank's samples).
         """
-        sample_parent = self.to_compute(np.asarray(parent, dtype=np.int64))[self.local_index]
+        compute_parent = self.to_compute(np.asarray(parent, dtype=np.int64))
         visits: list[list[int]] = [[] for _ in range(n_parents)]
         for i, (start, length) in enumerate(zip(self.interval_starts.tolist(), self.interval_lengths.tolist(), strict=True)):
-            for group in np.unique(sample_parent[start : start + length]).tolist():
+            seen = np.zeros(n_parents, dtype=bool)
+            seen[compute_parent[self.local_index[start : start + length]]] = True
+            for group in np.flatnonzero(seen).tolist():
                 visits[group].append(i)
         return [np.array(v, dtype=np.int64) for v in visits]
 
