@@ -133,11 +133,14 @@ def mapmaker_realize_args(
     sky_root: Path | None,
     instrument_root: Path | None = None,
     coupling_file: Path | None = None,
+    coarse_file: Path | None = None,
 ) -> list[str]:
     """``python -m mpi4py -m mapmaker realize ...`` (mpi4py in front: an exception on one rank aborts all).
 
     ``coupling_file``: the bandpowers' mode coupling to read, or to build and write when it does not exist
-    (``realize --coupling``), so the realisations of a scan pattern pay for it once.
+    (``realize --coupling``), so the realisations of a scan pattern pay for it once. ``coarse_file``: the
+    same for the two-level preconditioner's coarse operator (``realize --coarse-cache``); a damaged or
+    foreign one is rebuilt and replaced by the run, so it has no exit code of its own.
     """
     args = [
         python, "-m", "mpi4py", "-m", "mapmaker", "realize",
@@ -154,6 +157,8 @@ def mapmaker_realize_args(
         args += ["--instrument-root", str(instrument_root)]
     if coupling_file is not None:
         args += ["--coupling", str(coupling_file)]
+    if coarse_file is not None:
+        args += ["--coarse-cache", str(coarse_file)]
     return args
 
 

@@ -191,6 +191,20 @@ class BinnedSpectra(ResultModel):
     bandpowers: DecoupledBandpowers | None = Field(None, description="Decoupled bandpowers TT, EE, BB, TE, EB, TB")
 
 
+class CoarseRecord(ResultModel):
+    """The two-level preconditioner's coarse space in one realisation (``solver.preconditioner = "two-level"``)."""
+
+    columns: int = Field(description="Coarse columns K: 3 x the observed pixels at solver.coarse_nside")
+    source: Literal["built", "file"] = Field(
+        description="Where the coarse operator (E = Z^T A Z and A Z) came from: built by this run, or read from "
+        "realize --coarse-cache"
+    )
+    set_up_s: float = Field(description="Seconds of the set-up before the first iteration (build or read, and the start)")
+    refused: str | None = Field(None, description="Why a --coarse-cache file was refused and the operator rebuilt")
+    written: bool = Field(False, description="This run wrote the --coarse-cache file")
+    mib_rank0: float = Field(description="Memory of the coarse space on rank 0 (MiB)")
+
+
 class RealizationResult(ResultModel):
     format_version: int = RESULT_FORMAT_VERSION
     realization: int
@@ -223,6 +237,7 @@ class RealizationResult(ResultModel):
     plan_checksum: str | None = None
     versions: dict[str, str]
     products: list[ProductFile] = Field(default_factory=list)
+    coarse: CoarseRecord | None = Field(None, description="The two-level preconditioner's coarse space (None: block-diagonal)")
     spectra: BinnedSpectra | None = Field(
         None,
         description="Binned pseudo-spectra TT, EE, BB, TE, EB, TB (K^2) of the masked map, its monopole and dipole, "

@@ -27,6 +27,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pydantic_core import PydanticCustomError
 
 SCAN_KEY_VERSION = 1
+COARSE_KEY_VERSION = 1  # bump with mapmaker.solve.coarsefile.COARSE_FORMAT: an older file must not be named
 COUPLING_KEY_VERSION = 1  # bump with mapmaker.model.bandpowers.COUPLING_FORMAT: an older file must not be named
 
 MAX_REALIZATIONS = 100_000
@@ -499,7 +500,7 @@ ReductionStrategy = Literal[
 ]
 STRATEGY_NAMES: tuple[str, ...] = get_args(ReductionStrategy)
 Reduction = Literal["auto", ReductionStrategy]
-Preconditioner = Literal["block-diagonal", "two-level"]
+Preconditioner = Literal["block-diagonal", "two-level", "two-level-additive"]
 NoiseFilter = Literal["exact", "finite"]
 
 
@@ -514,14 +515,16 @@ class SolverSpec(StrictModel):
         1 << 16, ge=1, le=1 << 28, description="Pixels per buffered Allreduce call (the paper's n_b)"
     )
     preconditioner: Preconditioner = Field(
-        "block-diagonal",
+        "two-level-additive",
         description="block-diagonal: the 3x3 white-noise blocks; two-level: those plus a coarse-space "
-        "correction on coarse_nside pixels (fewer iterations, set-up and memory of 3 x 12 coarse_nside^2 "
-        "operator applications and map-sized columns)",
+        "correction on coarse_nside pixels, A-DEF2 (fewest iterations; holds A Z, 12 bytes per pixel and coarse "
+        "column, read every iteration); two-level-additive: the blocks plus Z E^-1 Z^T (a few more iterations at "
+        "the block-diagonal one's cost, holds E only). Both coarse forms set up with one operator application "
+        "per coarse column, shared by a campaign's realisations through realize --coarse-cache",
     )
     coarse_nside: Integer = Field(
-        4, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
-        "(capped at the map's nside)"
+        2, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
+        "(capped at the map's nside): 3 x 12 coarse_nside^2 columns; higher costs more set-up for fewer iterations"
     )
     noise_filter: NoiseFilter = Field(
         "exact", description="N^-1 per stationary interval: exact (full Fourier transform) or finite (a kernel of "
@@ -733,5 +736,41 @@ def coupling_key(spec: CampaignSpec) -> str:
             "apodization_deg": products.apodization_deg,
             "ell_bin_width": products.ell_bin_width,
             "purify_b": products.purify_b,
+        }
+    )
+
+
+def coarse_key(spec: CampaignSpec) -> str:
+    """Stable hash (64 hex characters) of everything the two-level preconditioner's coarse operator depends on.
+
+    ``E = Z^T A Z`` and ``A Z`` (:mod:`mapmaker.solve.coarse`) are made of the pointing (the scan key),
+    the rcond cut (``solver.rcond_min``), the noise model that weights the solve (whether noise is
+    simulated, the noise section and every detector's noise overrides: the PSDs), the N^-1 filter
+    (``solver.noise_filter`` and its tolerance), ``solver.coarse_nside`` and the rank count (which rank
+    holds which rows, and the order of the sums). Never of the seed, the sky or the realisation: every
+    realisation of a campaign, and every campaign of that scan and noise, share one coarse file at a site.
+    """
+    plane = spec.focal_plane
+    if plane.file is not None:
+        detectors: Any = {"file_sha256": plane.sha256, "select": plane.select.model_dump(mode="json")}
+    else:
+        detectors = [
+            {name: detector.get(name) for name in ("name", "net_k_sqrt_s", "f_knee_hz", "alpha", "f_min_hz")}
+            for detector in plane.model_dump(mode="json")["detectors"]
+        ]
+    solver = spec.solver
+    return _sha256(
+        {
+            "version": COARSE_KEY_VERSION,
+            "scan_key": scan_key(spec),
+            "ranks": spec.resources.ranks,
+            "rcond_min": solver.rcond_min,
+            "simulates_noise": spec.simulates_noise,
+            "noise": spec.noise.model_dump(mode="json"),
+            "detector_noise": detectors,
+            "noise_filter": solver.noise_filter,
+            "noise_filter_tolerance": solver.noise_filter_tolerance,
+            "coarse_nside": solver.coarse_nside,
+            "preconditioner": solver.preconditioner,  # A-DEF2's file holds A Z, the additive form's E only
         }
     )

@@ -7,6 +7,8 @@
         plans/<...>.report.json        the preprocess report beside its plan
         couplings/<coupling key[:32]>.npz   the bandpowers' mode coupling of a scan pattern and its products
                                        settings: written by the first realisation, read by the others
+        coarse/<coarse key[:32]>.npz   the two-level preconditioner's coarse operator of a scan pattern, noise
+                                       model and rank count: written by the first realisation, read by the others
         campaigns/<id>/realizations/<n>/attempt-<k>/   products of attempt k (map-maker --out)
         work/<task id>/                spec, runner files, stdout/stderr of one task
         parsl/<worker name>/           Parsl's run folder (logs, submit scripts) and the local node file
@@ -48,6 +50,13 @@ class SiteLayout:
         return self.couplings / f"{coupling_key[:32]}.npz"
 
     @property
+    def coarse(self) -> Path:
+        return self.root / "coarse"
+
+    def coarse_file(self, coarse_key: str) -> Path:
+        return self.coarse / f"{coarse_key[:32]}.npz"
+
+    @property
     def campaigns(self) -> Path:
         return self.root / "campaigns"
 
@@ -71,7 +80,7 @@ class SiteLayout:
         return self.work / task_id
 
     def create(self) -> None:
-        for folder in (self.plans, self.couplings, self.campaigns, self.work):
+        for folder in (self.plans, self.couplings, self.coarse, self.campaigns, self.work):
             folder.mkdir(parents=True, exist_ok=True)
 
 

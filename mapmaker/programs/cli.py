@@ -87,6 +87,11 @@ def _add_realize(commands: argparse._SubParsersAction) -> None:
         help="mode-coupling file of the bandpowers: read if it exists (one built for another mask, binning or "
         "purify_b exits 4), else built and written here for the next realisations",
     )
+    parser.add_argument(
+        "--coarse-cache", type=Path, default=None, metavar="FILE",
+        help="coarse operator of the two-level preconditioner: read if it exists and fits this run, else built "
+        "(a damaged or foreign file is refused, rebuilt and replaced) and written here for the next realisations",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 

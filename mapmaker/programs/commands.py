@@ -111,7 +111,7 @@ def run_realize(args: argparse.Namespace) -> int:
         result = realize_to_folder(
             spec, args.realization, args.out, comm, sky_root=args.sky_root, threads=threads, progress=progress,
             plan=plan, plan_document=plan_document, machine=machine, kernels=args.kernels,
-            coupling_path=args.coupling,
+            coupling_path=args.coupling, coarse_cache=args.coarse_cache,
         )
     except SkyError as error:
         return fail(f"sky: {error}")

@@ -47,7 +47,7 @@ from mapmaker.programs.versions import package_versions
 from mapmaker.solve.realization import Progress, SolveOutcome, run_realization
 from mapmaker.solve.timing import Timers, peak_memory_mib
 from schemas.files import atomic_write, sha256_file
-from schemas.result import ProductFile, RealizationResult
+from schemas.result import CoarseRecord, ProductFile, RealizationResult
 from schemas.spec import CampaignSpec, scan_key, spec_hash
 
 T = TypeVar("T")
@@ -67,6 +67,7 @@ def realize_to_folder(
     machine: Machine | None = None,
     kernels: str = implementation.DEFAULT,
     coupling_path: str | Path | None = None,
+    coarse_cache: str | Path | None = None,
 ) -> RealizationResult | None:
     """Run one realisation and write its products atomically into ``out`` (root writes).
 
@@ -76,6 +77,8 @@ def realize_to_folder(
     file's JSON header (its checksum goes into the result). ``coupling_path``
     is the coupling file to read, or to write when it does not exist (module
     doc); a mismatched one raises :class:`CouplingMismatch` on every rank.
+    ``coarse_cache``: the two-level preconditioner's coarse operator file
+    (:mod:`mapmaker.solve.coarsefile`; ignored with the block-diagonal one).
     """
     # Root reads an existing coupling file once, before the solve; after it only the mask is compared.
     coupling_in_file = (
@@ -86,7 +89,7 @@ def realize_to_folder(
     timers = Timers()
     outcome = run_realization(
         spec, realization, comm, sky_root=sky_root, threads=threads, progress=progress, timers=timers, plan=plan,
-        machine=machine, kernels=kernels,
+        machine=machine, kernels=kernels, coarse_cache=coarse_cache,
     )
     written = refuse_on_every_rank(
         comm,
@@ -303,6 +306,7 @@ def realization_result(
         plan_checksum=plan_checksum,
         versions=package_versions(),
         products=product_records,
+        coarse=coarse_record(outcome),
         spectra=spectra.result_record(
             spec,
             measured,
@@ -311,6 +315,17 @@ def realization_result(
             coupling_sha256=coupling_record.get("sha256"),
             coupling_bytes=coupling_record.get("bytes"),
         ),
+    )
+
+
+def coarse_record(outcome: SolveOutcome) -> CoarseRecord | None:
+    """The result's record of the two-level preconditioner's coarse space (None with the block-diagonal one)."""
+    stats = outcome.stats
+    if stats.coarse_source is None:
+        return None
+    return CoarseRecord(
+        columns=stats.coarse_columns, source=stats.coarse_source, set_up_s=stats.coarse_setup_seconds,
+        refused=stats.coarse_refused, written=stats.coarse_written, mib_rank0=stats.coarse_bytes / 2**20,
     )
 
 

@@ -18,8 +18,9 @@ interval 15; the slow modes are large-scale *map* patterns, not offsets.
 Piecewise-constant I, Q, U on the pixels of a coarse HEALPix grid
 (``solver.coarse_nside``) give 14 iterations at coarse nside 2 (144
 columns) and 11 at nside 4 (480 observed), so that is the coarse space
-here: column ``(c, s)`` is 1 in Stokes ``s`` of every solved fine pixel
-inside coarse pixel ``c`` (NESTED parents of the RING fine pixels).
+here (default coarse nside 2: the set-up grows with the columns): column
+``(c, s)`` is 1 in Stokes ``s`` of every solved fine pixel inside coarse
+pixel ``c`` (NESTED parents of the RING fine pixels).
 Being an aggregation, ``Z^T v`` is one bincount and ``Z y`` one gather.
 
 The preconditioner is A-DEF2 (Tang, Nabben, Vuik & Erlangga, J. Sci.
@@ -30,17 +31,44 @@ Comput. 39, 340, 2009), started from ``x0 = Z E^-1 Z^T b``:
 With that start every residual stays A-orthogonal to the coarse space,
 and A-DEF2 is then as robust as the symmetric balancing preconditioner
 (same iterates in exact arithmetic) at one map-sized pass per iteration
-instead of two. ``A Z`` [K, n_local, 3] is kept, once the start is made
-only at this rank's owned pixels and in single precision: the only state
-that grows with the map (``12 n_owned K`` bytes; 28 MiB per 100 coarse
-columns at nside 64's 49,152 pixels, shared out between the ranks), read
-once per iteration.
+instead of two. ``A Z`` [K, n_owned, 3] is kept at this rank's owned
+pixels only (the ranks hold one copy between them) and in single
+precision: the only state that grows with the map (``12 n_owned K``
+bytes; 28 MiB per 100 coarse columns at nside 64's 49,152 pixels, shared
+out between the ranks), read once per iteration. Single precision is
+plenty there: ``M`` stays one fixed linear map, and PCG's residual
+recursion never sees it; the start's exact residual ``b - A x0`` takes
+one operator application.
+
+The additive form (``solver.preconditioner = "two-level-additive"``),
+``M r = M_BD r + Z E^-1 Z^T r`` from the same start, needs ``E`` alone: no
+``A Z`` is held or read, and an iteration costs what a block-diagonal one
+does plus one ``Allreduce`` of K numbers. It does not deflate the coarse
+modes exactly, so PCG takes a few more iterations than with A-DEF2 (at
+coarse nside 4 on the satellite example: 13 against 10 to 1e-6, 27
+block-diagonal), but each is cheaper, and so is reading its cached set-up:
+A-DEF2 reads ``A Z`` (340 MB at 576 columns) every iteration and from the
+coarse file every realisation (1.5 s at 1 rank under load, against 0.07 s
+for ``E`` alone; docs/results/solvers.md). With ``E`` alone the coarse
+space's only per-map cost is its set-up, and the additive form is the
+default (at coarse nside 2: 15 iterations to 1e-6, 6 to the exact map's
+quality against block-diagonal's 27 and 21).
 
 Set-up: ``A Z`` is K applications of the PCG operator, each reduced over
-ranks through the solve's own :class:`~mapmaker.parallel.reduction.PixelReduction`,
-so it costs about K iterations. It depends on the pointing, the cut and
-the noise weights only, never on the data: a campaign's realisations
-could share it (not done yet; each realisation builds it).
+ranks through the solve's own :class:`~mapmaker.parallel.reduction.PixelReduction`.
+Column ``(c, s)`` is zero in ``P Z`` on every stationary interval that never
+visits coarse pixel ``c``, so each application runs over the intervals that
+do (on the satellite example 117 of 192 coarse pixels per 1-hour interval:
+about 0.6 of an iteration per column). That is the count of (column,
+visited interval) transforms that forming ``E`` interval by interval from
+dense ``P Z`` blocks would make too: the FFTs, not the bookkeeping, set the
+cost, and only a smaller coarse space would lower it. ``A Z`` and ``E``
+depend on the pointing, the cut, the detectors' noise model (its PSD) and
+the rank count,
+never on the noise draw or the sky: they are the same for every realisation
+of a campaign. :class:`CoarseOperator` holds them, and
+:mod:`mapmaker.solve.coarsefile` keeps them in a file that the first
+realisation writes and the others read (``realize --coarse-cache``).
 
 Distribution. Every rank holds the whole (small) coarse space: ``E``,
 ``E``'s Cholesky factor and the K-vectors. ``Z^T v`` and ``(A Z)^T u``
@@ -52,6 +80,7 @@ reduction, so ``Z y`` needs no communication.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import healpy as hp
 import numpy as np
@@ -61,7 +90,27 @@ from mpi4py import MPI
 from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.reduction import PixelReduction
 
-Operator = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x [n_local, 3], out) -> A x, not yet reduced
+# (x [n_local, 3], out, coarse pixel whose visiting intervals suffice or None) -> A x, not yet reduced
+Operator = Callable[[np.ndarray, np.ndarray, int | None], np.ndarray]
+
+
+@dataclass
+class CoarseOperator:
+    """What the coarse space costs to set up, for one rank: ``E = Z^T A Z`` and this rank's rows of ``A Z``.
+
+    matrix [K, K] float64 (K^-1 per unit of Z), the same on every rank;
+    columns [K, 3 n_owned] float32: ``A Z`` at this rank's owned pixels
+    (the order of ``DistributedPixels.owned`` in ``local_pixels``), Stokes
+    fastest. Independent of the data: shareable by every realisation of a
+    campaign (:mod:`mapmaker.solve.coarsefile`).
+    """
+
+    matrix: np.ndarray
+    columns: np.ndarray
+
+    @property
+    def n_columns(self) -> int:
+        return int(self.matrix.shape[0])
 
 
 class TwoLevelPreconditioner:
@@ -71,8 +120,15 @@ class TwoLevelPreconditioner:
     ids of the map at ``nside``; ``cut`` [n_local] bool (pixels out of the
     solve: no coarse column touches them); ``inverse_blocks`` [n_local, 3, 3]
     (K^2) and ``apply_blocks(inverse_blocks, r, out)`` the block-diagonal
-    preconditioner; ``apply_operator(x, out)`` this rank's share of
-    ``P^T N^-1 P x`` (K^-1) before the reduction, which ``reduction`` then sums.
+    preconditioner; ``apply_operator(x, out, visiting)`` this rank's share
+    of ``P^T N^-1 P x`` (K^-1) before the reduction, which ``reduction`` then
+    sums, over the stationary intervals that visit the coarse pixels
+    ``visiting`` (None: all intervals), and ``visited()`` [n_coarse_pixels]
+    bool the coarse pixels (NESTED at ``coarse_nside``) that this rank's
+    samples visit. ``operator``: a :class:`CoarseOperator` made before (a
+    file's); None builds it (:attr:`built` says which happened).
+    ``additive``: the additive coarse correction ``M = M_BD + Z E^-1 Z^T``
+    (module doc) instead of A-DEF2; it keeps no ``A Z``.
     """
 
     def __init__(
@@ -86,56 +142,87 @@ class TwoLevelPreconditioner:
         inverse_blocks: np.ndarray,
         apply_blocks: Callable[..., np.ndarray],
         apply_operator: Operator,
+        operator: CoarseOperator | None = None,
+        additive: bool = False,
     ):
         self.pixels = pixels
         self.comm = pixels.comm
+        self.reduction = reduction
         self.inverse_blocks = inverse_blocks
         self.apply_blocks = apply_blocks
+        self.apply_operator = apply_operator
+        self.additive = bool(additive)
+        self.nside = int(nside)
         self.coarse_nside = min(int(coarse_nside), int(nside))
         n_local = pixels.n_local
-        # Coarse parent of each fine pixel: NESTED ids share their leading bits with the parent's.
-        shift = 2 * (int(nside).bit_length() - self.coarse_nside.bit_length())
-        parent = hp.ring2nest(nside, pixels.local_pixels) >> shift if n_local else np.zeros(0, dtype=np.int64)
+        self.parent = coarse_parents(pixels.local_pixels, self.nside, self.coarse_nside)
         n_coarse = 12 * self.coarse_nside**2
         solved = ~np.asarray(cut, dtype=bool)
         seen = np.zeros(n_coarse, dtype=np.int64)
-        seen[np.unique(parent[solved])] = 1
+        seen[np.unique(self.parent[solved])] = 1
         self.comm.Allreduce(MPI.IN_PLACE, seen, op=MPI.MAX)
-        active = np.flatnonzero(seen)
+        self.active = np.flatnonzero(seen)
         # Column of each (pixel, Stokes): 3 * (rank of its parent among the observed coarse pixels) + s; K when cut.
-        self.n_columns = 3 * len(active)
+        self.n_columns = 3 * len(self.active)
         rank_of = np.full(n_coarse, -1, dtype=np.int64)
-        rank_of[active] = np.arange(len(active))
-        column = 3 * rank_of[parent][:, None] + np.arange(3)[None, :]
+        rank_of[self.active] = np.arange(len(self.active))
+        column = 3 * rank_of[self.parent][:, None] + np.arange(3)[None, :]
         column[~solved] = self.n_columns
         self.column = column.reshape(-1)  # [3 n_local]
         owned = np.zeros((n_local, 3))
         owned[pixels.owned] = 1.0
         self.owned = owned.reshape(-1)  # each shared pixel counted once in the global sums
+        self._owned_rows = np.flatnonzero(self.owned)
+        self.built = operator is None
+        self.operator = self._build() if operator is None else operator
+        if self.operator.columns.shape != (self.n_columns, self.rows_held) or self.operator.n_columns != self.n_columns:
+            raise ValueError(
+                f"coarse operator of shape {self.operator.matrix.shape} / {self.operator.columns.shape}, expected "
+                f"{self.n_columns} columns over {self.rows_held} owned rows"
+            )
+        self.factor = scipy.linalg.cho_factor(self.operator.matrix)
+        self._both = np.empty(2 * self.n_columns)
 
-        # A Z, column by column: one operator application and one reduction each (about one PCG iteration).
-        self.operator_columns = np.empty((self.n_columns, n_local, 3))
+    def _build(self) -> CoarseOperator:
+        """Collective: ``A Z`` column by column (one operator application over the intervals that visit the
+        column's coarse pixel, and one reduction each), ``E`` from its double-precision columns."""
+        n_local = self.pixels.n_local
+        columns = np.empty((self.n_columns, self.rows_held), dtype=np.float32)
+        coarse = np.zeros((self.n_columns, self.n_columns))
         unit = np.zeros((n_local, 3))
         flat_unit = unit.reshape(-1)
+        product = np.empty((n_local, 3))
+        flat_product = product.reshape(-1)
         for k in range(self.n_columns):
             flat_unit[:] = self.column == k
-            apply_operator(unit, self.operator_columns[k])
-            reduction.reduce(self.operator_columns[k])
-        flat_columns = self.operator_columns.reshape(self.n_columns, -1)
-        coarse = np.zeros((self.n_columns, self.n_columns))
-        weighted = flat_columns * self.owned
-        for k in range(self.n_columns):  # E[:, k] = Z^T (A z_k), owned rows
-            coarse[:, k] = np.bincount(self.column, weights=weighted[k], minlength=self.n_columns + 1)[:-1]
+            self.apply_operator(unit, product, self.active[k // 3])
+            self.reduction.reduce(product)
+            # E[:, k] = Z^T (A z_k) over owned rows (summed over ranks below); A z_k kept at owned rows.
+            coarse[:, k] = np.bincount(self.column, weights=flat_product * self.owned, minlength=self.n_columns + 1)[:-1]
+            if not self.additive:
+                columns[k] = flat_product[self._owned_rows]
         self.comm.Allreduce(MPI.IN_PLACE, coarse, op=MPI.SUM)
-        self.coarse_matrix = 0.5 * (coarse + coarse.T)  # symmetric to round-off; made exactly so for Cholesky
-        self.factor = scipy.linalg.cho_factor(self.coarse_matrix)
-        self._flat_columns = flat_columns  # float64 until start() has made the exact residual b - A x0
-        self._both = np.empty(2 * self.n_columns)
+        # Symmetric to round-off; made exactly so for Cholesky.
+        return CoarseOperator(matrix=0.5 * (coarse + coarse.T), columns=columns)
+
+    @property
+    def rows_held(self) -> int:
+        """Rows of ``A Z`` this rank keeps: its owned (pixel, Stokes) rows for A-DEF2, none for the additive form."""
+        return 0 if self.additive else len(self._owned_rows)
+
+    @property
+    def coarse_matrix(self) -> np.ndarray:
+        return self.operator.matrix
+
+    @property
+    def owned_pixels(self) -> np.ndarray:
+        """Global RING ids [n_owned] int64 of this rank's owned pixels: the rows of ``A Z`` it holds."""
+        return self.pixels.local_pixels[self.pixels.owned]
 
     @property
     def bytes_held(self) -> int:
         """Memory of the coarse space on this rank: A Z, E and its factor (bytes)."""
-        return int(self.operator_columns.nbytes + 2 * self.coarse_matrix.nbytes)
+        return int(self.operator.columns.nbytes + 2 * self.operator.matrix.nbytes)
 
     def _restrict(self, v: np.ndarray) -> np.ndarray:
         """This rank's share of ``Z^T v`` [K] (owned rows) for v [n_local, 3]."""
@@ -148,26 +235,42 @@ class TwoLevelPreconditioner:
         return out
 
     def start(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Collective: the coarse solution ``x0 = Z E^-1 Z^T b`` [n_local, 3] and its residual ``b - A x0``."""
+        """Collective: the coarse solution ``x0 = Z E^-1 Z^T b`` [n_local, 3] and its residual ``b - A x0``
+        (one operator application and one reduction)."""
         restricted = self._restrict(b)
         self.comm.Allreduce(MPI.IN_PLACE, restricted, op=MPI.SUM)
         y = scipy.linalg.cho_solve(self.factor, restricted)
         x0 = self._prolong_add(y, np.zeros_like(b))
-        residual = b - (y @ self._flat_columns).reshape(b.shape)
-        # From here A Z serves the preconditioner only, in (A Z)^T u over owned rows: keep those rows alone
-        # (the ranks then hold one copy of A Z between them, not one each) in single precision, which is
-        # plenty there (M stays one fixed linear map; PCG's residual recursion never sees it).
-        self._owned_rows = np.flatnonzero(self.owned)
-        self._flat_columns = np.ascontiguousarray(self._flat_columns[:, self._owned_rows], dtype=np.float32)
-        self.operator_columns = self._flat_columns
-        return x0, residual
+        product = np.empty_like(b)
+        self.apply_operator(x0, product, None)
+        self.reduction.reduce(product)
+        return x0, b - product
 
     def apply(self, residual: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Collective: ``M r`` into out [n_local, 3] (K^2 K^-1 = K): one map-sized pass over A Z, one Allreduce of 2K."""
+        """Collective: ``M r`` into out [n_local, 3] (K^2 K^-1 = K).
+
+        A-DEF2: one map-sized pass over A Z, one Allreduce of 2K numbers. Additive: ``M_BD r + Z E^-1 Z^T r``,
+        one Allreduce of K numbers and no pass over A Z.
+        """
         smoothed = self.apply_blocks(self.inverse_blocks, residual, out=out)
+        if self.additive:
+            restricted = self._restrict(residual)
+            self.comm.Allreduce(MPI.IN_PLACE, restricted, op=MPI.SUM)
+            return self._prolong_add(scipy.linalg.cho_solve(self.factor, restricted), smoothed)
         k = self.n_columns
         self._both[:k] = self._restrict(residual)
-        self._both[k:] = self._flat_columns @ smoothed.reshape(-1)[self._owned_rows].astype(np.float32)
+        self._both[k:] = self.operator.columns @ smoothed.reshape(-1)[self._owned_rows].astype(np.float32)
         self.comm.Allreduce(MPI.IN_PLACE, self._both, op=MPI.SUM)
         y = scipy.linalg.cho_solve(self.factor, self._both[:k] - self._both[k:])
         return self._prolong_add(y, smoothed)
+
+
+def coarse_parents(local_pixels: np.ndarray, nside: int, coarse_nside: int) -> np.ndarray:
+    """NESTED id at ``coarse_nside`` [n] int64 of each RING pixel ``local_pixels`` [n] at ``nside``.
+
+    NESTED ids share their leading bits with their parent's, so the parent is a shift away.
+    """
+    if len(local_pixels) == 0:
+        return np.zeros(0, dtype=np.int64)
+    shift = 2 * (int(nside).bit_length() - int(coarse_nside).bit_length())
+    return np.asarray(hp.ring2nest(nside, local_pixels), dtype=np.int64) >> shift

@@ -215,25 +215,32 @@ class LocalData:
             tod, starts, lengths, self.filter_index[intervals], self.noise_filters, threads=workers
         )
 
-    def apply_operator(self, local_map: np.ndarray, workers: int = 1, out: np.ndarray | None = None) -> np.ndarray:
+    def apply_operator(
+        self, local_map: np.ndarray, workers: int = 1, out: np.ndarray | None = None, intervals: np.ndarray | None = None
+    ) -> np.ndarray:
         """The PCG operator ``P^T N^-1 P`` on a local map [n_local, 3] -> [n_local, 3], sorted order.
 
         The kernels' operator family: fused per interval with the fast
         kernels (:mod:`mapmaker.kernels.operator_fast`, no TOD-sized scratch),
         P, N^-1 and P^T one after the other with numpy; in compute order
         between two row permutations. ``out`` (sorted order) is overwritten.
+        ``intervals`` [m] int64: indices of the stationary intervals to run
+        over (None: all), exact for a map whose ``P x`` is zero on the others
+        (the two-level preconditioner's coarse columns).
         """
         compute_map = self.to_compute(local_map)
         straight_into_out = out if self.position is None else None  # no permutation after: write out directly
+        chosen = slice(None) if intervals is None else intervals
+        starts, lengths = self.interval_starts[chosen], self.interval_lengths[chosen]
         if self.white:
             product = self.kernels.operator.apply_white_operator(
-                compute_map, self.local_index, self.weights, self.interval_starts, self.interval_lengths,
-                self.inverse_variance, out=straight_into_out,
+                compute_map, self.local_index, self.weights, starts, lengths,
+                self.inverse_variance[chosen], out=straight_into_out,
             )
         else:
             product = self.kernels.operator.apply_inverse_noise_operator(
-                compute_map, self.local_index, self.weights, self.interval_starts, self.interval_lengths,
-                self.filter_index, self.noise_filters, threads=workers, out=straight_into_out,
+                compute_map, self.local_index, self.weights, starts, lengths,
+                self.filter_index[chosen], self.noise_filters, threads=workers, out=straight_into_out,
             )
         if out is None:
             return self.to_sorted(product)
@@ -241,6 +248,22 @@ class LocalData:
             out[:] = self.to_sorted(product)
         return out
 
+
+    def intervals_visiting(self, parent: np.ndarray, n_parents: int) -> list[np.ndarray]:
+        """For each of ``n_parents`` groups of pixels, the stationary intervals [m] int64 with a sample in it.
+
+        parent [n_local] int64, sorted order: each local pixel's group (the
+        two-level preconditioner's coarse pixel). One pass over the samples, an interval at a time (no
+        per-sample array of the rank's samples).
+        """
+        compute_parent = self.to_compute(np.asarray(parent, dtype=np.int64))
+        visits: list[list[int]] = [[] for _ in range(n_parents)]
+        for i, (start, length) in enumerate(zip(self.interval_starts.tolist(), self.interval_lengths.tolist(), strict=True)):
+            seen = np.zeros(n_parents, dtype=bool)
+            seen[compute_parent[self.local_index[start : start + length]]] = True
+            for group in np.flatnonzero(seen).tolist():
+                visits[group].append(i)
+        return [np.array(v, dtype=np.int64) for v in visits]
 
     def operator_split(self, shared_rows: np.ndarray) -> OperatorSplit:
         """Which samples fall in shared pixel rows, for :meth:`apply_operator_overlapped`.

@@ -44,14 +44,16 @@ from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan
 from mapmaker.parallel.planfile import PlanRefused
 from mapmaker.parallel.reduction import PixelReduction, make_reduction, needs_plan, resolve_strategy
-from mapmaker.solve.coarse import TwoLevelPreconditioner
+from mapmaker.solve.coarse import CoarseOperator, TwoLevelPreconditioner, coarse_parents
+from mapmaker.solve.coarsefile import CoarseRefused, read_coarse_operator, write_coarse_operator
 from mapmaker.solve.local_data import LocalData, build_local_data
 from mapmaker.solve.solver import PCGResult, pcg
 from mapmaker.solve.timing import Timers
-from schemas.spec import CampaignSpec, MapSky
+from schemas.spec import CampaignSpec, MapSky, coarse_key
 
 Progress = Callable[[str], None]
 
+TWO_LEVEL = ("two-level", "two-level-additive")  # the preconditioners with a coarse space
 SINGULAR_RCOND = 1e-12  # blocks below this are cut even when solver.rcond_min is 0
 
 
@@ -68,6 +70,9 @@ class RankStats:
     coarse_columns: int = 0  # of the two-level preconditioner (0: block-diagonal)
     coarse_bytes: int = 0  # its memory on this rank
     coarse_setup_seconds: float = 0.0  # its set-up (A Z, E and the start), before the first iteration
+    coarse_source: str | None = None  # "built" or "file" (read from the coarse cache); None: block-diagonal
+    coarse_refused: str | None = None  # why a coarse cache file was refused (and the operator rebuilt)
+    coarse_written: bool = False  # this run wrote the coarse cache file
 
 
 class NothingToSolve(ValueError):
@@ -141,6 +146,7 @@ def run_realization(
     plan: OverlapPlan | None = None,
     machine: Machine | None = None,
     kernels: str = implementation.DEFAULT,
+    coarse_cache: str | Path | None = None,
 ) -> SolveOutcome:
     """Simulate and solve realisation ``realization`` of ``spec`` on ``comm``: the three stages.
 
@@ -150,6 +156,9 @@ def run_realization(
     ``preprocess``. ``machine`` is what ``auto`` models with. ``threads`` per
     rank (numba, FFT pool, BLAS: :mod:`mapmaker.kernels.threads`); ``kernels``
     an implementation name of :mod:`mapmaker.kernels.implementation`.
+    ``coarse_cache``: the two-level preconditioner's coarse operator file
+    (:mod:`mapmaker.solve.coarsefile`), read when it exists and fits, else
+    built and written.
     Raises :class:`mapmaker.model.sky.SkyError` (on every rank) when the sky
     cannot be built, and :class:`mapmaker.parallel.reduction.ReductionUnavailable`
     for a reduction this version lacks -- both before any heavy work --,
@@ -163,7 +172,7 @@ def run_realization(
         spec, realization, comm, sky_root=sky_root, threads=threads, kernels=implementation.get(kernels),
         plan=plan, machine=machine, timers=timers, say=say,
     )
-    result, stats = solve_realization(setup, timers=timers, say=say)
+    result, stats = solve_realization(setup, timers=timers, say=say, coarse_cache=coarse_cache)
     return gather_realization(setup, result, stats, timers=timers)
 
 
@@ -317,11 +326,13 @@ def solve_realization(
     say: Progress,
     b: np.ndarray | None = None,
     on_estimate: Callable[[int, np.ndarray], None] | None = None,
+    coarse_cache: str | Path | None = None,
 ) -> tuple[PCGResult, RankStats]:
     """Collective: steps 6-7, the right-hand side and PCG; the solution is this rank's rows [n_local, 3] (K).
 
     ``b`` [n_local, 3]: a right-hand side made already (by :func:`right_hand_side`; benchmarks solve one
-    several times); ``on_estimate(k, x_k)`` is handed to :func:`~mapmaker.solve.solver.pcg`.
+    several times); ``on_estimate(k, x_k)`` is handed to :func:`~mapmaker.solve.solver.pcg`;
+    ``coarse_cache`` as in :func:`run_realization`.
     """
     spec, local, reduction, threads = setup.spec, setup.local, setup.reduction, setup.threads
     if b is None:
@@ -366,16 +377,17 @@ def solve_realization(
             return setup.pixels.dot(u, v)
 
     x0 = initial_residual = None
-    if spec.solver.preconditioner == "two-level":
+    if spec.solver.preconditioner in TWO_LEVEL:
         started = MPI.Wtime()
         with timers("calc"):
-            two_level = build_two_level(setup)
+            two_level = build_two_level(setup, coarse_cache, stats, say)
             x0, initial_residual = two_level.start(b)
         stats.coarse_columns = two_level.n_columns
         stats.coarse_bytes = two_level.bytes_held
         stats.coarse_setup_seconds = MPI.Wtime() - started
         say(f"two-level preconditioner: {two_level.n_columns} coarse columns (coarse nside {two_level.coarse_nside}), "
-            f"{two_level.bytes_held / 2**20:.0f} MiB on rank 0")
+            f"{two_level.bytes_held / 2**20:.0f} MiB on rank 0, {stats.coarse_source}, set up in "
+            f"{stats.coarse_setup_seconds:.1f} s")
 
         def apply_preconditioner(residual: np.ndarray) -> np.ndarray:
             with timers("calc"):
@@ -400,16 +412,66 @@ def solve_realization(
     return result, stats
 
 
-def build_two_level(setup: RealizationSetUp) -> TwoLevelPreconditioner:
-    """Collective: the two-level preconditioner of ``setup`` (its A Z costs one operator application and one
-    reduction per coarse column, through the solve's own reduction)."""
-    local, threads = setup.local, setup.threads
-    return TwoLevelPreconditioner(
-        pixels=setup.pixels, reduction=setup.reduction, nside=setup.spec.pixelization.nside,
-        coarse_nside=setup.spec.solver.coarse_nside, cut=setup.cut, inverse_blocks=setup.inverse_blocks,
-        apply_blocks=setup.kernels.blocks.apply,
-        apply_operator=lambda x, out: local.apply_operator(x, workers=threads, out=out),
-    )
+def build_two_level(
+    setup: RealizationSetUp, coarse_cache: str | Path | None = None, stats: RankStats | None = None,
+    say: Progress = lambda message: None,
+) -> TwoLevelPreconditioner:
+    """Collective: the two-level preconditioner of ``setup``, its coarse operator read from ``coarse_cache``
+    when that file exists and fits this run, else built (one operator application over the intervals that
+    visit the column's coarse pixel, and one reduction, per coarse column) and written there.
+
+    ``stats`` (when given) records where the operator came from, a refused file's reason and whether
+    this run wrote the file.
+    """
+    local, threads, spec, comm = setup.local, setup.threads, setup.spec, setup.pixels.comm
+    stats = stats if stats is not None else RankStats()
+    nside = spec.pixelization.nside
+    coarse_nside = min(spec.solver.coarse_nside, nside)
+    visits: list[np.ndarray] = []  # the intervals visiting each coarse pixel, made for a build only
+
+    def apply_operator(x: np.ndarray, out: np.ndarray, coarse_pixel: int | None) -> np.ndarray:
+        if coarse_pixel is not None and not visits:
+            visits.extend(local.intervals_visiting(coarse_parents(local.local_pixels, nside, coarse_nside),
+                                                   12 * coarse_nside**2))
+        intervals = None if coarse_pixel is None else visits[coarse_pixel]
+        return local.apply_operator(x, workers=threads, out=out, intervals=intervals)
+
+    def make(operator: CoarseOperator | None) -> TwoLevelPreconditioner:
+        return TwoLevelPreconditioner(
+            pixels=setup.pixels, reduction=setup.reduction, nside=nside, coarse_nside=coarse_nside, cut=setup.cut,
+            inverse_blocks=setup.inverse_blocks, apply_blocks=setup.kernels.blocks.apply,
+            apply_operator=apply_operator, operator=operator, additive=spec.solver.preconditioner == "two-level-additive",
+        )
+
+    if coarse_cache is None:
+        stats.coarse_source = "built"
+        return make(None)
+    key = coarse_key(spec)
+    # The column count is known before any operator work: a shell with no operator is not made, so count here.
+    owned_pixels = setup.pixels.local_pixels[setup.pixels.owned]
+    parents = coarse_parents(setup.pixels.local_pixels, nside, coarse_nside)
+    seen = np.zeros(12 * coarse_nside**2, dtype=np.int64)
+    seen[np.unique(parents[~setup.cut])] = 1
+    comm.Allreduce(MPI.IN_PLACE, seen, op=MPI.MAX)
+    n_columns = 3 * int(seen.sum())
+    rows = 0 if spec.solver.preconditioner == "two-level-additive" else 3 * len(owned_pixels)
+    operator = None
+    try:
+        operator = read_coarse_operator(comm, coarse_cache, key=key, coarse_nside=coarse_nside,
+                                        n_columns=n_columns, owned_pixels=owned_pixels, rows=rows)
+    except CoarseRefused as refused:
+        stats.coarse_refused = str(refused)
+        say(f"{refused}: building the coarse operator again and replacing the file")
+    two_level = make(operator)
+    stats.coarse_source = "built" if two_level.built else "file"
+    if two_level.built:
+        problem = write_coarse_operator(comm, coarse_cache, two_level.operator, key=key, coarse_nside=coarse_nside,
+                                        owned_pixels=owned_pixels)
+        stats.coarse_written = problem is None
+        say(f"coarse operator written to {coarse_cache}" if problem is None else f"coarse operator not cached: {problem}")
+    else:
+        say(f"coarse operator read from {coarse_cache}")
+    return two_level
 
 
 def gather_realization(setup: RealizationSetUp, result: PCGResult, stats: RankStats, *, timers: Timers) -> SolveOutcome:

@@ -77,7 +77,10 @@ def test_result_json_describes_the_run(runs):
         assert len(result.residual_history) == result.iterations + 1
         assert result.observed_pixels > 0 and 0 <= result.cut_pixels < result.observed_pixels
         assert result.communication.strategy == "allreduce" and result.communication.requested == "allreduce"
-        assert result.communication.reductions == result.iterations + 2
+        # The blocks, b, one per iteration; and the default two-level preconditioner's set-up: one per coarse
+        # column (A z_k) and one for the start's residual b - A x0.
+        assert result.coarse is not None and result.coarse.source == "built" and result.coarse.columns > 0
+        assert result.communication.reductions == result.iterations + 2 + result.coarse.columns + 1
         # Rabenseifner volume per iteration: whole map x 3 values, buffers of 1000 pixels.
         expected_bytes = 2 * npix * 3 * (ranks - 1) / ranks * 8
         assert result.communication.bytes_per_iteration.max == pytest.approx(expected_bytes, abs=20)

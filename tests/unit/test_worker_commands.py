@@ -40,6 +40,12 @@ def test_realize_and_preprocess_arguments():
         coupling_file=Path("/d/couplings/c.npz"),
     )  # fmt: skip
     assert coupled[-2:] == ["--coupling", "/d/couplings/c.npz"]
+    assert "--coarse-cache" not in coupled
+    coarse = mapmaker_realize_args(
+        PY, spec_file=Path("s"), realization=0, out=Path("o"), threads=1, plan_file=None, sky_root=None,
+        coarse_file=Path("/d/coarse/k.npz"),
+    )  # fmt: skip
+    assert coarse[-2:] == ["--coarse-cache", "/d/coarse/k.npz"]
     assert mapmaker_preprocess_args(PY, spec_file=Path("s.json"), out=Path("p.plan"), report=Path("p.json"))[5:] == [
         "preprocess", "--spec", "s.json", "--out", "p.plan", "--report", "p.json",
     ]  # fmt: skip

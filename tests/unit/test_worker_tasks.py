@@ -180,6 +180,35 @@ def test_refused_plan_is_invalidated_before_the_failure_report(tmp_path):
     assert client.calls[2][2:4] == ("app_error", 3) and "section 2 checksum mismatch" in client.calls[2][5]
 
 
+def test_a_two_level_realisation_names_the_sites_coarse_file_keyed_by_pointing_and_noise(tmp_path):
+    """The coarse operator's file is named only for the two-level preconditioner; realisations and campaigns of
+    one scan, noise model, rank count and coarse settings share it (whatever their seed or sky); another noise
+    model, coarse nside, cut or rank count names another file."""
+    from schemas.spec import coarse_key
+
+    plain = make_run(tmp_path / "plain", RecordingClient(), solver={"preconditioner": "block-diagonal"})
+    plain.prepare()
+    assert plain.placement.coarse_file is None and "--coarse-cache" not in plain.prepared.command
+    run = make_run(tmp_path / "two", RecordingClient(), solver={"preconditioner": "two-level"})
+    run.prepare()
+    coarse_file = run.placement.coarse_file
+    assert coarse_file is not None and coarse_file.parent.is_dir()
+    assert coarse_file == run.context.layout.coarse_file(coarse_key(run.task.spec))
+    assert f"--coarse-cache {coarse_file}" in run.prepared.command
+    spec = run.task.spec
+    same = spec.model_copy(update={"seed": spec.seed + 1, "realizations": 9, "sky": spec.sky.model_copy(update={"seed": 5}),
+                                   "solver": spec.solver.model_copy(update={"tol": 1e-9})})
+    assert coarse_key(same) == coarse_key(spec)
+    others = [
+        spec.model_copy(update={"noise": spec.noise.model_copy(update={"f_knee_hz": 0.3})}),
+        spec.model_copy(update={"solver": spec.solver.model_copy(update={"coarse_nside": 4})}),
+        spec.model_copy(update={"solver": spec.solver.model_copy(update={"rcond_min": 0.2})}),
+        spec.model_copy(update={"resources": spec.resources.model_copy(update={"ranks": spec.resources.ranks + 1})}),
+        spec.model_copy(update={"kind": "signal-only"}),
+    ]
+    assert len({coarse_key(other) for other in others} | {coarse_key(spec)}) == len(others) + 1
+
+
 def test_refused_coupling_file_is_removed_and_the_plan_left_alone(tmp_path):
     """A stale coupling file (exit 4) is not a refused overlap plan: the plan stays ready, the file goes, and the
     failure is the site's (``site_error``, requeued without using an attempt), so the next attempt rebuilds it."""

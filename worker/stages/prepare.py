@@ -22,7 +22,7 @@ from schemas.programs import (
     mapmaker_preprocess_args,
     mapmaker_realize_args,
 )
-from schemas.spec import coupling_key
+from schemas.spec import coarse_key, coupling_key
 from worker.commands import RunnerLimits, bash_command, runner_args, task_resource_specification
 from worker.layout import SiteLayout, remove_entry
 from worker.outcome import Outcome, Verdict
@@ -39,6 +39,7 @@ class RealizePlacement:
     out: Path  # the attempt's product folder, made by the map-maker (``--out``)
     plan_file: Path | None  # the plan the service named; None when it named no path
     coupling_file: Path | None = None  # the site's coupling of the campaign's scan pattern and products settings
+    coarse_file: Path | None = None  # the site's coarse operator (two-level preconditioner only)
 
     def describe(self) -> str:
         task = self.task
@@ -88,6 +89,9 @@ def place(task: PreprocessTask | RealizeTask, layout: SiteLayout, *, marker_pref
         out=layout.product_dir(task.campaign_id, task.realization, task.attempt),
         plan_file=Path(task.plan.path) if task.plan.path else None,
         coupling_file=layout.coupling_file(coupling_key(task.spec)),
+        coarse_file=(
+            layout.coarse_file(coarse_key(task.spec)) if task.spec.solver.preconditioner != "block-diagonal" else None
+        ),
     )
 
 
@@ -157,6 +161,7 @@ def task_command(placement: Placement, site: SiteConfig, *, python: str) -> str:
             sky_root=site.sky_root,
             instrument_root=site.instrument_root,
             coupling_file=placement.coupling_file,
+            coarse_file=placement.coarse_file,
         )
     runner = runner_args(
         python, workdir=placement.workdir, marker=placement.marker, limits=runner_limits(placement, site)
@@ -179,8 +184,9 @@ def prepare(placement: Placement, site: SiteConfig, *, python: str) -> PreparedT
     if isinstance(placement, RealizePlacement):
         out = placement.out
         out.parent.mkdir(parents=True, exist_ok=True)
-        if placement.coupling_file is not None:
-            placement.coupling_file.parent.mkdir(parents=True, exist_ok=True)
+        for shared in (placement.coupling_file, placement.coarse_file):
+            if shared is not None:
+                shared.parent.mkdir(parents=True, exist_ok=True)
         if out.exists() or out.is_symlink():
             stale = out.with_name(f".{out.name}.stale-{uuid.uuid4().hex[:8]}")
             os.rename(out, stale)  # out of the way at once, however long the removal takes

@@ -24,7 +24,7 @@ CHANGES = {
 
 def main() -> None:
     comm = MPI.COMM_WORLD
-    block = run_realization(make_spec(CHANGES), 0, comm)
+    block = run_realization(make_spec({**CHANGES, "solver.preconditioner": "block-diagonal"}), 0, comm)
     two_level = run_realization(make_spec({**CHANGES, "solver.preconditioner": "two-level", "solver.coarse_nside": 1}), 0, comm)
     if comm.Get_rank() != 0:
         return
