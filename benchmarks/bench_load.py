@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 import psycopg
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,6 +84,7 @@ class LoadReport:
     workers: int
     open_loop_period_s: float | None = None  # None: closed loop
     warmup_s: float = 0.0
+    server_cpu_s: float | None = None  # CPU time of the API processes in the measured window
     read_latencies_s: list[float] = field(default_factory=list)
     worker_latencies_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -114,7 +116,15 @@ class LoadReport:
             "claims": self.claims,
             "reported_successes": len(self.reported_successes),
             "busy_retried": self.busy,
+            "server_cpu_s": self.server_cpu_s,
+            "server_cpu_ms_per_request": self.server_cpu_ms_per_request,
         }  # fmt: skip
+
+    @property
+    def server_cpu_ms_per_request(self) -> float | None:
+        if self.server_cpu_s is None or not self.requests:
+            return None
+        return self.server_cpu_s / self.requests * 1e3
 
     def lines(self) -> list[str]:
         def percentiles(values: list[float]) -> str:
@@ -146,7 +156,11 @@ class LoadReport:
                 f"claims: {self.claims}, realisations reported succeeded: {len(self.reported_successes)}, "
                 f"503 busy answers retried: {self.busy}"
             ),
-        ]
+        ] + (
+            [f"API processes' CPU: {self.server_cpu_s:.1f} s, {self.server_cpu_ms_per_request:.2f} ms per request"]
+            if self.server_cpu_ms_per_request is not None
+            else []
+        )
 
 
 def _client(api_url: str, token: str, tls: ssl.SSLContext) -> httpx.AsyncClient:
@@ -208,8 +222,34 @@ async def _user(
         due += period
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` and its children (uvicorn's worker processes)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+async def _cpu_meter(pid: int, start_at: float, stop_at: float, report: LoadReport) -> None:
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+    before = _cpu_seconds(pid)
+    await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
+    report.server_cpu_s = _cpu_seconds(pid) - before
+
+
 async def _readers(
-    api_url: str, token: str, campaign_ids: list[int], clients: int, warmup_s: float, report: LoadReport
+    api_url: str,
+    token: str,
+    campaign_ids: list[int],
+    clients: int,
+    warmup_s: float,
+    report: LoadReport,
+    server_pid: int | None = None,
 ) -> None:
     """Run the readers for ``warmup_s`` + ``report.duration_s`` seconds; count the requests after the warm-up."""
     reader = _reader if report.open_loop_period_s is None else _user
@@ -218,7 +258,10 @@ async def _readers(
     try:
         start_at = time.monotonic() + warmup_s
         stop_at = start_at + report.duration_s
-        await asyncio.gather(*(reader(client, campaign_ids, start_at, stop_at, report) for client in connections))
+        meter = [_cpu_meter(server_pid, start_at, stop_at, report)] if server_pid is not None else []
+        await asyncio.gather(
+            *(reader(client, campaign_ids, start_at, stop_at, report) for client in connections), *meter
+        )
     finally:
         for client in connections:
             await client.aclose()
@@ -295,6 +338,7 @@ def run_load(
     campaigns: int = 4,
     open_loop_period_s: float | None = None,
     warmup_s: float = 5.0,
+    server_pid: int | None = None,
 ) -> LoadReport:
     """Create ``campaigns`` campaigns, then load the service for ``warmup_s`` + ``duration_s`` seconds; return
     what happened in the last ``duration_s`` (all accepted results, for the database check)."""
@@ -316,14 +360,14 @@ def run_load(
     start_wall = time.time() + warmup_s
     stop_wall = start_wall + duration_s
     if workers == 0:
-        asyncio.run(_readers(api_url, user_token, campaign_ids, clients, warmup_s, report))
+        asyncio.run(_readers(api_url, user_token, campaign_ids, clients, warmup_s, report, server_pid))
         return report
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         pending = pool.map_async(
             protocol_worker,
             [(api_url, worker_token, f"load-{n}", start_wall, stop_wall, n) for n in range(workers)],
         )
-        asyncio.run(_readers(api_url, user_token, campaign_ids, clients, warmup_s, report))
+        asyncio.run(_readers(api_url, user_token, campaign_ids, clients, warmup_s, report, server_pid))
         for outcome in pending.get(timeout=warmup_s + duration_s + 300):
             report.worker_latencies_s += outcome["latencies"]
             report.errors += outcome["errors"]
@@ -387,6 +431,7 @@ def main() -> None:
                     realizations=options.realizations,
                     open_loop_period_s=options.period if options.open_loop else None,
                     warmup_s=options.warmup,
+                    server_pid=service.process.pid,
                 )
                 problems = check_database(pg_url, report)
             finally:

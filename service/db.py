@@ -146,8 +146,14 @@ class Database:
         self.engine = make_engine(url, settings, pool=pool)
         self.dialect = self.engine.dialect.name
         writer = self.engine.execution_options(sqlite_write=True) if self.dialect == "sqlite" else self.engine
+        # PostgreSQL reads run in autocommit: no BEGIN and no ROLLBACK, two round trips fewer per read.
+        # Nothing is lost: at READ COMMITTED (the default) each statement takes its own snapshot inside a
+        # transaction too, and a read session never writes.
+        reader = (
+            self.engine.execution_options(isolation_level="AUTOCOMMIT") if self.dialect == "postgresql" else self.engine
+        )
         self._write_sessions = sessionmaker(writer, expire_on_commit=False)
-        self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(reader, expire_on_commit=False)
 
     @contextmanager
     def session(self, *, write: bool = True) -> Iterator[Session]:

@@ -22,7 +22,15 @@ from schemas.api import (
 )
 from schemas.spec import CampaignKind, CampaignSpec
 from service.campaigns import service
-from service.deps import CurrentUser, ReadSessionDep, RealizationIndex, RowId, SessionDep, SettingsDep
+from service.deps import (
+    CurrentUser,
+    ReadingUser,
+    ReadSessionDep,
+    RealizationIndex,
+    RowId,
+    SessionDep,
+    SettingsDep,
+)
 from service.storage import ArtifactStore
 
 router = APIRouter(
@@ -79,7 +87,7 @@ def create_campaign(
 
 @router.get("", response_model=CampaignPage)
 def list_campaigns(
-    user: CurrentUser,
+    user: ReadingUser,
     session: ReadSessionDep,
     settings: SettingsDep,
     state: CampaignState | None = None,
@@ -101,7 +109,9 @@ def list_campaigns(
 
 
 @router.get("/{campaign_id}", response_model=CampaignDetail)
-def get_campaign(campaign_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> CampaignDetail:
+def get_campaign(
+    campaign_id: RowId, user: ReadingUser, session: ReadSessionDep, settings: SettingsDep
+) -> CampaignDetail:
     campaign = service.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     return service.detail(
         session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
@@ -186,7 +196,7 @@ def delete_campaign(campaign_id: RowId, user: CurrentUser, session: SessionDep, 
 @router.get("/{campaign_id}/realizations", response_model=RealizationPage)
 def list_realizations(
     campaign_id: RowId,
-    user: CurrentUser,
+    user: ReadingUser,
     session: ReadSessionDep,
     settings: SettingsDep,
     state: RealizationState | None = None,
@@ -205,5 +215,7 @@ def list_realizations(
 
 
 @router.get("/{campaign_id}/realizations/{index}", response_model=RealizationDetail)
-def get_realization(campaign_id: RowId, index: RealizationIndex, user: CurrentUser, session: ReadSessionDep) -> RealizationDetail:
+def get_realization(
+    campaign_id: RowId, index: RealizationIndex, user: ReadingUser, session: ReadSessionDep
+) -> RealizationDetail:
     return service.get_realization(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)
