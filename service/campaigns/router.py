@@ -22,6 +22,7 @@ from schemas.api import (
 )
 from schemas.spec import CampaignKind, CampaignSpec
 from service.campaigns import service
+from service.conditional import NOT_MODIFIED, json_with_etag
 from service.deps import (
     CurrentUser,
     ReadingUser,
@@ -108,14 +109,26 @@ def list_campaigns(
     return CampaignPage(items=[service.summary(c, user.user_name) for c in campaigns], next_cursor=next_cursor)
 
 
-@router.get("/{campaign_id}", response_model=CampaignDetail)
+IfNoneMatch = Annotated[
+    str | None,
+    Header(max_length=2_000, description="ETag of the copy the client holds: 304 with no body if it is current"),
+]
+
+
+@router.get("/{campaign_id}", response_model=CampaignDetail, responses=NOT_MODIFIED)
 def get_campaign(
-    campaign_id: RowId, user: ReadingUser, session: ReadSessionDep, settings: SettingsDep
-) -> CampaignDetail:
+    campaign_id: RowId,
+    user: ReadingUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    if_none_match: IfNoneMatch = None,
+) -> Response:
+    """The campaign's status: spec, counts per state, throughput and ETA; ``ETag`` and ``If-None-Match`` (304)."""
     campaign = service.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
-    return service.detail(
+    detail = service.detail(
         session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
     )
+    return json_with_etag(detail.model_dump_json().encode(), if_none_match)
 
 
 @router.post("/{campaign_id}/cancel", response_model=CampaignDetail, responses={409: {"model": ErrorBody}})
