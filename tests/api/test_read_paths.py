@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import update
+import psycopg
+import pytest
+from sqlalchemy import text, update
 
+from service import db
 from service.auth.models import ApiToken
 from service.auth.service import hash_token
 from service.conditional import etag_of, tag_matches
+from service.config import Settings
+from service.db import Database
 
 
 def test_status_has_an_etag_and_answers_304_while_nothing_changed(api):
@@ -121,3 +126,24 @@ def test_read_routes_check_the_token_in_their_own_session(api):
     for path in paths:  # revoked: refused on the very next read (no cache of tokens)
         answer = api.get(path)
         assert answer.status_code == 401 and answer.json()["code"] == "invalid_token", path
+
+
+@pytest.mark.postgres
+def test_a_pooled_connection_is_pinged_after_lying_idle_and_replaced_when_dead(pg_url, tmp_path, monkeypatch):
+    settings = Settings(database_url=pg_url, data_dir=tmp_path)
+    database = Database(settings.effective_database_url, settings)
+    now = [1_000.0]
+    monkeypatch.setattr(db, "_monotonic", lambda: now[0])
+    try:
+        with database.session(write=False) as session:
+            first = session.scalar(text("SELECT pg_backend_pid()"))
+        with database.session(write=False) as session:  # in steady use: the same connection, no ping
+            assert session.scalar(text("SELECT pg_backend_pid()")) == first
+        with psycopg.connect(pg_url, autocommit=True) as admin:  # the server drops it, as a restart would
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (first,)).fetchone() == (True,)
+        now[0] += db.PING_AFTER_IDLE_S + 0.5
+        with database.session(write=False) as session:  # idle long enough: pinged, found dead, replaced
+            second = session.scalar(text("SELECT pg_backend_pid()"))
+        assert second is not None and second != first
+    finally:
+        database.dispose()
