@@ -85,6 +85,7 @@ class LoadReport:
     open_loop_period_s: float | None = None  # None: closed loop
     warmup_s: float = 0.0
     server_cpu_s: float | None = None  # CPU time of the API processes in the measured window
+    readers_cpu_s: float | None = None  # CPU time of this process (the readers) in the measured window
     read_latencies_s: list[float] = field(default_factory=list)
     worker_latencies_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -118,6 +119,7 @@ class LoadReport:
             "busy_retried": self.busy,
             "server_cpu_s": self.server_cpu_s,
             "server_cpu_ms_per_request": self.server_cpu_ms_per_request,
+            "readers_cpu_s": self.readers_cpu_s,
         }  # fmt: skip
 
     @property
@@ -157,7 +159,12 @@ class LoadReport:
                 f"503 busy answers retried: {self.busy}"
             ),
         ] + (
-            [f"API processes' CPU: {self.server_cpu_s:.1f} s, {self.server_cpu_ms_per_request:.2f} ms per request"]
+            [
+                (
+                    f"API processes' CPU: {self.server_cpu_s:.1f} s, {self.server_cpu_ms_per_request:.2f} ms per "
+                    f"request; the readers' process (the load generator): {self.readers_cpu_s or 0:.1f} s"
+                )
+            ]
             if self.server_cpu_ms_per_request is not None
             else []
         )
@@ -237,9 +244,11 @@ def _cpu_seconds(pid: int) -> float:
 
 async def _cpu_meter(pid: int, start_at: float, stop_at: float, report: LoadReport) -> None:
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-    before = _cpu_seconds(pid)
+    here = psutil.Process()
+    before, before_here = _cpu_seconds(pid), sum(here.cpu_times()[:2])
     await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
     report.server_cpu_s = _cpu_seconds(pid) - before
+    report.readers_cpu_s = sum(here.cpu_times()[:2]) - before_here
 
 
 async def _readers(
