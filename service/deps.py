@@ -7,12 +7,13 @@ from typing import Annotated
 from fastapi import Depends, Path, Query, Request
 
 from schemas.spec import MAX_REALIZATIONS
-from service.auth.deps import CurrentUser, CurrentWorker
+from service.auth.deps import CurrentUser, CurrentWorker, ReadingUser
 from service.config import Settings
 from service.db import Database, ReadSessionDep, SessionDep, get_database
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
+    # async: no I/O, and a sync dependency costs a turn through the thread pool
     return request.app.state.settings
 
 
@@ -39,6 +40,7 @@ __all__ = [
     "EventPosition",
     "EventPositionQuery",
     "ReadSessionDep",
+    "ReadingUser",
     "RealizationIndex",
     "RowId",
     "RowIdQuery",

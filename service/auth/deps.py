@@ -6,38 +6,80 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
 
 from service.auth.errors import InvalidToken, MissingToken, WrongTokenKind
 from service.auth.service import Principal, principal_for_token
-from service.db import get_database
+from service.db import ReadSessionDep, get_database
 
 _bearer = HTTPBearer(auto_error=False, description="API token: `mapcampaign token create --user NAME [--worker]`")
 
 
-def get_principal(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> Principal:
+def _bearer_token(credentials: HTTPAuthorizationCredentials | None) -> str:
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise MissingToken("this endpoint needs a bearer token: Authorization: Bearer <token>")
-    with get_database(request).session(write=False) as session:
-        principal = principal_for_token(session=session, token=credentials.credentials)
+    return credentials.credentials
+
+
+def _known(request: Request, session: Session, token: str) -> Principal:
+    principal = principal_for_token(session=session, token=token)
     if principal is None:
         raise InvalidToken("the bearer token is unknown or revoked")
     request.state.principal = principal
     return principal
 
 
-def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+def get_principal(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    token = _bearer_token(credentials)
+    with get_database(request).session(write=False) as session:
+        return _known(request, session, token)
+
+
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def reading_user(request: Request, session: Session, credentials: HTTPAuthorizationCredentials | None) -> Principal:
+    """The user calling, checked in ``session``: for an async endpoint that does all its reading in one
+    thread-pool turn (the token check, its queries, the session's close) instead of four."""
+    principal = _known(request, session, _bearer_token(credentials))
     if principal.kind != "user":
         raise WrongTokenKind("worker tokens reach only the worker endpoints; use a user token")
     return principal
 
 
-def get_worker(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+def get_reading_principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    session: ReadSessionDep,
+) -> Principal:
+    """The caller, looked up in the request's own read session (FastAPI hands the endpoint the same one).
+
+    A read then takes one connection from the pool, not two, and one thread-pool turn fewer: the
+    token check was a session of its own (a checkout with its ping, a query, a rollback).
+    """
+    return _known(request, session, _bearer_token(credentials))
+
+
+async def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    if principal.kind != "user":
+        raise WrongTokenKind("worker tokens reach only the worker endpoints; use a user token")
+    return principal
+
+
+async def get_worker(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
     if principal.kind != "worker":
         raise WrongTokenKind("this is a worker endpoint; it needs a worker token (token create --worker)")
     return principal
 
 
+async def get_reading_user(principal: Annotated[Principal, Depends(get_reading_principal)]) -> Principal:
+    return await get_user(principal)
+
+
+# The kind checks are async (no I/O): a sync dependency costs a turn through the thread pool.
 CurrentUser = Annotated[Principal, Depends(get_user)]
+# For endpoints that only read, through ReadSessionDep: the token is checked in that same session.
+ReadingUser = Annotated[Principal, Depends(get_reading_user)]
 CurrentWorker = Annotated[Principal, Depends(get_worker)]

@@ -86,11 +86,16 @@ class Attempt(Base):
     """One try at one realisation: who ran it, where, how it ended."""
 
     __tablename__ = "attempts"
-    __table_args__ = (Index("ix_attempts_realization_id_number", "realization_id", "number"), NEVER_REUSE_IDS)
+    __table_args__ = (
+        Index("ix_attempts_realization_id_number", "realization_id", "number"),
+        # A campaign's attempts; the throughput's first claim in a window is one lookup (migration 0007).
+        Index("ix_attempts_campaign_id_claimed_at", "campaign_id", "claimed_at"),
+        NEVER_REUSE_IDS,
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     realization_id: Mapped[int] = mapped_column(ForeignKey("realizations.id", ondelete="CASCADE"))
-    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id", ondelete="CASCADE"), index=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaigns.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(Integer)
     plan_id: Mapped[int | None] = mapped_column(ForeignKey("preprocessing_plans.id", ondelete="SET NULL"))
     worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id", ondelete="SET NULL"))

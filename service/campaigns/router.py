@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+import anyio
+from fastapi import APIRouter, Header, Query, Request, Response, status
 
 from schemas.api import (
     IDEMPOTENCY_KEY_HEADER,
@@ -21,8 +22,19 @@ from schemas.api import (
     RetryAnswer,
 )
 from schemas.spec import CampaignKind, CampaignSpec
+from service.auth.deps import Bearer, reading_user
 from service.campaigns import service
-from service.deps import CurrentUser, ReadSessionDep, RealizationIndex, RowId, SessionDep, SettingsDep
+from service.conditional import NOT_MODIFIED, json_with_etag
+from service.db import get_database
+from service.deps import (
+    CurrentUser,
+    ReadingUser,
+    ReadSessionDep,
+    RealizationIndex,
+    RowId,
+    SessionDep,
+    SettingsDep,
+)
 from service.storage import ArtifactStore
 
 router = APIRouter(
@@ -79,7 +91,7 @@ def create_campaign(
 
 @router.get("", response_model=CampaignPage)
 def list_campaigns(
-    user: CurrentUser,
+    user: ReadingUser,
     session: ReadSessionDep,
     settings: SettingsDep,
     state: CampaignState | None = None,
@@ -100,12 +112,34 @@ def list_campaigns(
     return CampaignPage(items=[service.summary(c, user.user_name) for c in campaigns], next_cursor=next_cursor)
 
 
-@router.get("/{campaign_id}", response_model=CampaignDetail)
-def get_campaign(campaign_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> CampaignDetail:
-    campaign = service.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
-    return service.detail(
-        session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
-    )
+IfNoneMatch = Annotated[
+    str | None,
+    Header(max_length=2_000, description="ETag of the copy the client holds: 304 with no body if it is current"),
+]
+
+
+@router.get("/{campaign_id}", response_model=CampaignDetail, responses=NOT_MODIFIED)
+async def get_campaign(
+    request: Request,
+    campaign_id: RowId,
+    credentials: Bearer,
+    settings: SettingsDep,
+    if_none_match: IfNoneMatch = None,
+) -> Response:
+    """The campaign's status: spec, counts per state, throughput and ETA; ``ETag`` and ``If-None-Match`` (304)."""
+
+    # The polled read: session, token check, two queries and the close in one turn through the thread pool
+    # (as sync dependencies and a sync endpoint, four turns, each a hand-off between threads).
+    def read() -> bytes:
+        with get_database(request).session(write=False) as session:
+            user = reading_user(request, session, credentials)
+            campaign = service.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+            detail = service.detail(
+                session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
+            )
+            return detail.model_dump_json().encode()
+
+    return json_with_etag(await anyio.to_thread.run_sync(read), if_none_match)
 
 
 @router.post("/{campaign_id}/cancel", response_model=CampaignDetail, responses={409: {"model": ErrorBody}})
@@ -184,26 +218,35 @@ def delete_campaign(campaign_id: RowId, user: CurrentUser, session: SessionDep, 
 
 
 @router.get("/{campaign_id}/realizations", response_model=RealizationPage)
-def list_realizations(
+async def list_realizations(
+    request: Request,
     campaign_id: RowId,
-    user: CurrentUser,
-    session: ReadSessionDep,
+    credentials: Bearer,
     settings: SettingsDep,
     state: RealizationState | None = None,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> RealizationPage:
-    items, next_cursor = service.list_realizations(
-        session=session,
-        owner_id=user.user_id,
-        campaign_id=campaign_id,
-        state=state,
-        cursor=cursor,
-        limit=min(limit, settings.page_size_max),
-    )
-    return RealizationPage(items=items, next_cursor=next_cursor)
+) -> Response:
+    """A page of the campaign's realisations in index order; ``next_cursor`` fetches the next."""
+
+    def read() -> bytes:  # one turn through the thread pool, as get_campaign
+        with get_database(request).session(write=False) as session:
+            user = reading_user(request, session, credentials)
+            items, next_cursor = service.list_realizations(
+                session=session,
+                owner_id=user.user_id,
+                campaign_id=campaign_id,
+                state=state,
+                cursor=cursor,
+                limit=min(limit, settings.page_size_max),
+            )
+            return RealizationPage(items=items, next_cursor=next_cursor).model_dump_json().encode()
+
+    return Response(await anyio.to_thread.run_sync(read), media_type="application/json")
 
 
 @router.get("/{campaign_id}/realizations/{index}", response_model=RealizationDetail)
-def get_realization(campaign_id: RowId, index: RealizationIndex, user: CurrentUser, session: ReadSessionDep) -> RealizationDetail:
+def get_realization(
+    campaign_id: RowId, index: RealizationIndex, user: ReadingUser, session: ReadSessionDep
+) -> RealizationDetail:
     return service.get_realization(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)

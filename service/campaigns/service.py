@@ -278,8 +278,81 @@ def state_counts(*, session: Session, campaign_id: int) -> dict[RealizationState
     return counts
 
 
+_FINISHED = (RealizationState.SUCCEEDED, RealizationState.FAILED)
+
+
 def progress(*, session: Session, campaign: Campaign, window_s: float) -> CampaignProgress:
-    return progress_many(session=session, campaigns=[campaign], window_s=window_s)[campaign.id]
+    """One campaign's progress in one statement (a status read's second and last query).
+
+    The same figures as :func:`progress_many`, as scalar subqueries of one row: the counts per state
+    (primary-key lookups in the triggers' table), the realisations finished in the span and the
+    span's first claim (the throughput's numerator and start, over the indexes on
+    ``(campaign_id, finished_at)`` and ``(campaign_id, claimed_at)``).
+    """
+    now = utcnow()
+    window_start = now - timedelta(seconds=window_s)
+    ended = campaign.state in FINISHED_CAMPAIGN_STATES and campaign.finished_at is not None
+    since = campaign.queued_at if ended else window_start
+    count_of = {
+        state: select(RealizationCount.count)
+        .where(RealizationCount.campaign_id == campaign.id, RealizationCount.state == state)
+        .scalar_subquery()
+        for state in REALIZATION_STATES
+    }
+    recent = (
+        select(func.count())
+        .select_from(Realization)
+        .where(
+            Realization.campaign_id == campaign.id,
+            Realization.finished_at >= since,
+            Realization.state.in_(_FINISHED),
+        )
+        .scalar_subquery()
+    )
+    first_claim = (
+        select(func.min(Attempt.claimed_at))
+        .where(Attempt.campaign_id == campaign.id, Attempt.claimed_at >= since)
+        .scalar_subquery()
+    )
+    row = session.execute(select(*count_of.values(), recent, first_claim)).one()
+    per_state = {state: int(count or 0) for state, count in zip(count_of, row[: len(count_of)], strict=True)}
+    return _progress_of(
+        campaign,
+        per_state,
+        recent=int(row[-2] or 0),
+        first_claim=row[-1],
+        ended=ended,
+        now=now,
+        window_start=window_start,
+    )
+
+
+def _progress_of(
+    campaign: Campaign,
+    per_state: dict[RealizationState, int],
+    *,
+    recent: int,
+    first_claim: datetime | None,
+    ended: bool,
+    now: datetime,
+    window_start: datetime,
+) -> CampaignProgress:
+    done = sum(per_state[state] for state in RealizationState if state not in UNFINISHED_REALIZATION_STATES)
+    remaining = sum(per_state[state] for state in UNFINISHED_REALIZATION_STATES)
+    throughput = eta = None
+    if recent:
+        if ended:
+            assert campaign.finished_at is not None  # what ``ended`` means
+            span_start, span_end = first_claim or campaign.queued_at, campaign.finished_at
+        else:
+            span_start, span_end = max(window_start, first_claim or campaign.queued_at), now
+        hours = max((span_end - span_start).total_seconds(), 1.0) / 3600
+        throughput = recent / hours
+        if remaining and campaign.state not in FINISHED_CAMPAIGN_STATES:
+            eta = remaining / throughput * 3600
+    return CampaignProgress(
+        counts=per_state, done=done, total=campaign.realizations, throughput_per_hour=throughput, eta_seconds=eta
+    )
 
 
 def progress_many(*, session: Session, campaigns: list[Campaign], window_s: float) -> dict[int, CampaignProgress]:
@@ -351,28 +424,18 @@ def progress_many(*, session: Session, campaigns: list[Campaign], window_s: floa
                 .group_by(Attempt.campaign_id)
             ).all()
         )
-    answer = {}
-    for campaign in campaigns:
-        per_state = counts[campaign.id]
-        done = sum(per_state[state] for state in RealizationState if state not in UNFINISHED_REALIZATION_STATES)
-        remaining = sum(per_state[state] for state in UNFINISHED_REALIZATION_STATES)
-        throughput = eta = None
-        recent = finished_in_span.get(campaign.id, 0)
-        if recent:
-            first_claim = span_starts.get(campaign.id)
-            if campaign.id in ended:
-                assert campaign.finished_at is not None  # how ``ended`` is made
-                span_start, span_end = first_claim or campaign.queued_at, campaign.finished_at
-            else:
-                span_start, span_end = max(window_start, first_claim or campaign.queued_at), now
-            hours = max((span_end - span_start).total_seconds(), 1.0) / 3600
-            throughput = recent / hours
-            if remaining and campaign.state not in FINISHED_CAMPAIGN_STATES:
-                eta = remaining / throughput * 3600
-        answer[campaign.id] = CampaignProgress(
-            counts=per_state, done=done, total=campaign.realizations, throughput_per_hour=throughput, eta_seconds=eta
+    return {
+        campaign.id: _progress_of(
+            campaign,
+            counts[campaign.id],
+            recent=finished_in_span.get(campaign.id, 0),
+            first_claim=span_starts.get(campaign.id),
+            ended=campaign.id in ended,
+            now=now,
+            window_start=window_start,
         )
-    return answer
+        for campaign in campaigns
+    }
 
 
 def owner_name(*, session: Session, owner_id: int) -> str:
@@ -421,19 +484,45 @@ def list_realizations(
     cursor: str | None = None,
     limit: int = 100,
 ) -> tuple[list[RealizationSummary], str | None]:
-    get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    """A page of the campaign's realisations in index order, after the cursor's index (keyset pagination).
+
+    One query in the common case: the owner's check is a join, and only an empty page asks whether the
+    campaign exists. The page walks the unique index ``(campaign_id, index)``, or
+    ``(campaign_id, state, index)`` with a state, from the cursor on: its cost is the page's, however
+    deep. Only the summary's columns are read (not a result's JSON).
+    """
     query = (
-        select(Realization, Worker.name)
+        select(
+            Realization.index,
+            Realization.state,
+            Realization.attempts,
+            Realization.lease_expires_at,
+            Realization.finished_at,
+            Worker.name,
+        )
+        .join(Campaign, Campaign.id == Realization.campaign_id)
         .outerjoin(Worker, Worker.id == Realization.lease_holder_id)
-        .where(Realization.campaign_id == campaign_id)
+        .where(Realization.campaign_id == campaign_id, Campaign.owner_id == owner_id)
     )
     if state is not None:
         query = query.where(Realization.state == state)
     position = decode_cursor(cursor, keys=("after_index",))
     if position is not None:
         query = query.where(Realization.index > position["after_index"])
-    rows = list(session.execute(query.order_by(Realization.index).limit(limit + 1)))
-    items = [_realization_summary(realization, worker) for realization, worker in rows[:limit]]
+    rows = session.execute(query.order_by(Realization.index).limit(limit + 1)).all()
+    if not rows:
+        get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)  # 404 unless only the page is empty
+    items = [
+        RealizationSummary(
+            index=index,
+            state=state_,
+            attempts=attempts,
+            lease_holder=worker,
+            lease_expires_at=lease_expires_at,
+            finished_at=finished_at,
+        )
+        for index, state_, attempts, lease_expires_at, finished_at, worker in rows[:limit]
+    ]
     next_cursor = encode_cursor({"after_index": items[-1].index}) if len(rows) > limit else None
     return items, next_cursor
 
