@@ -7,8 +7,8 @@ every campaign's attempts), on every status read; with ``claimed_at`` second in 
 one lookup. The old index's uses (a campaign's attempts, the cascade of a campaign's deletion)
 are served by the new one's first column.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-27 03:00:00
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0007"
-down_revision: str | None = "0006"
+revision: str = "0008"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
