@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple, cast
 
-from sqlalchemy import BigInteger, Table, exists, insert, literal, select, update
+from sqlalchemy import BigInteger, Table, and_, exists, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from schemas.api import PlanRef, PreprocessTask, RealizeTask, preprocess_task_id, realize_task_id
@@ -54,13 +54,15 @@ class ClaimAnswer:
         return len(self.tasks) >= self.max_tasks or self.spec_bytes >= CLAIM_SPEC_BYTES
 
 
-def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: Settings) -> list[Task]:
-    """Claim up to ``max_tasks`` tasks for ``worker`` and commit."""
-    now = utcnow()
-    worker.last_heartbeat_at = now
+def claim_tasks(
+    *, session: Session, worker: Worker, max_tasks: int, settings: Settings, now: datetime | None = None
+) -> list[Task]:
+    """Claim up to ``max_tasks`` tasks for ``worker`` (its row locked by the caller:
+    :func:`service.workers.service.hold_worker`) and commit."""
+    now = now or utcnow()
     answer = ClaimAnswer(worker=worker, max_tasks=max_tasks, now=now, expires=lease_expiry(settings.lease_s, now))
-    candidates = _campaigns_with_queued_work(session)
-    ready = _hand_out_plan_builds(session, answer, candidates, settings)
+    candidates, plans_here = _campaigns_with_queued_work(session, worker.site)
+    ready = _hand_out_plan_builds(session, answer, candidates, plans_here, settings)
     runnable = [candidate for candidate in candidates if (candidate.scan_key, candidate.ranks) in ready]
     first_claims = _lock_campaigns_starting(session, answer, runnable)
     started = _hand_out_realizations(session, answer, runnable, ready)
@@ -69,47 +71,58 @@ def claim_tasks(*, session: Session, worker: Worker, max_tasks: int, settings: S
     return answer.tasks
 
 
-def _campaigns_with_queued_work(session: Session) -> list[Candidate]:
-    """Unfinished campaigns with a queued realisation, in claim order: priority, then age."""
+def _campaigns_with_queued_work(
+    session: Session, site: str
+) -> tuple[list[Candidate], dict[tuple[str, int], PreprocessingPlan]]:
+    """Unfinished campaigns with a queued realisation, in claim order (priority, then age), and the plans of
+    ``site`` they need, by (scan key, ranks): one query.
+
+    The plans once came in a query of their own (one per active scan key before that: 300 campaigns
+    building plans made an empty claim cost 0.5 s, as a review measured it); joined here, a claim costs
+    one round trip fewer.
+    """
     has_queued = exists().where(Realization.campaign_id == Campaign.id, Realization.state == RealizationState.QUEUED)
-    return [
-        Candidate(*row)
-        for row in session.execute(
-            select(
-                Campaign.id,
-                Campaign.owner_id,
-                Campaign.scan_key,
-                Campaign.ranks,
-                Campaign.state,
-                Campaign.queued_at,
-                Campaign.spec_hash,
-                Campaign.realizations,
-            )
-            .where(Campaign.state.in_(UNFINISHED_CAMPAIGN_STATES), has_queued)
-            .order_by(Campaign.priority.desc(), Campaign.created_at, Campaign.id)
+    site_plan = and_(
+        PreprocessingPlan.site == site,
+        PreprocessingPlan.scan_key == Campaign.scan_key,
+        PreprocessingPlan.ranks == Campaign.ranks,
+    )
+    candidates: list[Candidate] = []
+    plans_here: dict[tuple[str, int], PreprocessingPlan] = {}
+    for row in session.execute(
+        select(
+            Campaign.id,
+            Campaign.owner_id,
+            Campaign.scan_key,
+            Campaign.ranks,
+            Campaign.state,
+            Campaign.queued_at,
+            Campaign.spec_hash,
+            Campaign.realizations,
+            PreprocessingPlan,
         )
-    ]
+        .outerjoin(PreprocessingPlan, site_plan)
+        .where(Campaign.state.in_(UNFINISHED_CAMPAIGN_STATES), has_queued)
+        .order_by(Campaign.priority.desc(), Campaign.created_at, Campaign.id)
+    ):
+        candidate, plan = Candidate(*row[:-1]), row[-1]
+        candidates.append(candidate)
+        if plan is not None:
+            plans_here[(candidate.scan_key, candidate.ranks)] = plan
+    return candidates, plans_here
 
 
 def _hand_out_plan_builds(
-    session: Session, answer: ClaimAnswer, candidates: list[Candidate], settings: Settings
+    session: Session,
+    answer: ClaimAnswer,
+    candidates: list[Candidate],
+    plans_here: dict[tuple[str, int], PreprocessingPlan],
+    settings: Settings,
 ) -> dict[tuple[str, int], PreprocessingPlan]:
     """Give the worker the builds its site needs (``preprocess`` tasks); return the plans ready at its site."""
     worker = answer.worker
     ready: dict[tuple[str, int], PreprocessingPlan] = {}
     seen: set[tuple[str, int]] = set()
-    # The site's plans for every candidate, in one query (one per key made every claim cost a
-    # statement per active scan key: 300 campaigns building plans, 0.5 s per empty claim, as a
-    # review measured it).
-    plans_here = {
-        (plan.scan_key, plan.ranks): plan
-        for chunk in in_chunks(candidate.scan_key for candidate in candidates)
-        for plan in session.scalars(
-            select(PreprocessingPlan).where(
-                PreprocessingPlan.site == worker.site, PreprocessingPlan.scan_key.in_(chunk)
-            )
-        )
-    }
     for candidate in candidates:
         key = (candidate.scan_key, candidate.ranks)
         if key in seen:

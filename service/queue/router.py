@@ -30,7 +30,7 @@ from schemas.api import (
 )
 from schemas.states import PlanState, RealizationState
 from service.campaigns.hooks import run_result_hooks
-from service.db import get_database
+from service.db import get_database, utcnow
 from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, RowId, SessionDep, SettingsDep
 from service.errors import DomainError, InsufficientStorage
 from service.pagination import decode_cursor, encode_cursor
@@ -124,8 +124,9 @@ def invalidate_plan(plan_id: RowId, report: PlanInvalid, principal: CurrentWorke
 def claim(
     worker_id: RowId, request_body: ClaimRequest, principal: CurrentWorker, session: SessionDep, settings: SettingsDep
 ) -> ClaimAnswer:
-    worker = workers.worker_for(session=session, principal=principal, worker_id=worker_id, lock=True)
-    found = claim_tasks(session=session, worker=worker, max_tasks=request_body.max_tasks, settings=settings)
+    now = utcnow()
+    worker = workers.hold_worker(session=session, principal=principal, worker_id=worker_id, now=now)
+    found = claim_tasks(session=session, worker=worker, max_tasks=request_body.max_tasks, settings=settings, now=now)
     return ClaimAnswer(tasks=found, lease_s=settings.lease_s)
 
 
@@ -137,8 +138,9 @@ def heartbeat(
     session: SessionDep,
     settings: SettingsDep,
 ) -> HeartbeatAnswer:
-    worker = workers.worker_for(session=session, principal=principal, worker_id=worker_id, lock=True)
-    return tasks.heartbeat(session=session, worker=worker, running=request_body.running, settings=settings)
+    now = utcnow()
+    worker = workers.hold_worker(session=session, principal=principal, worker_id=worker_id, now=now)
+    return tasks.heartbeat(session=session, worker=worker, running=request_body.running, settings=settings, now=now)
 
 
 @tasks_router.post("/{task_id}/started", response_model=TaskAnswer)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from datetime import datetime
+
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from schemas.api import WorkerInfo, WorkerRegistration
@@ -53,9 +55,21 @@ def register_worker(*, session: Session, principal: Principal, registration: Wor
     return worker
 
 
-def worker_for(*, session: Session, principal: Principal, worker_id: int, lock: bool = False) -> Worker:
-    query = select(Worker).where(Worker.id == worker_id)
-    worker = session.scalar(query.with_for_update() if lock else query)
+def hold_worker(*, session: Session, principal: Principal, worker_id: int, now: datetime) -> Worker:
+    """The caller's worker, its row locked and its heartbeat set to ``now``, in one statement.
+
+    Claims and heartbeats of one worker queue on its row. ``UPDATE ... RETURNING`` locks it and records
+    the heartbeat in one round trip (a ``SELECT ... FOR UPDATE`` and a flushed change took two, on
+    every claim). A token that is not the worker's raises, and the caller's transaction, which has not
+    committed, rolls the heartbeat back with it.
+    """
+    worker = session.scalar(
+        update(Worker)
+        .where(Worker.id == worker_id)
+        .values(last_heartbeat_at=now)
+        .returning(Worker)
+        .execution_options(synchronize_session=False)
+    )
     if worker is None:
         raise WorkerNotFound(f"worker {worker_id} is not registered; POST /api/v1/workers first")
     if worker.token_id != principal.token_id:
