@@ -12,7 +12,8 @@ from service.config import Settings
 from service.db import Database, ReadSessionDep, SessionDep, get_database
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
+    # async: no database, so no hop to the thread pool (a sync dependency costs one on every request)
     return request.app.state.settings
 
 

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from schemas.api import WorkerInfo, WorkerRegistration
 from service.auth.models import ApiToken
-from service.auth.service import Principal
+from service.auth.service import Principal, hash_token
 from service.db import utcnow
 from service.events.service import record_event
 from service.workers.errors import WorkerNameTaken, WorkerNotFound, WorkerTokenMismatch
@@ -75,6 +75,29 @@ def hold_worker(*, session: Session, principal: Principal, worker_id: int, now: 
     if worker.token_id != principal.token_id:
         raise WorkerTokenMismatch(f"worker {worker_id} was registered with another token; register again")
     return worker
+
+
+def hold_worker_by_token(*, session: Session, token: str, worker_id: int, now: datetime) -> Worker | None:
+    """:func:`hold_worker` and the token check in one statement: the worker, its row locked and its heartbeat
+    set to ``now``, if ``token`` is the live worker token that registered it; else None (nothing changed),
+    and the caller finds out why with the ordinary checks (get_principal, :func:`hold_worker`).
+
+    A claim checked the token in a session of its own first: a connection, its ping, BEGIN, the lookup and
+    ROLLBACK, on every claim.
+    """
+    return session.scalar(
+        update(Worker)
+        .where(
+            Worker.id == worker_id,
+            ApiToken.id == Worker.token_id,
+            ApiToken.token_hash == hash_token(token),
+            ApiToken.kind == "worker",
+            ApiToken.revoked_at.is_(None),
+        )
+        .values(last_heartbeat_at=now)
+        .returning(Worker)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def worker_info(worker: Worker) -> WorkerInfo:

@@ -679,9 +679,9 @@ def test_a_claim_reads_the_sites_plans_in_one_query_whatever_the_number_of_scan_
 
 
 @pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
-def test_a_claim_on_postgresql_is_five_statements_whatever_it_hands_out(api):
-    """The claim rate is bound by round trips: the token, the worker's row and heartbeat, the campaigns with
-    their plans, the realisations with their attempts, the events under their lock; then the commit."""
+def test_a_claim_on_postgresql_is_four_statements_on_one_connection_whatever_it_hands_out(api):
+    """The claim rate is bound by round trips: the token with the worker's row and heartbeat, the campaigns
+    with their plans, the realisations with their attempts, the events under their lock; then the commit."""
     from sqlalchemy import event
 
     api.create(realizations=40)
@@ -693,7 +693,13 @@ def test_a_claim_on_postgresql_is_five_statements_whatever_it_hands_out(api):
     def record(conn, cursor, statement, parameters, context, executemany):
         statements.append(" ".join(statement.split()[:2]))
 
+    checkouts: list[object] = []
+
+    def checkout(*args):
+        checkouts.append(args)
+
     event.listen(api.database.engine, "before_cursor_execute", record)
+    event.listen(api.database.engine.pool, "checkout", checkout)
     try:
         counts = {}
         for batch in (1, 20):
@@ -702,9 +708,10 @@ def test_a_claim_on_postgresql_is_five_statements_whatever_it_hands_out(api):
             counts[batch] = list(statements)
     finally:
         event.remove(api.database.engine, "before_cursor_execute", record)
+        event.remove(api.database.engine.pool, "checkout", checkout)
     assert counts[1] == counts[20]
-    assert len(counts[1]) == 5, counts[1]
-    assert counts[1][-1] == "WITH event_lock", counts[1]
+    assert counts[1] == ["UPDATE workers", "SELECT campaigns.id,", "WITH picked", "WITH event_lock"], counts[1]
+    assert len(checkouts) == 2  # one connection a claim
 
 
 def test_a_claim_answer_stops_at_its_spec_budget_but_hands_out_at_least_one_task(api, monkeypatch):
