@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningUpdate
 
 from schemas.api import WorkerInfo, WorkerRegistration
 from service.auth.models import ApiToken
 from service.auth.service import Principal, hash_token
-from service.db import utcnow
+from service.db import UTCDateTime, utcnow
 from service.events.service import record_event
 from service.workers.errors import WorkerNameTaken, WorkerNotFound, WorkerTokenMismatch
 from service.workers.models import Worker
@@ -86,15 +88,23 @@ def hold_worker_by_token(*, session: Session, token: str, worker_id: int, now: d
     ROLLBACK, on every claim.
     """
     return session.scalar(
+        _hold_by_token_statement(), {"worker_id": worker_id, "token_hash": hash_token(token), "now": now}
+    )
+
+
+@cache
+def _hold_by_token_statement() -> ReturningUpdate[Worker]:
+    """The statement of :func:`hold_worker_by_token`, built once: its values are bound parameters."""
+    return (
         update(Worker)
         .where(
-            Worker.id == worker_id,
+            Worker.id == bindparam("worker_id"),
             ApiToken.id == Worker.token_id,
-            ApiToken.token_hash == hash_token(token),
+            ApiToken.token_hash == bindparam("token_hash"),
             ApiToken.kind == "worker",
             ApiToken.revoked_at.is_(None),
         )
-        .values(last_heartbeat_at=now)
+        .values(last_heartbeat_at=bindparam("now", type_=UTCDateTime()))
         .returning(Worker)
         .execution_options(synchronize_session=False)
     )
