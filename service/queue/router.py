@@ -131,6 +131,7 @@ class HeldWorker:
     """The caller's worker row, locked with its heartbeat set at ``now``; or, when the one-statement check
     found nothing, the checked caller (``worker`` None), for :func:`_the_worker` to say why."""
 
+    worker_id: int
     now: datetime
     worker: Worker | None
     principal: Principal | None
@@ -148,25 +149,24 @@ def hold_calling_worker(
             session=session, token=credentials.credentials, worker_id=worker_id, now=now
         )
         if worker is not None:
-            return HeldWorker(now=now, worker=worker, principal=None)
-    return HeldWorker(now=now, worker=None, principal=get_worker(get_principal(request, credentials)))
+            return HeldWorker(worker_id=worker_id, now=now, worker=worker, principal=None)
+    principal = get_worker(get_principal(request, credentials))
+    return HeldWorker(worker_id=worker_id, now=now, worker=None, principal=principal)
 
 
 CallingWorker = Annotated[HeldWorker, Depends(hold_calling_worker)]
 
 
-def _the_worker(held: HeldWorker, session: Session, worker_id: int) -> Worker:
+def _the_worker(held: HeldWorker, session: Session) -> Worker:
     if held.worker is not None:
         return held.worker
     assert held.principal is not None
-    return workers.hold_worker(session=session, principal=held.principal, worker_id=worker_id, now=held.now)
+    return workers.hold_worker(session=session, principal=held.principal, worker_id=held.worker_id, now=held.now)
 
 
 @claims_router.post("/{worker_id}/claim", response_model=ClaimAnswer)
-def claim(
-    worker_id: RowId, request_body: ClaimRequest, held: CallingWorker, session: SessionDep, settings: SettingsDep
-) -> ClaimAnswer:
-    worker = _the_worker(held, session, worker_id)
+def claim(request_body: ClaimRequest, held: CallingWorker, session: SessionDep, settings: SettingsDep) -> ClaimAnswer:
+    worker = _the_worker(held, session)
     found = claim_tasks(
         session=session, worker=worker, max_tasks=request_body.max_tasks, settings=settings, now=held.now
     )
@@ -175,13 +175,9 @@ def claim(
 
 @claims_router.post("/{worker_id}/heartbeat", response_model=HeartbeatAnswer)
 def heartbeat(
-    worker_id: RowId,
-    request_body: HeartbeatRequest,
-    held: CallingWorker,
-    session: SessionDep,
-    settings: SettingsDep,
+    request_body: HeartbeatRequest, held: CallingWorker, session: SessionDep, settings: SettingsDep
 ) -> HeartbeatAnswer:
-    worker = _the_worker(held, session, worker_id)
+    worker = _the_worker(held, session)
     return tasks.heartbeat(
         session=session, worker=worker, running=request_body.running, settings=settings, now=held.now
     )
