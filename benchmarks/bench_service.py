@@ -1,7 +1,7 @@
 """Benchmark of the campaign service through its real HTTP API (a live ``mapcampaign serve``).
 
     .venv/bin/python benchmarks/bench_service.py --database postgresql
-    .venv/bin/python benchmarks/bench_service.py --database postgresql --batches 1,10 --api-workers 2
+    .venv/bin/python benchmarks/bench_service.py --database postgresql --batches 1,10,50 --api-workers 2
     .venv/bin/python benchmarks/bench_service.py --database sqlite --realizations 10000 --claimers 4
 
 Prints:
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--database", choices=["postgresql", "sqlite"], default="postgresql")
     parser.add_argument("--realizations", type=int, default=10_000)
     parser.add_argument("--claimers", type=int, default=4)
-    parser.add_argument("--batches", default="1,10", help="claim sizes (max_tasks) to measure, comma-separated")
+    parser.add_argument("--batches", default="1,10,50", help="claim sizes (max_tasks) to measure, comma-separated")
     parser.add_argument("--api-workers", type=int, default=1, help="API processes (mapcampaign serve --workers)")
     parser.add_argument("--reads", type=int, default=500)
     add_json_option(parser)

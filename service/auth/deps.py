@@ -13,6 +13,9 @@ from service.auth.service import Principal, principal_for_token
 from service.db import ReadSessionDep, get_database
 
 _bearer = HTTPBearer(auto_error=False, description="API token: `mapcampaign token create --user NAME [--worker]`")
+# The Authorization header as given, unchecked (same security scheme): for an endpoint that checks the token
+# in its own statement and calls get_principal only when that finds nothing (service.queue.router).
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 def _bearer_token(credentials: HTTPAuthorizationCredentials | None) -> str:

@@ -4,10 +4,13 @@ report a ready plan unusable."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Header, Query, Request, status
+from fastapi import APIRouter, Depends, Header, Query, Request, status
+from sqlalchemy.orm import Session
 
 from schemas.api import (
     ARTIFACT_SHA256_HEADER,
@@ -29,8 +32,10 @@ from schemas.api import (
     parse_task_id,
 )
 from schemas.states import PlanState, RealizationState
+from service.auth.deps import BearerCredentials, get_principal, get_worker
+from service.auth.service import Principal
 from service.campaigns.hooks import run_result_hooks
-from service.db import get_database
+from service.db import get_database, utcnow
 from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, RowId, SessionDep, SettingsDep
 from service.errors import DomainError, InsufficientStorage
 from service.pagination import decode_cursor, encode_cursor
@@ -38,6 +43,7 @@ from service.queue import couplings, plans, tasks
 from service.queue.claim import claim_tasks
 from service.storage import ArtifactStore
 from service.workers import service as workers
+from service.workers.models import Worker
 
 _worker_errors: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody},
@@ -120,25 +126,61 @@ def invalidate_plan(plan_id: RowId, report: PlanInvalid, principal: CurrentWorke
     return plans.get_plan(session=session, plan_id=plan_id)
 
 
+@dataclass(frozen=True)
+class HeldWorker:
+    """The caller's worker row, locked with its heartbeat set at ``now``; or, when the one-statement check
+    found nothing, the checked caller (``worker`` None), for :func:`_the_worker` to say why."""
+
+    worker_id: int
+    now: datetime
+    worker: Worker | None
+    principal: Principal | None
+
+
+def hold_calling_worker(
+    worker_id: RowId, request: Request, credentials: BearerCredentials, session: SessionDep
+) -> HeldWorker:
+    """Claims and heartbeats, the calls every worker makes most: the token checked, the worker's row locked
+    and its heartbeat recorded in one statement of the request's session. Any refusal comes from the
+    ordinary checks, in their order: the token's (here, before the body is read), then the worker's."""
+    now = utcnow()
+    if credentials is not None and credentials.scheme.lower() == "bearer" and credentials.credentials:
+        worker = workers.hold_worker_by_token(
+            session=session, token=credentials.credentials, worker_id=worker_id, now=now
+        )
+        if worker is not None:
+            return HeldWorker(worker_id=worker_id, now=now, worker=worker, principal=None)
+    principal = get_worker(get_principal(request, credentials))
+    return HeldWorker(worker_id=worker_id, now=now, worker=None, principal=principal)
+
+
+CallingWorker = Annotated[HeldWorker, Depends(hold_calling_worker)]
+
+
+def _the_worker(held: HeldWorker, session: Session) -> Worker:
+    if held.worker is not None:
+        return held.worker
+    assert held.principal is not None
+    return workers.hold_worker(session=session, principal=held.principal, worker_id=held.worker_id, now=held.now)
+
+
 @claims_router.post("/{worker_id}/claim", response_model=ClaimAnswer)
-def claim(
-    worker_id: RowId, request_body: ClaimRequest, principal: CurrentWorker, session: SessionDep, settings: SettingsDep
-) -> ClaimAnswer:
-    worker = workers.worker_for(session=session, principal=principal, worker_id=worker_id, lock=True)
-    found = claim_tasks(session=session, worker=worker, max_tasks=request_body.max_tasks, settings=settings)
+def claim(request_body: ClaimRequest, held: CallingWorker, session: SessionDep, settings: SettingsDep) -> ClaimAnswer:
+    worker = _the_worker(held, session)
+    found = claim_tasks(
+        session=session, worker=worker, max_tasks=request_body.max_tasks, settings=settings, now=held.now
+    )
     return ClaimAnswer(tasks=found, lease_s=settings.lease_s)
 
 
 @claims_router.post("/{worker_id}/heartbeat", response_model=HeartbeatAnswer)
 def heartbeat(
-    worker_id: RowId,
-    request_body: HeartbeatRequest,
-    principal: CurrentWorker,
-    session: SessionDep,
-    settings: SettingsDep,
+    request_body: HeartbeatRequest, held: CallingWorker, session: SessionDep, settings: SettingsDep
 ) -> HeartbeatAnswer:
-    worker = workers.worker_for(session=session, principal=principal, worker_id=worker_id, lock=True)
-    return tasks.heartbeat(session=session, worker=worker, running=request_body.running, settings=settings)
+    worker = _the_worker(held, session)
+    return tasks.heartbeat(
+        session=session, worker=worker, running=request_body.running, settings=settings, now=held.now
+    )
 
 
 @tasks_router.post("/{task_id}/started", response_model=TaskAnswer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import PurePosixPath
 
 from sqlalchemy import func, select, update
@@ -411,11 +412,12 @@ def report_plan_built(*, session: Session, task_id: str, principal: Principal, r
     return plan.state
 
 
-def heartbeat(*, session: Session, worker: Worker, running: list[str], settings: Settings) -> HeartbeatAnswer:
-    """Extend the leases of the tasks the worker still holds; say which to cancel and which it lost."""
-    now = utcnow()
+def heartbeat(
+    *, session: Session, worker: Worker, running: list[str], settings: Settings, now: datetime
+) -> HeartbeatAnswer:
+    """Extend the leases of the tasks the worker still holds (its row locked and its heartbeat recorded at
+    ``now`` by :func:`service.workers.service.hold_worker`); say which to cancel and which it lost."""
     expires = lease_expiry(settings.lease_s, now)
-    worker.last_heartbeat_at = now
     attempt_ids: dict[int, str] = {}
     builds: dict[int, tuple[int, str]] = {}
     lost: list[str] = []

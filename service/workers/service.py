@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from datetime import datetime
+from functools import cache
+
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningUpdate
 
 from schemas.api import WorkerInfo, WorkerRegistration
 from service.auth.models import ApiToken
-from service.auth.service import Principal
-from service.db import utcnow
+from service.auth.service import Principal, hash_token
+from service.db import UTCDateTime, utcnow
 from service.events.service import record_event
 from service.workers.errors import WorkerNameTaken, WorkerNotFound, WorkerTokenMismatch
 from service.workers.models import Worker
@@ -53,14 +57,57 @@ def register_worker(*, session: Session, principal: Principal, registration: Wor
     return worker
 
 
-def worker_for(*, session: Session, principal: Principal, worker_id: int, lock: bool = False) -> Worker:
-    query = select(Worker).where(Worker.id == worker_id)
-    worker = session.scalar(query.with_for_update() if lock else query)
+def hold_worker(*, session: Session, principal: Principal, worker_id: int, now: datetime) -> Worker:
+    """The caller's worker, its row locked and its heartbeat set to ``now``, in one statement.
+
+    Claims and heartbeats of one worker queue on its row. ``UPDATE ... RETURNING`` locks it and records
+    the heartbeat in one round trip (a ``SELECT ... FOR UPDATE`` and a flushed change took two, on
+    every claim). A token that is not the worker's raises, and the caller's transaction, which has not
+    committed, rolls the heartbeat back with it.
+    """
+    worker = session.scalar(
+        update(Worker)
+        .where(Worker.id == worker_id)
+        .values(last_heartbeat_at=now)
+        .returning(Worker)
+        .execution_options(synchronize_session=False)
+    )
     if worker is None:
         raise WorkerNotFound(f"worker {worker_id} is not registered; POST /api/v1/workers first")
     if worker.token_id != principal.token_id:
         raise WorkerTokenMismatch(f"worker {worker_id} was registered with another token; register again")
     return worker
+
+
+def hold_worker_by_token(*, session: Session, token: str, worker_id: int, now: datetime) -> Worker | None:
+    """:func:`hold_worker` and the token check in one statement: the worker, its row locked and its heartbeat
+    set to ``now``, if ``token`` is the live worker token that registered it; else None (nothing changed),
+    and the caller finds out why with the ordinary checks (get_principal, :func:`hold_worker`).
+
+    A claim checked the token in a session of its own first: a connection, its ping, BEGIN, the lookup and
+    ROLLBACK, on every claim.
+    """
+    return session.scalar(
+        _hold_by_token_statement(), {"worker_id": worker_id, "token_hash": hash_token(token), "now": now}
+    )
+
+
+@cache
+def _hold_by_token_statement() -> ReturningUpdate[Worker]:
+    """The statement of :func:`hold_worker_by_token`, built once: its values are bound parameters."""
+    return (
+        update(Worker)
+        .where(
+            Worker.id == bindparam("worker_id"),
+            ApiToken.id == Worker.token_id,
+            ApiToken.token_hash == bindparam("token_hash"),
+            ApiToken.kind == "worker",
+            ApiToken.revoked_at.is_(None),
+        )
+        .values(last_heartbeat_at=bindparam("now", type_=UTCDateTime()))
+        .returning(Worker)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def worker_info(worker: Worker) -> WorkerInfo:

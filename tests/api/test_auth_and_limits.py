@@ -64,6 +64,53 @@ def test_token_kinds_reach_only_their_endpoints(api):
     assert api.wpost("/workers/999/claim", json={}).status_code == 404
 
 
+def test_claims_and_heartbeats_check_the_token_in_their_own_statement_and_refuse_as_before(api):
+    """A claim and a heartbeat check the token, lock the worker and record its heartbeat in one statement;
+    whatever that does not find is refused by the ordinary checks, with their codes, and changes nothing."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    from service.auth.models import ApiToken
+    from service.auth.service import hash_token
+    from service.workers.models import Worker
+
+    api.create(realizations=2)
+    worker = api.register()
+    other = api.register("w2", token=api.bob_worker)
+
+    def heartbeat_of(worker_id):
+        with api.database.session(write=False) as session:
+            return session.get(Worker, worker_id).last_heartbeat_at
+
+    seen = heartbeat_of(worker)
+    refusals = [
+        (None, worker, 401, "missing_token"),
+        ("mcw_not-a-token", worker, 401, "invalid_token"),
+        (api.alice, worker, 403, "wrong_token_kind"),
+        (api.bob_worker, worker, 403, "worker_token_mismatch"),
+        (api.alice_worker, 999, 404, "worker_not_found"),
+    ]
+    for token, worker_id, status, code in refusals:
+        for path, body in ((f"/workers/{worker_id}/claim", {"max_tasks": 1}), (f"/workers/{worker_id}/heartbeat", {})):
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            answer = api.client.post(f"/api/v1{path}", json=body, headers=headers)
+            assert (answer.status_code, answer.json()["code"]) == (status, code), (token, path, answer.text)
+    assert heartbeat_of(worker) == seen
+    assert api.campaign(api.get("/campaigns").json()["items"][0]["id"])["progress"]["counts"]["queued"] == 2
+
+    assert [task["kind"] for task in api.claim(worker)] == ["preprocess"]
+    assert heartbeat_of(worker) > seen
+    with api.database.session() as session:  # a revoked token is refused at once
+        session.execute(
+            update(ApiToken).where(ApiToken.token_hash == hash_token(api.bob_worker)).values(revoked_at=datetime.now(UTC))
+        )
+        session.commit()
+    for path in (f"/workers/{other}/claim", f"/workers/{other}/heartbeat"):
+        answer = api.wpost(path, api.bob_worker, json={})
+        assert (answer.status_code, answer.json()["code"]) == (401, "invalid_token"), path
+
+
 def test_body_size_limit(make_api):
     api = make_api(max_json_body_bytes=4096)
     big = spec_data(description="x" * 3_990)

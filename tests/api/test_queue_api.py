@@ -674,7 +674,44 @@ def test_a_claim_reads_the_sites_plans_in_one_query_whatever_the_number_of_scan_
         assert api.claim(other, max_tasks=4) == []  # everything is being built elsewhere
     finally:
         event.remove(api.database.engine, "before_cursor_execute", record)
-    assert sum("FROM preprocessing_plans" in statement for statement in statements) == 1
+    # The plans come joined to the campaigns that need them (one statement), not in a query per key.
+    assert sum("preprocessing_plans" in statement for statement in statements) == 1
+
+
+@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+def test_a_claim_on_postgresql_is_four_statements_on_one_connection_whatever_it_hands_out(api):
+    """The claim rate is bound by round trips: the token with the worker's row and heartbeat, the campaigns
+    with their plans, the realisations with their attempts, the events under their lock; then the commit."""
+    from sqlalchemy import event
+
+    api.create(realizations=40)
+    worker = api.register(capacity=20)
+    api.build_plan(worker)
+    api.claim(worker, max_tasks=1)  # the spec is parsed and cached on the first claim of a campaign
+    statements: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        statements.append(" ".join(statement.split()[:2]))
+
+    checkouts: list[object] = []
+
+    def checkout(*args):
+        checkouts.append(args)
+
+    event.listen(api.database.engine, "before_cursor_execute", record)
+    event.listen(api.database.engine.pool, "checkout", checkout)
+    try:
+        counts = {}
+        for batch in (1, 20):
+            statements.clear()
+            assert len(api.claim(worker, max_tasks=batch)) == batch
+            counts[batch] = list(statements)
+    finally:
+        event.remove(api.database.engine, "before_cursor_execute", record)
+        event.remove(api.database.engine.pool, "checkout", checkout)
+    assert counts[1] == counts[20]
+    assert counts[1] == ["UPDATE workers", "SELECT campaigns.id,", "WITH picked", "WITH event_lock"], counts[1]
+    assert len(checkouts) == 2  # one connection a claim
 
 
 def test_a_claim_answer_stops_at_its_spec_budget_but_hands_out_at_least_one_task(api, monkeypatch):
