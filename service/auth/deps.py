@@ -65,20 +65,28 @@ def get_reading_principal(
     return _known(request, session, _bearer_token(credentials))
 
 
-async def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+def require_user(principal: Principal) -> Principal:
     if principal.kind != "user":
         raise WrongTokenKind("worker tokens reach only the worker endpoints; use a user token")
     return principal
 
 
-async def get_worker(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+def require_worker(principal: Principal) -> Principal:
     if principal.kind != "worker":
         raise WrongTokenKind("this is a worker endpoint; it needs a worker token (token create --worker)")
     return principal
 
 
+async def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    return require_user(principal)
+
+
+async def get_worker(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    return require_worker(principal)
+
+
 async def get_reading_user(principal: Annotated[Principal, Depends(get_reading_principal)]) -> Principal:
-    return await get_user(principal)
+    return require_user(principal)
 
 
 # The kind checks are async (no I/O): a sync dependency costs a turn through the thread pool.

@@ -32,7 +32,7 @@ from schemas.api import (
     parse_task_id,
 )
 from schemas.states import PlanState, RealizationState
-from service.auth.deps import BearerCredentials, get_principal, get_worker
+from service.auth.deps import BearerCredentials, get_principal, require_worker
 from service.auth.service import Principal
 from service.campaigns.hooks import run_result_hooks
 from service.db import get_database, utcnow
@@ -150,7 +150,7 @@ def hold_calling_worker(
         )
         if worker is not None:
             return HeldWorker(worker_id=worker_id, now=now, worker=worker, principal=None)
-    principal = get_worker(get_principal(request, credentials))
+    principal = require_worker(get_principal(request, credentials))
     return HeldWorker(worker_id=worker_id, now=now, worker=None, principal=principal)
 
 

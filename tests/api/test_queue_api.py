@@ -729,3 +729,16 @@ def test_a_claim_answer_stops_at_its_spec_budget_but_hands_out_at_least_one_task
     monkeypatch.setattr(claim, "CLAIM_SPEC_BYTES", size // 2)
     assert len(api.claim(worker, max_tasks=10)) == 1  # a spec larger than the budget still goes, alone
     assert api.campaign(campaign["id"])["progress"]["counts"]["claimed"] == 4
+
+
+def test_claims_and_heartbeats_refuse_the_wrong_caller_with_the_ordinary_answers(api):
+    """The one-statement token check finds nothing for these callers; the ordinary checks then say why."""
+    api.create(realizations=1)
+    worker = api.register()
+    for path, body in ((f"/workers/{worker}/claim", {"max_tasks": 1}), (f"/workers/{worker}/heartbeat", {"running": []})):
+        user = api.wpost(path, api.alice, json=body)
+        assert user.status_code == 403 and user.json()["code"] == "wrong_token_kind", user.text
+        assert api.request("POST", path, "", json=body).status_code == 401
+        assert api.wpost(path, "not-a-token", json=body).status_code == 401
+        assert api.wpost(path, api.bob_worker, json=body).status_code == 403  # another user's worker
+    assert api.claim(worker)[0]["kind"] == "preprocess"  # nothing was claimed by the refused calls
