@@ -619,11 +619,13 @@ def instrument_summary(spec: CampaignSpec) -> dict[str, Any] | None:
         # Each middle on its own: the directions are interpolated between the times they are asked at.
         axes = np.concatenate([anti_sun_direction(middles[i : i + 1]) for i in range(len(listed))])
         longitudes = np.degrees(np.arctan2(axes[:, 1], axes[:, 0])) % 360.0
+        reach = max((math.hypot(d.offset_x_deg, d.offset_y_deg) for d in plane.detector_rows), default=0.0)
         summary["schedule"] = {
             "kind": scan.kind,
             "file": scan.file,
             "scans": len(scan.scans),
             "observed_s": scan.duration_s,
+            "coverage": satellite_coverage(scan, focal_plane_reach_deg=reach),
             "shown": [
                 {
                     "name": item.name,
@@ -637,6 +639,53 @@ def instrument_summary(spec: CampaignSpec) -> dict[str, Any] | None:
             ],
         }
     return summary or None
+
+
+COVERAGE_CELL_DEG = 5.0  # the dashboard's sky grid: 72 x 36 cells of ecliptic longitude and latitude
+
+
+def satellite_coverage(scan: SatelliteScheduleScan, *, focal_plane_reach_deg: float = 0.0) -> dict[str, Any]:
+    """The cells of a 5-degree ecliptic grid a satellite schedule's boresight can reach.
+
+    The spin axis turns at the precession angle around the anti-Sun axis and the boresight at the spin angle
+    around the spin axis, so over a scan the boresight sweeps the ring between |precession - spin| and
+    precession + spin of the anti-Sun direction, taken at each scan's start, middle and end (it moves a degree
+    a day). A cell counts when any point of it can be in that ring: its centre within the ring widened by the
+    cell's half-diagonal and the focal plane's reach (degrees from the boresight). Returned as the grid's
+    ``cell_deg`` and the covered cells' flat indices ``latitude_row * 72 + longitude_column`` (row 0 at
+    latitude -90 degrees, column 0 at longitude 0), and the covered fraction of the sky (by solid angle).
+    """
+    import numpy as np
+
+    from schemas.ephemeris import anti_sun_direction
+
+    n_lon, n_lat = int(360 / COVERAGE_CELL_DEG), int(180 / COVERAGE_CELL_DEG)
+    lon = np.radians((np.arange(n_lon) + 0.5) * COVERAGE_CELL_DEG)
+    lat = np.radians((np.arange(n_lat) + 0.5) * COVERAGE_CELL_DEG - 90.0)
+    cos_lat = np.cos(lat)[:, None]
+    centres = np.stack(
+        [cos_lat * np.cos(lon)[None, :], cos_lat * np.sin(lon)[None, :], np.broadcast_to(np.sin(lat)[:, None], (n_lat, n_lon))],
+        axis=-1,
+    ).reshape(-1, 3)  # [n_lat * n_lon, 3]
+    times = np.array(
+        [t for item in scan.scans for t in (item.start_unix_s, item.start_unix_s + 0.5 * item.chunks * scan.chunk_s,
+                                            item.start_unix_s + item.chunks * scan.chunk_s)]
+    )
+    axes = np.concatenate([anti_sun_direction(times[i : i + 1]) for i in range(len(times))]) if len(times) else np.zeros((0, 3))
+    margin = math.degrees(math.acos(math.cos(math.radians(COVERAGE_CELL_DEG / 2)) ** 2)) + focal_plane_reach_deg
+    inner = max(0.0, abs(scan.precession_angle_deg - scan.spin_angle_deg) - margin)
+    outer = scan.precession_angle_deg + scan.spin_angle_deg + margin
+    covered = np.zeros(len(centres), dtype=bool)
+    for axis in axes:  # a few per scan: [n_cells] at a time keeps the memory small for long schedules
+        distance = np.degrees(np.arccos(np.clip(centres @ axis, -1.0, 1.0)))
+        covered |= (distance >= inner) & (distance <= outer)
+    cell_area = (np.sin(lat + np.radians(COVERAGE_CELL_DEG / 2)) - np.sin(lat - np.radians(COVERAGE_CELL_DEG / 2)))
+    areas = np.broadcast_to(cell_area[:, None], (n_lat, n_lon)).reshape(-1) * np.radians(COVERAGE_CELL_DEG)
+    return {
+        "cell_deg": COVERAGE_CELL_DEG,
+        "cells": np.flatnonzero(covered).tolist(),
+        "sky_fraction": round(float(areas[covered].sum() / (4 * math.pi)), 4),
+    }
 
 
 # --------------------------------------------------------------------------- uploaded files

@@ -16,7 +16,7 @@ import pytest
 from tests.browser.conftest import Dashboard, texts
 from tests.support.live_service import LiveService
 from tests.support.service_helpers import spec_data
-from tests.support.toast_files import hexagon_focal_plane, write_ground_schedule
+from tests.support.toast_files import hexagon_focal_plane, write_ground_schedule, write_satellite_schedule
 
 pytestmark = pytest.mark.browser
 
@@ -73,3 +73,30 @@ def test_the_campaign_page_draws_a_file_focal_plane_and_lists_the_schedule(dash:
     assert page.locator("#schedule-sky g.field").count() == 2
     assert page.locator("#schedule-sky").is_visible()
     dash.screenshot(page, "instrument-files")
+
+
+def test_the_campaign_page_draws_a_satellite_schedule_s_reach_on_the_sky(dash: Dashboard, page, instruments):
+    start = datetime(2027, 3, 1, tzinfo=UTC)
+    scans = [
+        {"name": f"day{day}", "start": start + timedelta(days=day), "stop": start + timedelta(days=day, minutes=20),
+         "prec_period": 10.0, "spin_period": 2.0}
+        for day in range(2)
+    ]  # fmt: skip
+    schedule_sha = write_satellite_schedule(instruments / "satellite.ecsv", scans)
+    data = spec_data()
+    data["scan"] = {"kind": "satellite-schedule", "file": "satellite.ecsv", "sha256": schedule_sha, "chunk_s": 600.0,
+                    "spin_angle_deg": 50.0, "precession_angle_deg": 45.0}  # fmt: skip
+    with dash.api() as client:
+        answer = client.post("/campaigns", json=data)
+        assert answer.status_code == 201, answer.text
+        campaign = answer.json()
+    dash.login(page)
+    page.goto(f"{dash.url}/campaigns/{campaign['id']}")
+    coverage = texts(page.locator("#schedule-coverage"))[0]
+    percent = int(coverage.split("reach ")[1].split("%")[0])
+    assert 40 <= percent <= 75, coverage  # the ring 5-95 degrees from the anti-Sun axis: 50% of the sky, widened
+    covered = page.locator("#schedule-sky rect.covered")
+    assert 0.3 * 72 * 36 < covered.count() < 72 * 36
+    assert page.locator("#schedule-sky g.anti-sun").count() == 2
+    assert page.locator("#schedule-sky").is_visible()
+    dash.screenshot(page, "satellite-schedule")

@@ -236,3 +236,32 @@ def test_the_instrument_summary_lists_each_scan_with_its_anti_sun_longitude(sche
         sun = get_sun(middle).transform_to(GeocentricMeanEcliptic(equinox="J2000"))
         difference = (item["anti_sun_longitude_deg"] - (sun.lon.deg + 180.0) + 180.0) % 360.0 - 180.0
         assert abs(difference) < 1.0, (item, difference)
+
+
+def test_the_summary_coverage_holds_every_hit_and_the_ring_area(schedule):
+    """The dashboard's coverage of a satellite schedule: every pixel the map-maker's pointing hits lies in a
+    covered 5-degree ecliptic cell, and the covered fraction of the sky is the ring's between |precession - spin|
+    and precession + spin (solid angle), widened by the cells' margin, within 10%; a far cell is not covered."""
+    from schemas.instrument import instrument_summary
+
+    root, sha = schedule
+    spec = resolve_files(schedule_spec("satellite.ecsv", sha), root)
+    coverage = instrument_summary(spec)["schedule"]["coverage"]
+    cell = coverage["cell_deg"]
+    covered = set(coverage["cells"])
+    layout = chunk_layout(spec)
+    pointing = ChunkPointing(spec, layout)
+    nside = spec.pixelization.nside
+    hit = np.zeros(hp.nside2npix(nside), dtype=bool)
+    for time_chunk in range(layout.n_time_chunks):
+        pixels, _ = pointing(time_chunk, 0)
+        hit[pixels] = True
+    lon, lat = hp.pix2ang(nside, np.flatnonzero(hit), lonlat=True)
+    cells = np.floor((lat + 90.0) / cell).astype(int) * int(360 / cell) + np.floor((lon % 360.0) / cell).astype(int)
+    assert set(cells.tolist()) <= covered
+    inner = math.radians(abs(PRECESSION_ANGLE_DEG - SPIN_ANGLE_DEG))
+    outer = math.radians(PRECESSION_ANGLE_DEG + SPIN_ANGLE_DEG)
+    ring = (math.cos(inner) - math.cos(outer)) / 2  # one axis; the hour moves it by 0.04 degree
+    widened = (math.cos(max(0.0, inner - math.radians(3.54))) - math.cos(outer + math.radians(3.54))) / 2
+    assert ring < coverage["sky_fraction"] <= 1.1 * widened
+    assert len(covered) < 72 * 36
