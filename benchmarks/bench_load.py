@@ -27,7 +27,10 @@ load generator's (and the machine's) CPU for seconds, and every refresh due mean
 charged that delay (p99 of several seconds at 50 reads/s, all of it in the first 10 s).
 
 ``--workers 0 --clients 8``: the closed loop with readers only, the most reads per second the
-service answers (what the clients can send limits it too: they share the machine).
+service answers (what the clients can send limits it too: they share the machine). ``--floor``
+makes every read ``GET /healthz`` (no token, one ``SELECT 1``): the most requests this stack
+(uvicorn, FastAPI, SQLAlchemy, PostgreSQL and the Python clients) answers on the machine, the
+ceiling a real read cannot pass.
 
 Figures include the Python HTTP clients, which share the machine (and its cores) with the server.
 """
@@ -91,6 +94,7 @@ class LoadReport:
     errors: list[str] = field(default_factory=list)
     claims: int = 0
     busy: int = 0  # 503 answers with Retry-After (the pool was exhausted): retried, not errors
+    floor_url: str | None = None  # --floor: every read is this URL (GET /healthz) instead of status and pages
     reported_successes: list[tuple[int, int]] = field(default_factory=list)
 
     @property
@@ -106,6 +110,7 @@ class LoadReport:
             "warmup_s": self.warmup_s,
             "clients": self.clients,
             "workers": self.workers,
+            "reads_of": "GET /healthz (--floor)" if self.floor_url else "campaign status and realisation pages",
             "requests": self.requests,
             "requests_per_s": self.requests / self.duration_s,
             "errors": len(self.errors),
@@ -147,7 +152,7 @@ class LoadReport:
             ),
             f"requests: {self.requests} ({self.requests / self.duration_s:.0f}/s), errors: {len(self.errors)}",
             (
-                f"reads (status + realisation list): {len(self.read_latencies_s)} "
+                f"reads ({'GET /healthz' if self.floor_url else 'status + realisation list'}): {len(self.read_latencies_s)} "
                 f"({len(self.read_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.read_latencies_s)}"
             ),
             (
@@ -187,7 +192,7 @@ async def _reader(
 ) -> None:
     rng = random.Random()
     while time.monotonic() < stop_at:
-        path, params = _read_path(rng, campaign_ids)
+        path, params = (report.floor_url, None) if report.floor_url else _read_path(rng, campaign_ids)
         started = time.perf_counter()
         counted = time.monotonic() >= start_at
         try:
@@ -214,7 +219,7 @@ async def _user(
     due = time.monotonic() + rng.uniform(0, period)
     while due < stop_at:
         await asyncio.sleep(max(0.0, due - time.monotonic()))
-        path, params = _read_path(rng, campaign_ids)
+        path, params = (report.floor_url, None) if report.floor_url else _read_path(rng, campaign_ids)
         try:
             answer = await client.get(path, params=params)
         except httpx.HTTPError as error:
@@ -348,6 +353,7 @@ def run_load(
     open_loop_period_s: float | None = None,
     warmup_s: float = 5.0,
     server_pid: int | None = None,
+    floor_url: str | None = None,
 ) -> LoadReport:
     """Create ``campaigns`` campaigns, then load the service for ``warmup_s`` + ``duration_s`` seconds; return
     what happened in the last ``duration_s`` (all accepted results, for the database check)."""
@@ -365,6 +371,7 @@ def run_load(
         workers=workers,
         open_loop_period_s=open_loop_period_s,
         warmup_s=warmup_s,
+        floor_url=floor_url,
     )
     start_wall = time.time() + warmup_s
     stop_wall = start_wall + duration_s
@@ -420,6 +427,11 @@ def main() -> None:
     parser.add_argument("--period", type=float, default=4.0, help="open loop: seconds between a user's refreshes")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the clock starts")
     parser.add_argument("--api-workers", type=int, default=1, help="API processes (mapcampaign serve --workers)")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="readers ask GET /healthz (no token, one SELECT 1): the most requests the stack answers here",
+    )
     add_json_option(parser)
     options = parser.parse_args()
 
@@ -441,6 +453,7 @@ def main() -> None:
                     open_loop_period_s=options.period if options.open_loop else None,
                     warmup_s=options.warmup,
                     server_pid=service.process.pid,
+                    floor_url=f"{service.url}/healthz" if options.floor else None,
                 )
                 problems = check_database(pg_url, report)
             finally:
