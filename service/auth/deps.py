@@ -14,7 +14,7 @@ from service.db import ReadSessionDep, get_database
 
 _bearer = HTTPBearer(auto_error=False, description="API token: `mapcampaign token create --user NAME [--worker]`")
 # The Authorization header as given, unchecked (same security scheme): for an endpoint that checks the token
-# in its own statement and calls get_principal only when that finds nothing (service.queue.router).
+# itself, in its own database work (service.queue.router, the campaigns' read endpoints).
 BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
@@ -32,35 +32,23 @@ def _known(request: Request, session: Session, token: str) -> Principal:
     return principal
 
 
-def get_principal(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> Principal:
+def get_principal(request: Request, credentials: BearerCredentials) -> Principal:
     token = _bearer_token(credentials)
     with get_database(request).session(write=False) as session:
         return _known(request, session, token)
 
 
-Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-
-
 def reading_user(request: Request, session: Session, credentials: HTTPAuthorizationCredentials | None) -> Principal:
-    """The user calling, checked in ``session``: for an async endpoint that does all its reading in one
-    thread-pool turn (the token check, its queries, the session's close) instead of four."""
-    principal = _known(request, session, _bearer_token(credentials))
-    if principal.kind != "user":
-        raise WrongTokenKind("worker tokens reach only the worker endpoints; use a user token")
-    return principal
+    """The user calling, checked with ``session``: for an async endpoint that does all its reading in one
+    thread-pool turn (the token check, its queries, closing the connection) instead of four."""
+    return require_user(_known(request, session, _bearer_token(credentials)))
 
 
-def get_reading_principal(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    session: ReadSessionDep,
-) -> Principal:
+def get_reading_principal(request: Request, credentials: BearerCredentials, session: ReadSessionDep) -> Principal:
     """The caller, looked up in the request's own read session (FastAPI hands the endpoint the same one).
 
-    A read then takes one connection from the pool, not two, and one thread-pool turn fewer: the
-    token check was a session of its own (a checkout with its ping, a query, a rollback).
+    A read then takes one connection from the pool, not two, and one thread-pool turn fewer than a token
+    check with a connection of its own (a checkout with its ping, a query, a rollback).
     """
     return _known(request, session, _bearer_token(credentials))
 

@@ -22,7 +22,7 @@ from schemas.api import (
     RetryAnswer,
 )
 from schemas.spec import CampaignKind, CampaignSpec
-from service.auth.deps import Bearer, reading_user
+from service.auth.deps import BearerCredentials, reading_user
 from service.campaigns import service
 from service.conditional import NOT_MODIFIED, json_with_etag
 from service.db import get_database
@@ -122,7 +122,7 @@ IfNoneMatch = Annotated[
 async def get_campaign(
     request: Request,
     campaign_id: RowId,
-    credentials: Bearer,
+    credentials: BearerCredentials,
     settings: SettingsDep,
     if_none_match: IfNoneMatch = None,
 ) -> Response:
@@ -221,7 +221,7 @@ def delete_campaign(campaign_id: RowId, user: CurrentUser, session: SessionDep, 
 async def list_realizations(
     request: Request,
     campaign_id: RowId,
-    credentials: Bearer,
+    credentials: BearerCredentials,
     settings: SettingsDep,
     state: RealizationState | None = None,
     cursor: Annotated[str | None, Query(max_length=500)] = None,
