@@ -23,7 +23,16 @@ import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 SCAN_KEY_VERSION = 1
@@ -127,6 +136,21 @@ class GroundScan(StrictModel):
         return self
 
 
+def _sha256_hex(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
+        raise ValueError("sha256 must be 64 hexadecimal digits")
+    return value.lower()
+
+
+def _schedule_path(value: str) -> str:
+    return _check_relative_path(value, (".ecsv",), "the instrument folder", "a TOAST schedule in ECSV (.ecsv)")
+
+
+# A file's checksum (64 hex digits, kept in lower case) and a schedule's path under the instrument_root.
+Sha256 = Annotated[str, AfterValidator(_sha256_hex)]
+ScheduleFile = Annotated[str, AfterValidator(_schedule_path)]
+
+
 class ScheduledScan(StrictModel):
     """One constant-elevation scan of a schedule, as the map-maker observes it (read from the file)."""
 
@@ -151,8 +175,8 @@ class GroundScheduleScan(StrictModel):
     """
 
     kind: Literal["ground-schedule"] = "ground-schedule"
-    file: str = Field(description="TOAST ground schedule (.ecsv), relative to the instrument_root")
-    sha256: str = Field(description="SHA-256 of the file (64 hex digits)")
+    file: ScheduleFile = Field(description="TOAST ground schedule (.ecsv), relative to the instrument_root")
+    sha256: Sha256 = Field(description="SHA-256 of the file (64 hex digits)")
     chunk_s: Float = Field(600.0, gt=0, le=86_400, description="Length of one data chunk; each scan holds whole chunks")
     azimuth_rate_deg_s: Float = Field(1.0, gt=0, le=30, description="Scan speed in azimuth")
     earth_rotation: bool = Field(True, description="Let the sky drift through the scan as the Earth turns")
@@ -161,17 +185,6 @@ class GroundScheduleScan(StrictModel):
     _scans: tuple[ScheduledScan, ...] | None = PrivateAttr(None)
     _site_latitude_deg: float | None = PrivateAttr(None)
 
-    @field_validator("file")
-    @classmethod
-    def _file_is_safe(cls, value: str) -> str:
-        return _check_relative_path(value, (".ecsv",), "the instrument folder", "a TOAST schedule in ECSV (.ecsv)")
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex_digest(cls, value: str) -> str:
-        if not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
-            raise ValueError("sha256 must be 64 hexadecimal digits")
-        return value.lower()
 
     @property
     def scans(self) -> tuple[ScheduledScan, ...]:
@@ -221,8 +234,8 @@ class SatelliteScheduleScan(StrictModel):
     """
 
     kind: Literal["satellite-schedule"] = "satellite-schedule"
-    file: str = Field(description="TOAST satellite schedule (.ecsv), relative to the instrument_root")
-    sha256: str = Field(description="SHA-256 of the file (64 hex digits)")
+    file: ScheduleFile = Field(description="TOAST satellite schedule (.ecsv), relative to the instrument_root")
+    sha256: Sha256 = Field(description="SHA-256 of the file (64 hex digits)")
     chunk_s: Float = Field(600.0, gt=0, le=86_400, description="Length of one data chunk; each scan holds whole chunks")
     spin_angle_deg: Float = Field(30.0, gt=0, lt=180, description="Boresight angle from the spin axis (TOAST's spin_angle)")
     precession_angle_deg: Float = Field(
@@ -232,17 +245,6 @@ class SatelliteScheduleScan(StrictModel):
     # The scans read from ``file`` (schemas.instrument.resolve_files): never input, never dumped.
     _scans: tuple[SatelliteScheduledScan, ...] | None = PrivateAttr(None)
 
-    @field_validator("file")
-    @classmethod
-    def _file_is_safe(cls, value: str) -> str:
-        return _check_relative_path(value, (".ecsv",), "the instrument folder", "a TOAST schedule in ECSV (.ecsv)")
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex_digest(cls, value: str) -> str:
-        if not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
-            raise ValueError("sha256 must be 64 hexadecimal digits")
-        return value.lower()
 
     @property
     def scans(self) -> tuple[SatelliteScheduledScan, ...]:
@@ -332,7 +334,7 @@ class FocalPlane(StrictModel):
     file: str | None = Field(
         None, description="TOAST focal-plane HDF5 file (Focalplane.save_hdf5), relative to the instrument_root"
     )
-    sha256: str | None = Field(None, description="SHA-256 of the file (64 hex digits); required with file")
+    sha256: Sha256 | None = Field(None, description="SHA-256 of the file (64 hex digits); required with file")
     select: DetectorSelection = Field(default_factory=DetectorSelection, description="Part of the file's focal plane to take")
     # The detectors read from ``file`` (schemas.instrument.resolve_focal_plane): never input, never dumped.
     _from_file: tuple[Detector, ...] | None = PrivateAttr(None)
@@ -352,13 +354,6 @@ class FocalPlane(StrictModel):
     @classmethod
     def _file_is_safe(cls, value: str | None) -> str | None:
         return None if value is None else _check_relative_path(value, (".h5", ".hdf5"), "the instrument folder", "an HDF5 file (.h5 or .hdf5)")
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex_digest(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value.lower()):
-            raise ValueError("sha256 must be 64 hexadecimal digits")
-        return None if value is None else value.lower()
 
     @model_validator(mode="after")
     def _one_source(self) -> FocalPlane:
