@@ -322,6 +322,20 @@ def local_sidereal_time_deg(unix_s: float, longitude_deg: float) -> float:
     return float((gmst + longitude_deg) % 360.0)
 
 
+def _read_schedule_table(path: Path, *, file: str, columns: tuple[str, ...]) -> Any:
+    """A TOAST ECSV schedule as astropy reads it, with ``columns`` present; errors name ``file`` and the column."""
+    from astropy.io import ascii as astropy_ascii
+
+    try:
+        table = astropy_ascii.read(path, format="ecsv", guess=False)
+    except (OSError, KeyError, ValueError, TypeError) as error:
+        raise ScheduleFileError(file, "", f"is not a TOAST ECSV schedule ({type(error).__name__}: {error})") from None
+    for column in columns:
+        if column not in table.colnames:
+            raise ScheduleFileError(file, column, "the column is missing")
+    return table
+
+
 def read_ground_schedule(
     path: Path, *, file: str, chunk_s: float, first_scans: int | None
 ) -> tuple[float, tuple[ScheduledScan, ...]]:
@@ -333,15 +347,8 @@ def read_ground_schedule(
     from datetime import datetime
 
     import astropy.units as u
-    from astropy.io import ascii as astropy_ascii
 
-    try:
-        table = astropy_ascii.read(path, format="ecsv", guess=False)
-    except (OSError, KeyError, ValueError, TypeError) as error:
-        raise ScheduleFileError(file, "", f"is not a TOAST ECSV schedule ({type(error).__name__}: {error})") from None
-    for column in SCHEDULE_COLUMNS:
-        if column not in table.colnames:
-            raise ScheduleFileError(file, column, "the column is missing")
+    table = _read_schedule_table(path, file=file, columns=SCHEDULE_COLUMNS)
     site: dict[str, float] = {}
     for key in ("site_lat", "site_lon"):
         value = table.meta.get(key)
@@ -414,15 +421,8 @@ def read_satellite_schedule(
     from datetime import datetime
 
     import astropy.units as u
-    from astropy.io import ascii as astropy_ascii
 
-    try:
-        table = astropy_ascii.read(path, format="ecsv", guess=False)
-    except (OSError, KeyError, ValueError, TypeError) as error:
-        raise ScheduleFileError(file, "", f"is not a TOAST ECSV schedule ({type(error).__name__}: {error})") from None
-    for column in SATELLITE_SCHEDULE_COLUMNS:
-        if column not in table.colnames:
-            raise ScheduleFileError(file, column, "the column is missing")
+    table = _read_schedule_table(path, file=file, columns=SATELLITE_SCHEDULE_COLUMNS)
 
     def seconds(column: str) -> Any:
         values = table[column]
