@@ -667,16 +667,16 @@ def satellite_coverage(scan: SatelliteScheduleScan, *, focal_plane_reach_deg: fl
         [cos_lat * np.cos(lon)[None, :], cos_lat * np.sin(lon)[None, :], np.broadcast_to(np.sin(lat)[:, None], (n_lat, n_lon))],
         axis=-1,
     ).reshape(-1, 3)  # [n_lat * n_lon, 3]
-    times = np.array(
-        [t for item in scan.scans for t in (item.start_unix_s, item.start_unix_s + 0.5 * item.chunks * scan.chunk_s,
-                                            item.start_unix_s + item.chunks * scan.chunk_s)]
-    )
-    axes = np.concatenate([anti_sun_direction(times[i : i + 1]) for i in range(len(times))]) if len(times) else np.zeros((0, 3))
+    # One ephemeris call a scan, for its start, middle and end: its nodes then span the scan, not the gaps.
+    axes = [
+        anti_sun_direction(item.start_unix_s + np.array([0.0, 0.5, 1.0]) * item.chunks * scan.chunk_s)
+        for item in scan.scans
+    ]
     margin = math.degrees(math.acos(math.cos(math.radians(COVERAGE_CELL_DEG / 2)) ** 2)) + focal_plane_reach_deg
     inner = max(0.0, abs(scan.precession_angle_deg - scan.spin_angle_deg) - margin)
     outer = scan.precession_angle_deg + scan.spin_angle_deg + margin
     covered = np.zeros(len(centres), dtype=bool)
-    for axis in axes:  # a few per scan: [n_cells] at a time keeps the memory small for long schedules
+    for axis in (axis for three in axes for axis in three):  # [n_cells] at a time: small memory for long schedules
         distance = np.degrees(np.arccos(np.clip(centres @ axis, -1.0, 1.0)))
         covered |= (distance >= inner) & (distance <= outer)
     cell_area = (np.sin(lat + np.radians(COVERAGE_CELL_DEG / 2)) - np.sin(lat - np.radians(COVERAGE_CELL_DEG / 2)))
