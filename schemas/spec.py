@@ -704,8 +704,6 @@ def spec_hash(spec: CampaignSpec) -> str:
     data = spec.model_dump(mode="json")
     data.pop("realizations", None)
     return _sha256(data)
-    """Stable hash of the whole spec, defaults included (64 hex characters)."""
-    return _sha256(spec.model_dump(mode="json"))
 
 
 def coupling_key(spec: CampaignSpec) -> str:

@@ -22,7 +22,6 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
 
 from schemas.api import API_PREFIX, Health
 from service.admission import AdmissionMiddleware
@@ -159,9 +158,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def healthz(request: Request) -> JSONResponse:
         database: Database = request.app.state.database
         try:
-            with database.engine.connect() as connection:
-                connection.execute(text("SELECT 1"))
-            revision = ",".join(sorted(current_revisions(database.engine))) or None
+            with database.engine.connect() as connection:  # one connection: reachable, and its schema revision
+                revision = ",".join(sorted(current_revisions(connection))) or None
             body, status = Health(status="ok", database=database.dialect, schema_revision=revision), 200
         except Exception as error:  # noqa: BLE001 -- the answer says unavailable; the log says why
             log.warning("health check: database unreachable: %s", type(error).__name__)

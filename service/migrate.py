@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from service.errors import DomainError
 
@@ -40,9 +40,12 @@ def head_revisions() -> set[str]:
     return set(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads())
 
 
-def current_revisions(engine: Engine) -> set[str]:
-    with engine.connect() as connection:
-        return set(MigrationContext.configure(connection).get_current_heads())
+def current_revisions(bind: Engine | Connection) -> set[str]:
+    """The database's schema revisions (empty: never migrated), on ``bind``'s connection or a new one."""
+    if isinstance(bind, Connection):
+        return set(MigrationContext.configure(bind).get_current_heads())
+    with bind.connect() as connection:
+        return current_revisions(connection)
 
 
 def check_schema(engine: Engine) -> str:

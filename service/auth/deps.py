@@ -18,7 +18,8 @@ _bearer = HTTPBearer(auto_error=False, description="API token: `mapcampaign toke
 BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _bearer_token(credentials: HTTPAuthorizationCredentials | None) -> str:
+def bearer_token(credentials: HTTPAuthorizationCredentials | None) -> str:
+    """The token of an ``Authorization: Bearer`` header (unchecked); 401 when there is none."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise MissingToken("this endpoint needs a bearer token: Authorization: Bearer <token>")
     return credentials.credentials
@@ -33,7 +34,7 @@ def _known(request: Request, session: Session, token: str) -> Principal:
 
 
 def get_principal(request: Request, credentials: BearerCredentials) -> Principal:
-    token = _bearer_token(credentials)
+    token = bearer_token(credentials)
     with get_database(request).session(write=False) as session:
         return _known(request, session, token)
 
@@ -41,7 +42,7 @@ def get_principal(request: Request, credentials: BearerCredentials) -> Principal
 def reading_user(request: Request, session: Session, credentials: HTTPAuthorizationCredentials | None) -> Principal:
     """The user calling, checked with ``session``: for an async endpoint that does all its reading in one
     thread-pool turn (the token check, its queries, closing the connection) instead of four."""
-    return require_user(_known(request, session, _bearer_token(credentials)))
+    return require_user(_known(request, session, bearer_token(credentials)))
 
 
 def get_reading_principal(request: Request, credentials: BearerCredentials, session: ReadSessionDep) -> Principal:
@@ -50,7 +51,7 @@ def get_reading_principal(request: Request, credentials: BearerCredentials, sess
     A read then takes one connection from the pool, not two, and one thread-pool turn fewer than a token
     check with a connection of its own (a checkout with its ping, a query, a rollback).
     """
-    return _known(request, session, _bearer_token(credentials))
+    return _known(request, session, bearer_token(credentials))
 
 
 def require_user(principal: Principal) -> Principal:

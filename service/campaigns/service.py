@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -12,10 +14,17 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     CursorResult,
     Insert,
     Integer,
+    Row,
+    ScalarSelect,
+    Select,
     String,
+    and_,
+    bindparam,
+    case,
     delete,
     func,
     insert,
@@ -50,7 +59,8 @@ from schemas.states import (
     advance_each,
     attempt_state,
 )
-from service.auth.models import User
+from service.auth.models import ApiToken, User
+from service.auth.service import hash_token
 from service.campaigns.errors import (
     CampaignAlreadyFinished,
     CampaignNotFinished,
@@ -59,6 +69,7 @@ from service.campaigns.errors import (
     RealizationNotFound,
 )
 from service.campaigns.models import Attempt, Campaign, Realization, RealizationCount
+from service.campaigns.specs import current_spec
 from service.db import UTCDateTime, utcnow
 from service.errors import InvalidField
 from service.events.service import record_event
@@ -67,6 +78,9 @@ from service.storage import CampaignStorage
 from service.workers.models import Worker
 
 log = logging.getLogger("mapcampaign.service")
+
+# What a campaign's summary and progress read: its ORM row, or a row of a statement with the same names.
+CampaignFields = Campaign | Row[Any]
 
 # --------------------------------------------------------------------------- create
 
@@ -225,8 +239,8 @@ def _replayed(existing: Campaign, digest: str, key: str, realizations: int) -> C
 # --------------------------------------------------------------------------- read
 
 
-def get_campaign(*, session: Session, owner_id: int, campaign_id: int, lock: bool = False) -> Campaign:
-    query = select(Campaign).where(Campaign.id == campaign_id, Campaign.owner_id == owner_id)
+def get_campaign(*, session: Session, owner_id: Owner, campaign_id: int, lock: bool = False) -> Campaign:
+    query = select(Campaign).where(Campaign.id == campaign_id, _owner_is(owner_id))
     if lock:
         query = query.with_for_update()
     campaign = session.scalar(query)
@@ -281,29 +295,25 @@ def state_counts(*, session: Session, campaign_id: int) -> dict[RealizationState
 _FINISHED = (RealizationState.SUCCEEDED, RealizationState.FAILED)
 
 
-def progress(*, session: Session, campaign: Campaign, window_s: float) -> CampaignProgress:
-    """One campaign's progress in one statement (a status read's second and last query).
+def _progress_columns(campaign_id: Any, since: Any) -> list[ScalarSelect[Any]]:
+    """The progress figures of campaign ``campaign_id`` as scalar subqueries of one row, in this order: the
+    count of each state of ``REALIZATION_STATES`` (primary-key lookups in the triggers' table), the
+    realisations finished since ``since`` and the first claim since then (the throughput's numerator and
+    start, over the indexes on ``(campaign_id, finished_at)`` and ``(campaign_id, claimed_at)``).
 
-    The same figures as :func:`progress_many`, as scalar subqueries of one row: the counts per state
-    (primary-key lookups in the triggers' table), the realisations finished in the span and the
-    span's first claim (the throughput's numerator and start, over the indexes on
-    ``(campaign_id, finished_at)`` and ``(campaign_id, claimed_at)``).
+    ``campaign_id`` and ``since`` are values or SQL expressions (a column of an outer campaigns row).
     """
-    now = utcnow()
-    window_start = now - timedelta(seconds=window_s)
-    ended = campaign.state in FINISHED_CAMPAIGN_STATES and campaign.finished_at is not None
-    since = campaign.queued_at if ended else window_start
-    count_of = {
-        state: select(RealizationCount.count)
-        .where(RealizationCount.campaign_id == campaign.id, RealizationCount.state == state)
+    counts = [
+        select(RealizationCount.count)
+        .where(RealizationCount.campaign_id == campaign_id, RealizationCount.state == state)
         .scalar_subquery()
         for state in REALIZATION_STATES
-    }
+    ]
     recent = (
         select(func.count())
         .select_from(Realization)
         .where(
-            Realization.campaign_id == campaign.id,
+            Realization.campaign_id == campaign_id,
             Realization.finished_at >= since,
             Realization.state.in_(_FINISHED),
         )
@@ -311,24 +321,123 @@ def progress(*, session: Session, campaign: Campaign, window_s: float) -> Campai
     )
     first_claim = (
         select(func.min(Attempt.claimed_at))
-        .where(Attempt.campaign_id == campaign.id, Attempt.claimed_at >= since)
+        .where(Attempt.campaign_id == campaign_id, Attempt.claimed_at >= since)
         .scalar_subquery()
     )
-    row = session.execute(select(*count_of.values(), recent, first_claim)).one()
-    per_state = {state: int(count or 0) for state, count in zip(count_of, row[: len(count_of)], strict=True)}
+    return [*counts, recent, first_claim]
+
+
+def _progress_from_row(
+    campaign: CampaignFields, figures: Sequence[Any], *, now: datetime, window_start: datetime
+) -> CampaignProgress:
+    """:class:`CampaignProgress` from the values of :func:`_progress_columns` (``figures``, in its order)."""
+    per_state = {state: int(count or 0) for state, count in zip(REALIZATION_STATES, figures, strict=False)}
     return _progress_of(
         campaign,
         per_state,
-        recent=int(row[-2] or 0),
-        first_claim=row[-1],
-        ended=ended,
+        recent=int(figures[-2] or 0),
+        first_claim=figures[-1],
+        ended=_ended(campaign),
         now=now,
         window_start=window_start,
     )
 
 
+def _ended(campaign: CampaignFields) -> bool:
+    """Whether the campaign's throughput is over its active span (it ended) rather than the recent window."""
+    return campaign.state in FINISHED_CAMPAIGN_STATES and campaign.finished_at is not None
+
+
+def progress(*, session: Session, campaign: Campaign, window_s: float) -> CampaignProgress:
+    """One campaign's progress in one statement: :func:`_progress_columns` (the same figures as
+    :func:`progress_many`)."""
+    now = utcnow()
+    window_start = now - timedelta(seconds=window_s)
+    since = campaign.queued_at if _ended(campaign) else window_start
+    figures = session.execute(select(*_progress_columns(campaign.id, since))).one()
+    return _progress_from_row(campaign, figures, now=now, window_start=window_start)
+
+
+def _user_of_token_hash(token_hash: Any) -> ScalarSelect[Any]:
+    """The id of the user whose user token has SHA-256 ``token_hash`` (a value or a bound parameter), as a
+    scalar subquery; NULL when the token is unknown, revoked or a worker's."""
+    return (
+        select(ApiToken.user_id)
+        .where(ApiToken.token_hash == token_hash, ApiToken.revoked_at.is_(None), ApiToken.kind == "user")
+        .scalar_subquery()
+    )
+
+
+@dataclass(frozen=True)
+class ByToken:
+    """A reader known by its bearer token only: the token's check is part of the read's own statement (one
+    round trip fewer). Unknown, revoked or a worker's: the read finds nothing (404), and the caller's
+    ordinary checks say why (401, 403)."""
+
+    token: str
+
+
+Owner = int | ByToken  # a user id, or the user of a token
+
+
+def _owner_is(owner: Owner) -> ColumnElement[bool]:
+    """Whether a campaigns row belongs to ``owner``."""
+    if isinstance(owner, ByToken):
+        return Campaign.owner_id == _user_of_token_hash(hash_token(owner.token))
+    return Campaign.owner_id == owner
+
+
+def _status_by_token() -> Select[Any]:
+    """A campaign's status as one row, found by id and by its owner's bearer token (bound parameters
+    ``campaign_id``, ``token_hash`` and ``window_start``): the summary's columns, the owner's name,
+    ``queued_at``, then :func:`_progress_columns`. No row: no such campaign of that token's user, or the
+    token is unknown, revoked or a worker's."""
+    callers_user = _user_of_token_hash(bindparam("token_hash"))
+    ended = and_(Campaign.state.in_(FINISHED_CAMPAIGN_STATES), Campaign.finished_at.is_not(None))
+    since = case((ended, Campaign.queued_at), else_=bindparam("window_start", type_=UTCDateTime()))
+    return (
+        select(
+            *(getattr(Campaign, name) for name in CampaignSummary.model_fields if name != "owner"),
+            Campaign.queued_at,
+            User.name.label("owner"),
+            *_progress_columns(Campaign.id, since),
+        )
+        .join(User, User.id == Campaign.owner_id)
+        .where(Campaign.id == bindparam("campaign_id"), Campaign.owner_id == callers_user)
+    )
+
+
+# Built once: the polled read's statement, not rebuilt (and its cache key not recomputed) per request.
+_STATUS_BY_TOKEN = _status_by_token()
+# Where its progress columns start: the summary's columns but the owner, queued_at and the owner's name before.
+_PROGRESS_FROM = len(CampaignSummary.model_fields) + 1
+
+
+def status_for_token(*, session: Session, token: str, campaign_id: int, window_s: float) -> CampaignDetail | None:
+    """The status of campaign ``campaign_id`` for the holder of user token ``token``, in one statement (token
+    check, campaign, progress); None when that finds nothing (the caller's ordinary checks then say why:
+    401, 403 or 404). The polled read: the dashboard, ``watch`` and scripts ask it every few seconds."""
+    now = utcnow()
+    window_start = now - timedelta(seconds=window_s)
+    row = (
+        session.connection()
+        .execute(
+            _STATUS_BY_TOKEN,
+            {"token_hash": hash_token(token), "campaign_id": campaign_id, "window_start": window_start},
+        )
+        .first()
+    )
+    if row is None:
+        return None
+    return CampaignDetail(
+        **_summary_fields(row, row.owner),
+        spec=current_spec(row, lambda: session.scalar(select(Campaign.spec).where(Campaign.id == campaign_id))),
+        progress=_progress_from_row(row, row[_PROGRESS_FROM:], now=now, window_start=window_start),
+    )
+
+
 def _progress_of(
-    campaign: Campaign,
+    campaign: CampaignFields,
     per_state: dict[RealizationState, int],
     *,
     recent: int,
@@ -442,55 +551,31 @@ def owner_name(*, session: Session, owner_id: int) -> str:
     return session.scalar(select(User.name).where(User.id == owner_id)) or "?"
 
 
-def summary(campaign: Campaign, owner: str) -> CampaignSummary:
-    return CampaignSummary(
-        id=campaign.id,
-        name=campaign.name,
-        owner=owner,
-        kind=campaign.kind,
-        state=campaign.state,
-        priority=campaign.priority,
-        max_attempts=campaign.max_attempts,
-        realizations=campaign.realizations,
-        scan_key=campaign.scan_key,
-        spec_hash=campaign.spec_hash,
-        ranks=campaign.ranks,
-        created_at=campaign.created_at,
-        finished_at=campaign.finished_at,
-        cancel_reason=campaign.cancel_reason,
-        failure_cause=campaign.failure_cause,
-    )
+def summary(campaign: CampaignFields, owner: str) -> CampaignSummary:
+    return CampaignSummary(**_summary_fields(campaign, owner))
+
+
+def _summary_fields(campaign: CampaignFields, owner: str) -> dict[str, Any]:
+    """The fields of :class:`CampaignSummary` (which :class:`CampaignDetail` extends): the campaign's
+    columns of the same names, and the owner's name."""
+    return {name: owner if name == "owner" else getattr(campaign, name) for name in CampaignSummary.model_fields}
 
 
 def detail(*, session: Session, campaign: Campaign, owner: str, window_s: float) -> CampaignDetail:
     return CampaignDetail(
-        **summary(campaign, owner).model_dump(),
-        spec=current_spec(campaign),
+        **_summary_fields(campaign, owner),
+        spec=current_spec(campaign, lambda: campaign.spec),
         progress=progress(session=session, campaign=campaign, window_s=window_s),
     )
 
 
-def current_spec(campaign: Campaign) -> CampaignSpec:
-    """The campaign's spec as it stands: as submitted, with the realisations extensions added."""
-    return CampaignSpec.model_validate({**campaign.spec, "realizations": campaign.realizations})
-
-
-def list_realizations(
-    *,
-    session: Session,
-    owner_id: int,
-    campaign_id: int,
-    state: RealizationState | None = None,
-    cursor: str | None = None,
-    limit: int = 100,
-) -> tuple[list[RealizationSummary], str | None]:
-    """A page of the campaign's realisations in index order, after the cursor's index (keyset pagination).
-
-    One query in the common case: the owner's check is a join, and only an empty page asks whether the
-    campaign exists. The page walks the unique index ``(campaign_id, index)``, or
-    ``(campaign_id, state, index)`` with a state, from the cursor on: its cost is the page's, however
-    deep. Only the summary's columns are read (not a result's JSON).
-    """
+@functools.cache
+def _page_statement(*, by_token: bool, with_state: bool, after_index: bool) -> Select[*tuple[Any, ...]]:
+    """A page of realisations as one statement, built once per shape (bound parameters ``campaign_id``,
+    ``owner_id`` or ``token_hash``, ``state``, ``after_index``, ``limit``). The owner's check is a join, and
+    the page walks the unique index ``(campaign_id, index)``, or ``(campaign_id, state, index)`` with a
+    state, from the cursor on: its cost is the page's, however deep. Only the summary's columns are read."""
+    owner = _user_of_token_hash(bindparam("token_hash")) if by_token else bindparam("owner_id")
     query = (
         select(
             Realization.index,
@@ -502,14 +587,40 @@ def list_realizations(
         )
         .join(Campaign, Campaign.id == Realization.campaign_id)
         .outerjoin(Worker, Worker.id == Realization.lease_holder_id)
-        .where(Realization.campaign_id == campaign_id, Campaign.owner_id == owner_id)
+        .where(Realization.campaign_id == bindparam("campaign_id"), Campaign.owner_id == owner)
     )
-    if state is not None:
-        query = query.where(Realization.state == state)
+    if with_state:
+        query = query.where(Realization.state == bindparam("state", type_=Realization.state.type))
+    if after_index:
+        query = query.where(Realization.index > bindparam("after_index"))
+    return query.order_by(Realization.index).limit(bindparam("limit"))
+
+
+def list_realizations(
+    *,
+    session: Session,
+    owner_id: Owner,
+    campaign_id: int,
+    state: RealizationState | None = None,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> tuple[list[RealizationSummary], str | None]:
+    """A page of the campaign's realisations in index order, after the cursor's index (keyset pagination).
+
+    One statement in the common case (:func:`_page_statement`); only an empty page asks whether the
+    campaign exists (404 if not).
+    """
     position = decode_cursor(cursor, keys=("after_index",))
+    by_token = isinstance(owner_id, ByToken)
+    statement = _page_statement(by_token=by_token, with_state=state is not None, after_index=position is not None)
+    parameters: dict[str, Any] = {"campaign_id": campaign_id, "state": state, "limit": limit + 1}
+    if isinstance(owner_id, ByToken):
+        parameters["token_hash"] = hash_token(owner_id.token)
+    else:
+        parameters["owner_id"] = owner_id
     if position is not None:
-        query = query.where(Realization.index > position["after_index"])
-    rows = session.execute(query.order_by(Realization.index).limit(limit + 1)).all()
+        parameters["after_index"] = position["after_index"]
+    rows = session.connection().execute(statement, parameters).all()
     if not rows:
         get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)  # 404 unless only the page is empty
     items = [
@@ -782,7 +893,7 @@ def clone_spec(*, session: Session, owner_id: int, campaign_id: int, changes: Ma
     A change that does not validate is refused with a 422 naming ``changes.<field path>``.
     """
     source = get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
-    data = merge_changes(current_spec(source).model_dump(mode="json"), changes)
+    data = merge_changes(current_spec(source, lambda: source.spec).model_dump(mode="json"), changes)
     try:
         return CampaignSpec.model_validate(data)
     except ValidationError as error:

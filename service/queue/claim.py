@@ -41,6 +41,7 @@ from schemas.api import PlanRef, PreprocessTask, RealizeTask, preprocess_task_id
 from schemas.spec import CampaignSpec
 from schemas.states import UNFINISHED_CAMPAIGN_STATES, CampaignState, Entity, PlanState, RealizationState, advance
 from service.campaigns.models import Attempt, Campaign, Realization
+from service.campaigns.specs import known_spec
 from service.config import Settings
 from service.db import UTCDateTime, in_chunks, is_postgresql, utcnow
 from service.events.service import record_event
@@ -419,8 +420,6 @@ class Candidate(NamedTuple):
     realizations: int
 
 
-_SPECS: dict[tuple[int, str, int], tuple[CampaignSpec, int]] = {}
-
 # Every task of a claim answer carries its campaign's spec; a spec may be large (up to 10,000 detectors),
 # so a claim stops adding tasks once their specs reach this many bytes (always at least one task). The
 # answer stays small enough to arrive well within the worker's wait, whatever max_tasks says.
@@ -428,15 +427,6 @@ CLAIM_SPEC_BYTES = 16 << 20
 
 
 def _spec_and_size(session: Session, candidate: Candidate) -> tuple[CampaignSpec, int]:
-    """The campaign's spec and its JSON size in bytes, parsed once per process (keyed by id and hash)."""
-    key = (candidate.id, candidate.spec_hash, candidate.realizations)
-    cached = _SPECS.get(key)
-    if cached is None:
-        data = session.scalar(select(Campaign.spec).where(Campaign.id == candidate.id))
-        # The count as it stands: an extended campaign's new indices are in range for the map-maker.
-        spec = CampaignSpec.model_validate({**(data or {}), "realizations": candidate.realizations})
-        cached = (spec, len(spec.model_dump_json()))
-        if len(_SPECS) >= 256:
-            _SPECS.clear()
-        _SPECS[key] = cached
-    return cached
+    """The campaign's spec (its count as it stands: an extended campaign's new indices are in range for the
+    map-maker) and its JSON size in bytes, validated once per process."""
+    return known_spec(candidate, lambda: session.scalar(select(Campaign.spec).where(Campaign.id == candidate.id)))

@@ -8,14 +8,16 @@ every realisation once, in order, with or without a state filter, however the pa
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import event, select, text, update
 
 from service import db
-from service.auth.models import ApiToken
+from service.auth.models import ApiToken, User
+from service.campaigns import service
 from service.auth.service import hash_token
 from service.conditional import etag_of, tag_matches
 from service.config import Settings
@@ -147,3 +149,76 @@ def test_a_pooled_connection_is_pinged_after_lying_idle_and_replaced_when_dead(p
         assert second is not None and second != first
     finally:
         database.dispose()
+
+
+@contextmanager
+def _statements(api):
+    seen: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        seen.append(statement)
+
+    event.listen(api.database.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(api.database.engine, "before_cursor_execute", record)
+
+
+def test_a_status_read_and_a_page_are_one_statement_each(api):
+    """The polled reads are bound by round trips: the token's check, the campaign and its progress (or
+    the page) in one statement. A refused or empty read may take more (the ordinary checks say why)."""
+    campaign = api.create(realizations=12)
+    worker = api.register()
+    api.build_plan(worker)
+    api.claim(worker, max_tasks=3)
+    reads = [
+        (f"/campaigns/{campaign['id']}", {}),
+        (f"/campaigns/{campaign['id']}/realizations", {"limit": 5}),
+        (f"/campaigns/{campaign['id']}/realizations", {"limit": 5, "state": "claimed"}),
+    ]
+    cursor = api.get(reads[1][0], params={"limit": 5}).json()["next_cursor"]
+    reads.append((reads[1][0], {"limit": 5, "cursor": cursor}))
+    for path, params in reads:
+        api.get(path, params=params)  # the spec is validated and kept on the first status read
+        with _statements(api) as seen:
+            assert api.get(path, params=params).status_code == 200
+        queries = [statement for statement in seen if not statement.startswith("BEGIN")]  # SQLite's own BEGIN
+        assert len(queries) == 1, (path, params, queries)
+
+
+def test_the_one_statement_status_is_the_status_of_the_ordinary_reads(api, clock, monkeypatch):
+    """Counts, throughput and ETA from the one statement equal those of ``service.detail`` (the answer of
+    the writing endpoints), for a running campaign and for one that ended (its span, not the window)."""
+    running = api.create(realizations=10)
+    ended = api.create(realizations=2)
+    worker = api.register(capacity=20)
+    api.build_plan(worker)
+    tasks = api.claim(worker, max_tasks=12)
+    clock.advance(120)
+    for task in tasks[:5]:
+        assert api.succeed(task).status_code == 200
+    for task in tasks:
+        if task["campaign_id"] == ended["id"] and task not in tasks[:5]:
+            assert api.succeed(task).status_code == 200
+    clock.advance(30)
+    now = clock()
+    monkeypatch.setattr(db, "clock", lambda: now)  # both reads at one instant: throughputs and ETAs equal exactly
+    with api.database.session(write=False) as session:
+        owner = session.scalar(select(User).where(User.name == "alice"))
+        expected = {
+            campaign_id: service.detail(
+                session=session,
+                campaign=service.get_campaign(session=session, owner_id=owner.id, campaign_id=campaign_id),
+                owner="alice",
+                window_s=Settings().throughput_window_s,
+            ).model_dump(mode="json")
+            for campaign_id in (running["id"], ended["id"])
+        }
+    states = set()
+    for campaign_id, detail in expected.items():
+        answer = api.get(f"/campaigns/{campaign_id}").json()
+        assert answer == detail
+        states.add(answer["state"])
+        assert answer["progress"]["throughput_per_hour"] is not None
+    assert states == {"running", "succeeded"}
