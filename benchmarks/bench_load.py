@@ -3,10 +3,12 @@
     .venv/bin/python benchmarks/bench_load.py                       # the documented run: 200 clients, 4 workers, 60 s
     .venv/bin/python benchmarks/bench_load.py --duration 5 --clients 50
     .venv/bin/python benchmarks/bench_load.py --open-loop --period 4  # 200 users refreshing every 4 s: 50 reads/s
+    .venv/bin/python benchmarks/bench_load.py --client wrk --workers 0 --clients 8  # the closed loop sent by wrk
 
 A real ``mapcampaign serve`` on a fresh PostgreSQL database on 127.0.0.1:5432 (loopback).
-The readers are asyncio tasks in this process, each with its own HTTP connection, alternating
-``GET /campaigns/{id}`` (status) and ``GET /campaigns/{id}/realizations?limit=50``.
+The readers are asyncio tasks in this process (or wrk, below), each with its own HTTP connection,
+asking a random campaign's ``GET /campaigns/{id}`` (status) or ``GET /campaigns/{id}/realizations?limit=50``,
+half and half.
 
 Closed loop (the default): each reader sends its next request as soon as the last is answered, so
 the figures are the service's throughput under saturation. Open loop (``--open-loop``): each reader
@@ -29,25 +31,38 @@ charged that delay (p99 of several seconds at 50 reads/s, all of it in the first
 ``--workers 0 --clients 8``: the closed loop with readers only, the most reads per second the
 service answers (what the clients can send limits it too: they share the machine). ``--floor``
 makes every read ``GET /healthz`` (no token, one ``SELECT 1``): the most requests this stack
-(uvicorn, FastAPI, SQLAlchemy, PostgreSQL and the Python clients) answers on the machine, the
+(uvicorn, FastAPI, SQLAlchemy, PostgreSQL and the clients) answers on the machine, the
 ceiling a real read cannot pass.
 
-Figures include the Python HTTP clients, which share the machine (and its cores) with the server.
+Figures include the load generator, which shares the machine (and its cores) with the server.
+The Python readers spend about 1-1.5 ms of CPU a request, as much as the service itself on a small
+machine, so their closed loop measures the client as much as the server. ``--client wrk`` sends the
+same reads (random campaign, status or page half and half; ``/healthz`` with ``--floor``) from wrk,
+the C load generator (one thread, ``--clients`` connections, a Lua script made for the run), which
+spends a few tens of microseconds a request. wrk runs a closed loop only (no ``--open-loop``), in
+whole seconds: a first run of ``--warmup`` seconds is discarded, the second is counted; its summary
+gives the reads and their p50/p95/p99, every answer with status > 399 or socket error counts as an
+error (a 503 "busy" answer too: wrk cannot retry it). The load generator's CPU is then wrk's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
+import os
 import random
+import shutil
 import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -87,9 +102,12 @@ class LoadReport:
     workers: int
     open_loop_period_s: float | None = None  # None: closed loop
     warmup_s: float = 0.0
+    client: str = "python"  # the readers: "python" (asyncio tasks in this process) or "wrk"
     server_cpu_s: float | None = None  # CPU time of the API processes in the measured window
-    readers_cpu_s: float | None = None  # CPU time of this process (the readers) in the measured window
+    readers_cpu_s: float | None = None  # CPU time of the readers (this process, or wrk) in the measured window
     read_latencies_s: list[float] = field(default_factory=list)
+    # --client wrk: count and p50/p95/p99 ms of the reads from wrk's summary (read_latencies_s stays empty)
+    wrk_reads: dict[str, float | None] | None = None
     worker_latencies_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     claims: int = 0
@@ -98,14 +116,26 @@ class LoadReport:
     reported_successes: list[tuple[int, int]] = field(default_factory=list)
 
     @property
+    def reads(self) -> dict[str, float | None]:
+        """Count and p50/p95/p99 (ms) of the counted reads."""
+        if self.wrk_reads is not None:
+            return self.wrk_reads
+        return {"count": len(self.read_latencies_s), **latency_ms(self.read_latencies_s)}
+
+    @property
+    def read_count(self) -> int:
+        return int(self.reads["count"] or 0)
+
+    @property
     def requests(self) -> int:
-        return len(self.read_latencies_s) + len(self.worker_latencies_s)
+        return self.read_count + len(self.worker_latencies_s)
 
     def figures(self) -> dict:
         """The figures as one JSON object (latencies in ms, rates per second)."""
         return {
             "duration_s": self.duration_s,
             "mode": "closed" if self.open_loop_period_s is None else "open",
+            "client": self.client,
             "open_loop_period_s": self.open_loop_period_s,
             "warmup_s": self.warmup_s,
             "clients": self.clients,
@@ -114,8 +144,7 @@ class LoadReport:
             "requests": self.requests,
             "requests_per_s": self.requests / self.duration_s,
             "errors": len(self.errors),
-            "reads": {"count": len(self.read_latencies_s), "per_s": len(self.read_latencies_s) / self.duration_s,
-                      **latency_ms(self.read_latencies_s)},
+            "reads": {**self.reads, "per_s": self.read_count / self.duration_s},
             "worker_calls": {"count": len(self.worker_latencies_s),
                              "per_s": len(self.worker_latencies_s) / self.duration_s,
                              **latency_ms(self.worker_latencies_s)},
@@ -134,10 +163,9 @@ class LoadReport:
         return self.server_cpu_s / self.requests * 1e3
 
     def lines(self) -> list[str]:
-        def percentiles(values: list[float]) -> str:
-            if not values:
+        def percentiles(figures: dict[str, float | None]) -> str:
+            if figures["p50_ms"] is None:
                 return "none"
-            figures = latency_ms(values)
             return f"p50 {figures['p50_ms']:.1f} ms, p95 {figures['p95_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms"
 
         mode = (
@@ -145,19 +173,22 @@ class LoadReport:
             if self.open_loop_period_s is None
             else f"open loop, each refreshing every {self.open_loop_period_s:g} s"
         )
+        generator = "wrk" if self.client == "wrk" else "the readers' process"
         return [
             (
-                f"{self.clients} reading clients ({mode}) + {self.workers} protocol-level workers for "
-                f"{self.duration_s:.0f} s (after {self.warmup_s:g} s of warm-up) against PostgreSQL on loopback"
+                f"{self.clients} reading clients ({mode}, {self.client} client) + {self.workers} protocol-level "
+                f"workers for {self.duration_s:.0f} s (after {self.warmup_s:g} s of warm-up) against PostgreSQL "
+                "on loopback"
             ),
             f"requests: {self.requests} ({self.requests / self.duration_s:.0f}/s), errors: {len(self.errors)}",
             (
-                f"reads ({'GET /healthz' if self.floor_url else 'status + realisation list'}): {len(self.read_latencies_s)} "
-                f"({len(self.read_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.read_latencies_s)}"
+                f"reads ({'GET /healthz' if self.floor_url else 'status + realisation list'}): {self.read_count} "
+                f"({self.read_count / self.duration_s:.0f}/s), {percentiles(self.reads)}"
             ),
             (
                 f"worker calls (claim/started/report): {len(self.worker_latencies_s)} "
-                f"({len(self.worker_latencies_s) / self.duration_s:.0f}/s), {percentiles(self.worker_latencies_s)}"
+                f"({len(self.worker_latencies_s) / self.duration_s:.0f}/s), "
+                f"{percentiles(latency_ms(self.worker_latencies_s))}"
             ),
             (
                 f"claims: {self.claims}, realisations reported succeeded: {len(self.reported_successes)}, "
@@ -167,7 +198,7 @@ class LoadReport:
             [
                 (
                     f"API processes' CPU: {self.server_cpu_s:.1f} s, {self.server_cpu_ms_per_request:.2f} ms per "
-                    f"request; the readers' process (the load generator): {self.readers_cpu_s or 0:.1f} s"
+                    f"request; the load generator ({generator}): {self.readers_cpu_s or 0:.1f} s"
                 )
             ]
             if self.server_cpu_ms_per_request is not None
@@ -281,6 +312,97 @@ async def _readers(
             await client.aclose()
 
 
+# wrk's script: each request drawn at random from the prepared ones; at the end, wrk's figures as one JSON object.
+WRK_SCRIPT = """
+local paths = {%(paths)s}
+local headers = {%(headers)s}
+local prepared = {}
+
+function init(args)
+  for i, path in ipairs(paths) do prepared[i] = wrk.format("GET", path, headers) end
+end
+
+function request()
+  return prepared[math.random(#prepared)]
+end
+
+function done(summary, latency, requests)
+  local errors = summary.errors
+  local out = io.open(%(summary)s, "w")
+  out:write(string.format(
+    '{"requests": %%d, "duration_us": %%d, "errors": {"connect": %%d, "read": %%d, "write": %%d, "status": %%d, '
+    .. '"timeout": %%d}, "latency_us": {"p50": %%d, "p95": %%d, "p99": %%d, "mean": %%.1f}}',
+    summary.requests, summary.duration, errors.connect, errors.read, errors.write, errors.status, errors.timeout,
+    latency:percentile(50), latency:percentile(95), latency:percentile(99), latency.mean))
+  out:close()
+end
+"""
+
+
+def _run_wrk(url: str, script: Path, clients: int, seconds: float, log: Path) -> float:
+    """Run wrk (one thread, ``clients`` connections) for ``seconds`` (whole); return its CPU time (user + system), s."""
+    with log.open("w") as output:  # --timeout: the Python readers' 60 s (wrk's own is 2 s)
+        process = subprocess.Popen(
+            ["wrk", "-t1", f"-c{clients}", f"-d{seconds:.0f}s", "--timeout", "60s", "-s", str(script), url],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        _, status, usage = os.wait4(process.pid, 0)  # wait4: the rusage of wrk alone
+        process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"wrk exited with {process.returncode}: {log.read_text()[-2000:]}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def _wrk_readers(
+    api_url: str,
+    token: str,
+    campaign_ids: list[int],
+    clients: int,
+    warmup_s: float,
+    report: LoadReport,
+    server_pid: int | None = None,
+) -> None:
+    """The closed loop run by wrk: ``warmup_s`` seconds discarded, then ``report.duration_s`` counted."""
+    if report.floor_url:
+        paths, headers = [urlsplit(report.floor_url).path], {}
+    else:
+        prefix = urlsplit(api_url).path
+        paths = [
+            path
+            for campaign_id in campaign_ids
+            for path in (f"{prefix}/campaigns/{campaign_id}", f"{prefix}/campaigns/{campaign_id}/realizations?limit=50")
+        ]  # drawn uniformly: a random campaign, status or page half and half, as _read_path
+        headers = {"Authorization": f"Bearer {token}"}
+    with tempfile.TemporaryDirectory(prefix="mapcampaign-wrk-") as folder:
+        script, summary, log = Path(folder) / "reads.lua", Path(folder) / "summary.json", Path(folder) / "wrk.log"
+        script.write_text(
+            WRK_SCRIPT
+            % {
+                "paths": ", ".join(json.dumps(path) for path in paths),
+                "headers": ", ".join(f"[{json.dumps(name)}] = {json.dumps(value)}" for name, value in headers.items()),
+                "summary": json.dumps(str(summary)),
+            }
+        )
+        if warmup_s > 0:
+            _run_wrk(api_url, script, clients, warmup_s, log)
+        server_before = _cpu_seconds(server_pid) if server_pid is not None else 0.0
+        report.readers_cpu_s = _run_wrk(api_url, script, clients, report.duration_s, log)
+        if server_pid is not None:
+            report.server_cpu_s = _cpu_seconds(server_pid) - server_before
+        figures = json.loads(summary.read_text())
+    latency_us = figures["latency_us"]
+    counted = figures["requests"] > 0
+    report.wrk_reads = {
+        "count": figures["requests"],
+        **{f"{name}_ms": latency_us[name] / 1e3 if counted else None for name in ("p50", "p95", "p99")},
+    }
+    what = report.floor_url or "reads"
+    for kind, count in figures["errors"].items():  # one entry a failed request, as from the Python readers
+        label = "answer with status > 399" if kind == "status" else f"{kind} error"
+        report.errors += [f"GET {what} (wrk): {label}"] * count
+
+
 def protocol_worker(args: tuple[str, str, str, float, float, int]) -> dict:
     """One worker process: claim and report until ``stop_at``, counting calls from ``start_at`` (wall-clock
     times shared across processes)."""
@@ -354,9 +476,12 @@ def run_load(
     warmup_s: float = 5.0,
     server_pid: int | None = None,
     floor_url: str | None = None,
+    client: str = "python",
 ) -> LoadReport:
     """Create ``campaigns`` campaigns, then load the service for ``warmup_s`` + ``duration_s`` seconds; return
-    what happened in the last ``duration_s`` (all accepted results, for the database check)."""
+    what happened in the last ``duration_s`` (all accepted results, for the database check).
+
+    ``client``: the readers, "python" (asyncio tasks here) or "wrk" (closed loop only, whole seconds)."""
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {user_token}"}, timeout=120) as user:
         campaign_ids = []
         for number in range(campaigns):
@@ -372,18 +497,26 @@ def run_load(
         open_loop_period_s=open_loop_period_s,
         warmup_s=warmup_s,
         floor_url=floor_url,
+        client=client,
     )
+
+    def readers() -> None:
+        if client == "wrk":
+            _wrk_readers(api_url, user_token, campaign_ids, clients, warmup_s, report, server_pid)
+        else:
+            asyncio.run(_readers(api_url, user_token, campaign_ids, clients, warmup_s, report, server_pid))
+
     start_wall = time.time() + warmup_s
     stop_wall = start_wall + duration_s
     if workers == 0:
-        asyncio.run(_readers(api_url, user_token, campaign_ids, clients, warmup_s, report, server_pid))
+        readers()
         return report
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         pending = pool.map_async(
             protocol_worker,
             [(api_url, worker_token, f"load-{n}", start_wall, stop_wall, n) for n in range(workers)],
         )
-        asyncio.run(_readers(api_url, user_token, campaign_ids, clients, warmup_s, report, server_pid))
+        readers()
         for outcome in pending.get(timeout=warmup_s + duration_s + 300):
             report.worker_latencies_s += outcome["latencies"]
             report.errors += outcome["errors"]
@@ -432,8 +565,21 @@ def main() -> None:
         action="store_true",
         help="readers ask GET /healthz (no token, one SELECT 1): the most requests the stack answers here",
     )
+    parser.add_argument(
+        "--client",
+        choices=("python", "wrk"),
+        default="python",
+        help="the readers: asyncio tasks in this process, or wrk (C, closed loop only, whole seconds)",
+    )
     add_json_option(parser)
     options = parser.parse_args()
+    if options.client == "wrk":
+        if options.open_loop:
+            parser.error("--client wrk: closed loop only (wrk sends a request as soon as the last is answered)")
+        if not (options.duration.is_integer() and options.warmup.is_integer()):
+            parser.error("--client wrk: --duration and --warmup in whole seconds (wrk's -d takes whole seconds)")
+        if shutil.which("wrk") is None:
+            parser.error("wrk not found on PATH: apt-get install wrk (scripts/install-system-deps installs it)")
 
     pg_url = create_pg_database("mapcampaign_load")
     try:
@@ -454,6 +600,7 @@ def main() -> None:
                     warmup_s=options.warmup,
                     server_pid=service.process.pid,
                     floor_url=f"{service.url}/healthz" if options.floor else None,
+                    client=options.client,
                 )
                 problems = check_database(pg_url, report)
             finally:
