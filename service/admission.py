@@ -50,10 +50,14 @@ class AdmissionMiddleware:
             return
         if self._semaphore is None:
             self._semaphore = anyio.Semaphore(self.permits)
-        admitted = False
-        with anyio.move_on_after(self.timeout_s):
-            await self._semaphore.acquire()
+        try:
+            self._semaphore.acquire_nowait()  # a permit is free (the common case): no timer to set up
             admitted = True
+        except anyio.WouldBlock:
+            admitted = False
+            with anyio.move_on_after(self.timeout_s):
+                await self._semaphore.acquire()
+                admitted = True
         if not admitted:
             busy = error_response(503, "the service is busy; try again", "busy", headers={"Retry-After": "1"})
             await busy(scope, receive, send)

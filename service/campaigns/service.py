@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -29,6 +29,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    or_,
     select,
     update,
 )
@@ -295,6 +296,12 @@ def state_counts(*, session: Session, campaign_id: int) -> dict[RealizationState
 _FINISHED = (RealizationState.SUCCEEDED, RealizationState.FAILED)
 
 
+def _one_of(column: Any, values: Iterable[Any]) -> ColumnElement[bool]:
+    """``column IN values`` as ORed equalities: plain parameters, where an IN list is an expanding parameter
+    that SQLAlchemy rewrites the statement's parameters for at every execution (a prebuilt statement's)."""
+    return or_(*(column == value for value in values))
+
+
 def _progress_columns(campaign_id: Any, since: Any) -> list[ScalarSelect[Any]]:
     """The progress figures of campaign ``campaign_id`` as scalar subqueries of one row, in this order: the
     count of each state of ``REALIZATION_STATES`` (primary-key lookups in the triggers' table), the
@@ -315,7 +322,7 @@ def _progress_columns(campaign_id: Any, since: Any) -> list[ScalarSelect[Any]]:
         .where(
             Realization.campaign_id == campaign_id,
             Realization.finished_at >= since,
-            Realization.state.in_(_FINISHED),
+            _one_of(Realization.state, _FINISHED),
         )
         .scalar_subquery()
     )
@@ -393,7 +400,7 @@ def _status_by_token() -> Select[Any]:
     ``queued_at``, then :func:`_progress_columns`. No row: no such campaign of that token's user, or the
     token is unknown, revoked or a worker's."""
     callers_user = _user_of_token_hash(bindparam("token_hash"))
-    ended = and_(Campaign.state.in_(FINISHED_CAMPAIGN_STATES), Campaign.finished_at.is_not(None))
+    ended = and_(_one_of(Campaign.state, FINISHED_CAMPAIGN_STATES), Campaign.finished_at.is_not(None))
     since = case((ended, Campaign.queued_at), else_=bindparam("window_start", type_=UTCDateTime()))
     return (
         select(
