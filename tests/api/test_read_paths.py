@@ -17,8 +17,8 @@ from sqlalchemy import event, select, text, update
 
 from service import db
 from service.auth.models import ApiToken, User
-from service.campaigns import service
 from service.auth.service import hash_token
+from service.campaigns import service
 from service.conditional import etag_of, tag_matches
 from service.config import Settings
 from service.db import Database
