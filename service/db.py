@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Annotated, Any, ClassVar, TypeVar
 
 from fastapi import Depends, Request
-from sqlalchemy import JSON, BigInteger, DateTime, Engine, Integer, MetaData, create_engine, event
+from sqlalchemy import JSON, BigInteger, Connection, DateTime, Engine, Integer, MetaData, create_engine, event
 from sqlalchemy import Enum as EnumType
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -191,6 +191,7 @@ class Database:
         reader = (
             self.engine.execution_options(isolation_level="AUTOCOMMIT") if self.dialect == "postgresql" else self.engine
         )
+        self._reader = reader
         self._write_sessions = sessionmaker(writer, expire_on_commit=False)
         self._read_sessions = sessionmaker(reader, expire_on_commit=False)
 
@@ -199,6 +200,13 @@ class Database:
         factory = self._write_sessions if write else self._read_sessions
         with factory() as session:
             yield session
+
+    @contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """A pooled connection for Core statements that only read, as a read session's (PostgreSQL:
+        autocommit), without the ORM session around it: the polled reads' path."""
+        with self._reader.connect() as connection:
+            yield connection
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -134,17 +134,19 @@ async def get_campaign(
     # (as sync dependencies and a sync endpoint, four turns, each a hand-off between threads).
     def read() -> bytes:
         token = bearer_token(credentials)
-        with get_database(request).session(write=False) as session:
+        database = get_database(request)
+        with database.read_connection() as connection:
             detail = service.status_for_token(
-                session=session, token=token, campaign_id=campaign_id, window_s=settings.throughput_window_s
+                connection=connection, token=token, campaign_id=campaign_id, window_s=settings.throughput_window_s
             )
-            if detail is None:  # found nothing: the ordinary checks say why (401, 403, 404)
+        if detail is None:  # found nothing: the ordinary checks say why (401, 403, 404)
+            with database.session(write=False) as session:
                 user = reading_user(request, session, credentials)
                 campaign = service.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
                 detail = service.detail(
                     session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
                 )
-            return detail.model_dump_json().encode()
+        return detail.model_dump_json().encode()
 
     return json_with_etag(await anyio.to_thread.run_sync(read), if_none_match)
 
@@ -245,12 +247,14 @@ async def list_realizations(
             cursor=cursor,
             limit=min(limit, settings.page_size_max),
         )
-        with get_database(request).session(write=False) as session:
-            try:
-                items, next_cursor = page(session=session, owner_id=service.ByToken(token))
-            except CampaignNotFound:  # or the token is not a user's: the ordinary checks say which (401, 403, 404)
-                items, next_cursor = page(session=session, owner_id=reading_user(request, session, credentials).user_id)
-            return RealizationPage(items=items, next_cursor=next_cursor).model_dump_json().encode()
+        database = get_database(request)
+        try:
+            with database.read_connection() as connection:
+                items, next_cursor = page(bind=connection, owner_id=service.ByToken(token))
+        except CampaignNotFound:  # or the token is not a user's: the ordinary checks say which (401, 403, 404)
+            with database.session(write=False) as session:
+                items, next_cursor = page(bind=session, owner_id=reading_user(request, session, credentials).user_id)
+        return RealizationPage(items=items, next_cursor=next_cursor).model_dump_json().encode()
 
     return Response(await anyio.to_thread.run_sync(read), media_type="application/json")
 

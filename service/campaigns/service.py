@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
+    Connection,
     CursorResult,
     Insert,
     Integer,
@@ -420,25 +421,21 @@ _STATUS_BY_TOKEN = _status_by_token()
 _PROGRESS_FROM = len(CampaignSummary.model_fields) + 1
 
 
-def status_for_token(*, session: Session, token: str, campaign_id: int, window_s: float) -> CampaignDetail | None:
+def status_for_token(
+    *, connection: Connection, token: str, campaign_id: int, window_s: float
+) -> CampaignDetail | None:
     """The status of campaign ``campaign_id`` for the holder of user token ``token``, in one statement (token
     check, campaign, progress); None when that finds nothing (the caller's ordinary checks then say why:
     401, 403 or 404). The polled read: the dashboard, ``watch`` and scripts ask it every few seconds."""
     now = utcnow()
     window_start = now - timedelta(seconds=window_s)
-    row = (
-        session.connection()
-        .execute(
-            _STATUS_BY_TOKEN,
-            {"token_hash": hash_token(token), "campaign_id": campaign_id, "window_start": window_start},
-        )
-        .first()
-    )
+    parameters = {"token_hash": hash_token(token), "campaign_id": campaign_id, "window_start": window_start}
+    row = connection.execute(_STATUS_BY_TOKEN, parameters).first()
     if row is None:
         return None
     return CampaignDetail(
         **_summary_fields(row, row.owner),
-        spec=current_spec(row, lambda: session.scalar(select(Campaign.spec).where(Campaign.id == campaign_id))),
+        spec=current_spec(row, lambda: connection.scalar(select(Campaign.spec).where(Campaign.id == campaign_id))),
         progress=_progress_from_row(row, row[_PROGRESS_FROM:], now=now, window_start=window_start),
     )
 
@@ -490,7 +487,7 @@ def progress_many(*, session: Session, campaigns: list[Campaign], window_s: floa
     )
     for campaign_id, state, count in rows:
         counts[campaign_id][state] = count
-    ended = {c.id for c in campaigns if c.state in FINISHED_CAMPAIGN_STATES and c.finished_at is not None}
+    ended = {c.id for c in campaigns if _ended(c)}
     running = [campaign_id for campaign_id in ids if campaign_id not in ended]
     now = utcnow()
     window_start = now - timedelta(seconds=window_s)
@@ -605,7 +602,7 @@ def _page_statement(*, by_token: bool, with_state: bool, after_index: bool) -> S
 
 def list_realizations(
     *,
-    session: Session,
+    bind: Session | Connection,
     owner_id: Owner,
     campaign_id: int,
     state: RealizationState | None = None,
@@ -615,7 +612,7 @@ def list_realizations(
     """A page of the campaign's realisations in index order, after the cursor's index (keyset pagination).
 
     One statement in the common case (:func:`_page_statement`); only an empty page asks whether the
-    campaign exists (404 if not).
+    campaign exists (404 if not). ``bind``: a session, or a connection for a read without an ORM session.
     """
     position = decode_cursor(cursor, keys=("after_index",))
     by_token = isinstance(owner_id, ByToken)
@@ -627,9 +624,11 @@ def list_realizations(
         parameters["owner_id"] = owner_id
     if position is not None:
         parameters["after_index"] = position["after_index"]
-    rows = session.connection().execute(statement, parameters).all()
-    if not rows:
-        get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)  # 404 unless only the page is empty
+    rows = bind.execute(statement, parameters).all()
+    if not rows:  # 404 unless only the page is empty
+        found = bind.execute(select(Campaign.id).where(Campaign.id == campaign_id, _owner_is(owner_id))).first()
+        if found is None:
+            raise CampaignNotFound(f"campaign {campaign_id} not found")
     items = [
         RealizationSummary(
             index=index,

@@ -112,7 +112,7 @@ def campaign_page(
     campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
     progress = campaigns.progress(session=session, campaign=campaign, window_s=settings.throughput_window_s)
     realizations, next_cursor = campaigns.list_realizations(
-        session=session,
+        bind=session,
         owner_id=owner_id,
         campaign_id=campaign.id,
         state=state,
