@@ -203,8 +203,8 @@ class Database:
 
     @contextmanager
     def read_connection(self) -> Iterator[Connection]:
-        """A pooled connection for Core statements that only read, as a read session's (PostgreSQL:
-        autocommit), without the ORM session around it: the polled reads' path."""
+        """A pooled connection for Core statements that only read (PostgreSQL: autocommit, as the readers'
+        ORM work), without the ORM's unit of work around it: the polled reads' path."""
         with self._reader.connect() as connection:
             yield connection
 

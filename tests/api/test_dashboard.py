@@ -7,11 +7,10 @@ import hashlib
 import re
 import stat
 import time
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import update
 
 from schemas.api import ARTIFACT_SHA256_HEADER
 from service.auth.models import ApiToken
@@ -19,6 +18,7 @@ from service.auth.service import Principal
 from service.dashboard import panels, quicklook
 from service.dashboard.router import STATIC_DIR, TEMPLATES_DIR
 from service.dashboard.session import COOKIE_NAME, load_session_key, make_cookie, read_cookie
+from tests.support.databases import statements_sent
 from tests.support.fake_worker import iqu_map_fits
 
 CSRF_META = re.compile(r'<meta name="csrf-token" content="([^"]*)">')
@@ -58,20 +58,6 @@ def succeed_with_map(api, task) -> None:
     record = product("map_iqu.fits", payload)
     record["name"] = "iqu"
     assert api.succeed(task, products=[record]).status_code == 200
-
-
-@contextmanager
-def statements(api):
-    seen: list[str] = []
-
-    def count(_conn, _cursor, statement, *_args):
-        seen.append(statement)
-
-    event.listen(api.database.engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        event.remove(api.database.engine, "before_cursor_execute", count)
 
 
 # --------------------------------------------------------------------------- session
@@ -247,11 +233,11 @@ def test_pages_escape_user_strings(api):
 def test_overview_and_campaign_page_queries_do_not_grow_with_size(api):
     login(api)
     api.create(realizations=2)
-    with statements(api) as few:
+    with statements_sent(api.database.engine) as few:
         assert api.client.get("/").status_code == 200
     for _ in range(8):
         api.create(realizations=30)
-    with statements(api) as many:
+    with statements_sent(api.database.engine) as many:
         assert api.client.get("/").status_code == 200
     assert len(many) == len(few), "the overview makes more queries for more campaigns"
 
@@ -268,7 +254,7 @@ def test_overview_and_campaign_page_queries_do_not_grow_with_size(api):
             f"/ui/campaigns/{campaign['id']}/status",
             f"/ui/campaigns/{campaign['id']}/results",
         ):
-            with statements(api) as seen:
+            with statements_sent(api.database.engine) as seen:
                 assert api.client.get(path).status_code == 200
             campaign.setdefault("counts", []).append(len(seen))
     assert small["counts"] == big["counts"], "the campaign page makes more queries for more realisations"

@@ -11,6 +11,7 @@ from service.campaigns.hooks import on_result_accepted, remove_result_hook
 from service.campaigns.models import Campaign
 from service.db import utcnow
 from service.events.models import Event
+from tests.support.databases import statements_sent
 from tests.support.service_helpers import product, result_for, sha256, spec_data
 
 
@@ -202,25 +203,14 @@ def test_the_reaper_settles_a_campaign_once_per_pass_not_once_per_expired_lease(
     inside the reaper's one write transaction: 1000 expired leases of a 100k campaign held SQLite's write
     lock for 32 s. The statements of one pass are counted here: settling reads the campaign's kept counts
     once (migration 0005), and nothing counts its realisations row by row."""
-    from sqlalchemy import event
-
     api = make_api(lease_s=60)
     campaign = api.create(realizations=40, max_attempts=1)
     worker = api.register(capacity=20)
     api.build_plan(worker)
     assert len(api.claim(worker, max_tasks=20)) == 20
     clock.advance(61)
-    statements: list[str] = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):
-        statements.append(statement)
-
-    engine = api.database.engine
-    event.listen(engine, "before_cursor_execute", record)
-    try:
+    with statements_sent(api.database.engine) as statements:
         assert api.reap().realizations == 20
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
     assert sum("GROUP BY" in statement.upper() for statement in statements) == 0
     assert sum("FROM realization_counts" in statement for statement in statements) == 1
     assert api.campaign(campaign["id"])["progress"]["counts"]["failed"] == 20  # one attempt each: failed
@@ -318,7 +308,6 @@ def test_result_accepted_once_and_late_duplicate_refused(api):
     assert api.fail(task["task_id"]).status_code == 409
     assert api.realization(campaign["id"], task["realization"])["result"] == stored
     # A result that does not match its task is refused and changes nothing.
-    from tests.support.service_helpers import result_for
 
     wrong = result_for(other["spec"], other["realization"] + 1)
     refused = api.wpost(f"/tasks/{other['task_id']}/succeeded", json={"result": wrong})
@@ -657,23 +646,13 @@ def test_an_event_stream_moves_past_other_users_events_instead_of_scanning_them_
 
 def test_a_claim_reads_the_sites_plans_in_one_query_whatever_the_number_of_scan_keys(api):
     """Found by review: one plan lookup per active (scan key, ranks) on every claim, every poll."""
-    from sqlalchemy import event
-
     builder = api.register("builder")
     for n in range(6):  # six scan keys, each plan being built by the builder
         api.create(name=f"scan-{n}", **{"scan.drift_deg_per_day": 700.0 + n})
     assert len([t for t in api.claim(builder, max_tasks=10) if t["kind"] == "preprocess"]) == 6
     other = api.register("other")
-    statements: list[str] = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):
-        statements.append(statement)
-
-    event.listen(api.database.engine, "before_cursor_execute", record)
-    try:
+    with statements_sent(api.database.engine) as statements:
         assert api.claim(other, max_tasks=4) == []  # everything is being built elsewhere
-    finally:
-        event.remove(api.database.engine, "before_cursor_execute", record)
     # The plans come joined to the campaigns that need them (one statement), not in a query per key.
     assert sum("preprocessing_plans" in statement for statement in statements) == 1
 
@@ -688,26 +667,19 @@ def test_a_claim_on_postgresql_is_four_statements_on_one_connection_whatever_it_
     worker = api.register(capacity=20)
     api.build_plan(worker)
     api.claim(worker, max_tasks=1)  # the spec is parsed and cached on the first claim of a campaign
-    statements: list[str] = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):
-        statements.append(" ".join(statement.split()[:2]))
-
     checkouts: list[object] = []
 
     def checkout(*args):
         checkouts.append(args)
 
-    event.listen(api.database.engine, "before_cursor_execute", record)
     event.listen(api.database.engine.pool, "checkout", checkout)
     try:
         counts = {}
         for batch in (1, 20):
-            statements.clear()
-            assert len(api.claim(worker, max_tasks=batch)) == batch
-            counts[batch] = list(statements)
+            with statements_sent(api.database.engine) as statements:
+                assert len(api.claim(worker, max_tasks=batch)) == batch
+            counts[batch] = [" ".join(statement.split()[:2]) for statement in statements]
     finally:
-        event.remove(api.database.engine, "before_cursor_execute", record)
         event.remove(api.database.engine.pool, "checkout", checkout)
     assert counts[1] == counts[20]
     assert counts[1] == ["UPDATE workers", "SELECT campaigns.id,", "WITH picked", "WITH event_lock"], counts[1]

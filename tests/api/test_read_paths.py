@@ -8,12 +8,11 @@ every realisation once, in order, with or without a state filter, however the pa
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from sqlalchemy import event, select, text, update
+from sqlalchemy import select, text, update
 
 from service import db
 from service.auth.models import ApiToken, User
@@ -22,6 +21,7 @@ from service.campaigns import service
 from service.conditional import etag_of, tag_matches
 from service.config import Settings
 from service.db import Database
+from tests.support.databases import statements_sent
 
 
 def test_status_has_an_etag_and_answers_304_while_nothing_changed(api):
@@ -151,20 +151,6 @@ def test_a_pooled_connection_is_pinged_after_lying_idle_and_replaced_when_dead(p
         database.dispose()
 
 
-@contextmanager
-def _statements(api):
-    seen: list[str] = []
-
-    def record(_conn, _cursor, statement, *_args):
-        seen.append(statement)
-
-    event.listen(api.database.engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(api.database.engine, "before_cursor_execute", record)
-
-
 def test_a_status_read_and_a_page_are_one_statement_each(api):
     """The polled reads are bound by round trips: the token's check, the campaign and its progress (or
     the page) in one statement. A refused or empty read may take more (the ordinary checks say why)."""
@@ -181,7 +167,7 @@ def test_a_status_read_and_a_page_are_one_statement_each(api):
     reads.append((reads[1][0], {"limit": 5, "cursor": cursor}))
     for path, params in reads:
         api.get(path, params=params)  # the spec is validated and kept on the first status read
-        with _statements(api) as seen:
+        with statements_sent(api.database.engine) as seen:
             assert api.get(path, params=params).status_code == 200
         queries = [statement for statement in seen if not statement.startswith("BEGIN")]  # SQLite's own BEGIN
         assert len(queries) == 1, (path, params, queries)

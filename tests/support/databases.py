@@ -7,10 +7,14 @@ needs it and cannot reach it fails; it never skips.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import Engine, event
 
 from benchmarks import _support
 
@@ -59,3 +63,19 @@ def fresh_sqlite_copy(template: Path, folder: Path) -> str:
     target = folder / "mapcampaign.sqlite3"
     shutil.copyfile(template, target)
     return f"sqlite:///{target}"
+
+
+@contextmanager
+def statements_sent(engine: Engine) -> Iterator[list[str]]:
+    """The SQL text of every statement ``engine`` sends inside the block, in order (SQLite's own ``BEGIN``
+    included): what a test counts round trips with."""
+    sent: list[str] = []
+
+    def record(_connection: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", record)

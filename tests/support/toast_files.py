@@ -8,12 +8,16 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import astropy.units as u
 import numpy as np
+import pytest
 from astropy.table import Column, QTable
+
+from schemas.instrument import ScheduleFileError, resolve_files
+from schemas.spec import CampaignSpec
 
 NET_UNIT = u.K * u.s**0.5
 
@@ -150,3 +154,14 @@ def write_satellite_schedule(path: Path, scans: Sequence[dict]) -> str:
     )
     schedule.write(str(path))
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_schedule_refused(path: Path, spec_for: Callable[[str, str], CampaignSpec], column: str) -> None:
+    """Resolving a spec of the schedule at ``path`` (``spec_for(file name, sha256)``, the file beside the
+    instrument root) is refused naming the file and ``column`` ("": the file as a whole)."""
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(ScheduleFileError) as caught:
+        resolve_files(spec_for(path.name, sha), path.parent)
+    assert caught.value.column == column and f"'{path.name}'" in str(caught.value)
+    if column:
+        assert f"column {column!r}" in str(caught.value)

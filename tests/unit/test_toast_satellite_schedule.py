@@ -8,7 +8,6 @@ direction from astropy's Sun (geocentric), not from the map-maker's ephemeris.
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 from datetime import UTC, datetime, timedelta
 
@@ -19,9 +18,9 @@ from mapmaker_cases import BASE
 
 from mapmaker.model.decomposition import chunk_layout
 from mapmaker.model.scan import ChunkPointing
-from schemas.instrument import ScheduleFileError, resolve_files
+from schemas.instrument import resolve_files
 from schemas.spec import CampaignSpec, ScheduleNotRead, scan_key
-from tests.support.toast_files import write_satellite_schedule
+from tests.support.toast_files import assert_schedule_refused, write_satellite_schedule
 
 ARCSEC = math.pi / (180 * 3600)
 # TOAST's SimSatellite runs the spin and precession phases at the rate it recovers from its float64 timestamps
@@ -182,12 +181,7 @@ def test_a_malformed_satellite_schedule_is_refused_naming_the_file_and_the_colum
         path.write_text(text.replace(SCANS[0]["start"].isoformat(sep="T"), "2027-13-01T00:00:00"))
     elif damage == "not ecsv":
         path.write_text("# Site | Telescope\nnot a table\n")
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    with pytest.raises(ScheduleFileError) as caught:
-        resolve_files(schedule_spec("bad.ecsv", sha), tmp_path)
-    assert caught.value.column == column and "'bad.ecsv'" in str(caught.value)
-    if column:
-        assert f"column {column!r}" in str(caught.value)
+    assert_schedule_refused(path, schedule_spec, column)
 
 
 def test_a_bad_field_of_a_schedule_scan_is_named_without_the_kind():

@@ -8,7 +8,6 @@ each scan's azimuth range at the middle of the scan, for the site in the file.
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 from datetime import UTC, datetime, timedelta
 
@@ -20,9 +19,9 @@ from mpi4py import MPI
 
 from mapmaker.model.decomposition import chunk_layout
 from mapmaker.solve.realization import run_realization
-from schemas.instrument import ScheduleFileError, local_sidereal_time_deg, resolve_files
+from schemas.instrument import local_sidereal_time_deg, resolve_files
 from schemas.spec import CampaignSpec, ScheduleNotRead, scan_key
-from tests.support.toast_files import write_ground_schedule
+from tests.support.toast_files import assert_schedule_refused, write_ground_schedule
 
 LATITUDE, LONGITUDE = -22.96, -67.79
 START = datetime(2026, 6, 1, 3, 0, 0, tzinfo=UTC)
@@ -133,12 +132,7 @@ def test_a_malformed_schedule_is_refused_naming_the_file_and_the_column(tmp_path
         path.write_text(text.replace("site_lat", "site_latitude"))
     elif damage == "not ecsv":
         path.write_text("# Site | Telescope\nnot a table\n")
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    with pytest.raises(ScheduleFileError) as caught:
-        resolve_files(schedule_spec("bad.ecsv", sha), tmp_path)
-    assert caught.value.column == column and "'bad.ecsv'" in str(caught.value)
-    if column:
-        assert f"column {column!r}" in str(caught.value)
+    assert_schedule_refused(path, schedule_spec, column)
 
 
 def test_the_instrument_summary_places_each_field_where_ephem_does(schedule):
