@@ -27,7 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._support import add_json_option, write_json
-from schemas.instrument import file_sha256
+from schemas.files import sha256_file
 from schemas.result import RealizationResult
 
 SPEC = """
@@ -82,7 +82,7 @@ def hexagon_focal_plane(path: Path) -> str:
     )  # fmt: skip
     with toast.io.H5File(str(path), "w", comm=None) as handle:
         focal_plane.save_hdf5(handle.handle, comm=None)
-    return file_sha256(path)
+    return sha256_file(path)
 
 
 def mpi(ranks: int, *args: str) -> tuple[float, subprocess.CompletedProcess]:

@@ -30,12 +30,12 @@ the content, so a site whose copy differs refuses to run instead of mapping anot
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from schemas.files import sha256_file
 from schemas.spec import (
     MAX_DETECTORS,
     CampaignSpec,
@@ -81,15 +81,6 @@ class FocalPlaneTable:
     detectors: tuple[Detector, ...]
     file_detectors: int  # rows in the file before the selection
     file_sample_rate_hz: float | None  # the table's ``sample_rate`` metadata, if any
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def resolve_instrument_path(instrument_root: str | Path | None, relative: str) -> Path:
@@ -278,7 +269,7 @@ def read_focal_plane(plane: FocalPlane, instrument_root: str | Path | None) -> F
     if plane.file is None:
         raise ValueError("the focal plane is inline; there is no file to read")
     path = resolve_instrument_path(instrument_root, plane.file)
-    digest = file_sha256(path)
+    digest = sha256_file(path)
     if digest != plane.sha256:
         raise FocalPlaneFileError(plane.file, "", f"its sha256 is {digest}, the spec says {plane.sha256}")
     return read_focal_plane_file(path, file=plane.file, selection=plane.select)
@@ -495,7 +486,7 @@ def _schedule_path(scan: GroundScheduleScan | SatelliteScheduleScan, instrument_
         path = resolve_instrument_path(instrument_root, scan.file)
     except FocalPlaneFileError as error:
         raise ScheduleFileError(scan.file, "", error.reason) from None
-    digest = file_sha256(path)
+    digest = sha256_file(path)
     if digest != scan.sha256:
         raise ScheduleFileError(scan.file, "", f"its sha256 is {digest}, the spec says {scan.sha256}")
     return path
