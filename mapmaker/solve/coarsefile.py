@@ -49,6 +49,12 @@ def matrix_checksum(matrix: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(matrix, dtype=np.float64).tobytes()).hexdigest()
 
 
+def _identity(key: str, ranks: int, coarse_nside: int, n_columns: int) -> dict[str, int | str]:
+    """What a file's header must say for this run to use it (and what a written file's says)."""
+    return {"format": COARSE_FORMAT, "key": key, "ranks": ranks, "coarse_nside": int(coarse_nside),
+            "n_columns": int(n_columns)}
+
+
 def read_coarse_operator(
     comm: MPI.Comm, path: str | Path, *, key: str, coarse_nside: int, n_columns: int, owned_pixels: np.ndarray,
     rows: int,
@@ -81,9 +87,7 @@ def _read_rank(
     rank = comm.Get_rank()
     with np.load(path, allow_pickle=False) as members:
         header = json.loads(str(members["header"]))
-        expected = {"format": COARSE_FORMAT, "key": key, "ranks": comm.Get_size(), "coarse_nside": int(coarse_nside),
-                    "n_columns": int(n_columns)}
-        for name, value in expected.items():
+        for name, value in _identity(key, comm.Get_size(), coarse_nside, n_columns).items():
             if header.get(name) != value:
                 raise ValueError(f"{name} is {header.get(name)!r} in the file, {value!r} in this run")
         pixels = members[f"pixels_{rank}"]
@@ -128,8 +132,7 @@ def write_coarse_operator(
         comm.Send(np.ascontiguousarray(operator.columns, dtype=np.float32), dest=0, tag=72)
     problem = None
     if rank == 0:
-        header = {"format": COARSE_FORMAT, "key": key, "ranks": size, "coarse_nside": int(coarse_nside),
-                  "n_columns": operator.n_columns, "matrix_sha256": matrix_checksum(operator.matrix)}
+        header = {**_identity(key, size, coarse_nside, operator.n_columns), "matrix_sha256": matrix_checksum(operator.matrix)}
         members["header"] = np.array(json.dumps(header))
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
