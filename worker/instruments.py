@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 from pathlib import Path
 
+from schemas.files import atomic_write_bytes
 from schemas.instrument import UPLOADS
 from schemas.spec import CampaignSpec, GroundScheduleScan, SatelliteScheduleScan
 from worker.client import ServiceClient, ServiceError
@@ -52,15 +51,7 @@ def fetch_uploads(spec: CampaignSpec, instrument_root: Path | None, client: Serv
             raise
         if hashlib.sha256(content).hexdigest() != sha256:
             raise ServiceError(f"the service sent other bytes for {file} than its sha256 says")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".fetch-", suffix=target.suffix)
-        try:
-            with os.fdopen(handle, "wb") as stream:
-                stream.write(content)
-            os.replace(temporary, target)  # whole or not at all; two workers write the same bytes
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+        atomic_write_bytes(target, content)  # whole or not at all; two workers write the same bytes
         log.info("fetched %s from the service (%d bytes)", file, len(content))
         written.append(target)
     return written
