@@ -511,7 +511,8 @@ class EventInfo(ApiModel):
 
 
 class LoginLinkInfo(ApiModel):
-    """A one-time dashboard login link (``POST /login-links``): opening ``url`` logs the browser in once."""
+    """A one-time dashboard login link (``POST /login-links``): ``url`` opens a page whose button logs the
+    browser in, once."""
 
     url: str = Field(description="Open in a browser before expires_at; it works once")
     expires_at: datetime

@@ -24,6 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from schemas.api import API_PREFIX, Health
+from service.access_log import install_access_log_redaction
 from service.admission import AdmissionMiddleware
 from service.auth.router import router as login_links_router
 from service.campaigns.router import router as campaigns_router
@@ -83,6 +84,7 @@ def _close_streams_on_exit_signals(closing: threading.Event) -> Callable[[], Non
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
+    install_access_log_redaction()  # uvicorn has configured logging before it calls this factory
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

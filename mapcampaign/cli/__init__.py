@@ -14,6 +14,7 @@ import typer
 from mapcampaign.cli import campaigns as campaign_commands
 from mapcampaign.cli import db as db_commands
 from mapcampaign.cli import instruments as instrument_commands
+from mapcampaign.cli import login as login_commands
 from mapcampaign.cli import plans as plan_commands
 from mapcampaign.cli import products as products_commands
 from mapcampaign.cli import serve as serve_commands
@@ -73,6 +74,7 @@ app.command("up")(up_commands.up)
 app.command("demo")(up_commands.demo)
 app.command("serve")(serve_commands.serve)
 app.command("worker")(worker_commands.worker)
+app.command("login")(login_commands.login)
 # Campaigns
 app.command("submit")(campaign_commands.submit)
 app.command("list")(campaign_commands.list_campaigns)

@@ -46,7 +46,10 @@ def _describe_stack(stack: object) -> None:
     typer.echo(f"API        {stack.url}/api/v1   (OpenAPI: {stack.url}/api/v1/docs)", err=True)
     link = _login_link(stack.url, stack.user_token_file)
     if link:
-        typer.echo(f"dashboard  {link}   (a one-time login link, valid 10 min)", err=True)
+        typer.echo(
+            f"dashboard  {link}   (a one-time login link, valid 10 min; `mapcampaign login` makes another)",
+            err=True,
+        )
     else:
         typer.echo(f"dashboard  {stack.url}/   (log in with the token in {stack.user_token_file})", err=True)
     typer.echo(f"data       {stack.data_dir}   (logs in {stack.log_dir})", err=True)

@@ -1,12 +1,16 @@
 """One-time login links for the dashboard: ``mapcampaign up`` prints one, as Jupyter prints its token URL.
 
 A user token asks for a link (``POST /api/v1/login-links``); the answer holds
-``<server>/login/link?secret=mcl_...``. Opening it in a browser logs that user
-in (the dashboard sets its usual session cookie, made from the same token) and
-goes to the overview, so nobody pastes a token. The link:
+``<server>/login/link?secret=mcl_...``; ``mapcampaign login`` asks for another
+while the service runs. Opening it in a browser shows a confirmation page that
+names the user; its button POSTs the secret (in the form body), which logs that
+user in (the dashboard sets its usual session cookie, made from the same token)
+and goes to the overview, so nobody pastes a token. A bare GET logs nobody in
+and spends nothing: a link sent to someone else cannot log them into the
+sender's account behind their back (login CSRF). The link:
 
-* works once: opening it marks it used in one conditional UPDATE, so of two
-  openings (two API processes included) exactly one logs in;
+* works once: the POST marks it used in one conditional UPDATE, so of two
+  logins (two API processes included) exactly one goes through;
 * expires after :data:`LINK_TTL_S` seconds (on the service's clock);
 * dies with its token: a revoked token's links log nobody in.
 
@@ -44,12 +48,37 @@ def create_login_link(*, session: Session, principal: Principal) -> tuple[str, d
     return secret, expires_at
 
 
+def _checkable(secret: str) -> bool:
+    return secret.startswith(LINK_PREFIX) and len(secret) <= 200
+
+
+def login_link_user(*, session: Session, secret: str) -> str | None:
+    """The name of the user a live link would log in (unused, unexpired, its token live); None otherwise.
+
+    Reads only: the confirmation page shows whom the link logs in without spending it.
+    """
+    if not _checkable(secret):
+        return None
+    return session.scalar(
+        select(User.name)
+        .join(ApiToken, ApiToken.user_id == User.id)
+        .join(LoginLink, LoginLink.token_id == ApiToken.id)
+        .where(
+            LoginLink.secret_hash == hash_token(secret),
+            LoginLink.used_at.is_(None),
+            LoginLink.expires_at > utcnow(),
+            ApiToken.kind == "user",
+            ApiToken.revoked_at.is_(None),
+        )
+    )
+
+
 def redeem_login_link(*, session: Session, secret: str) -> Principal | None:
     """The user a link logs in, marking it used; None for an unknown, used, expired or revoked one.
 
     The caller commits: the link is spent only if the login goes through.
     """
-    if not secret.startswith(LINK_PREFIX) or len(secret) > 200:
+    if not _checkable(secret):
         return None
     now = utcnow()
     spent = session.execute(

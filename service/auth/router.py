@@ -15,8 +15,9 @@ router = APIRouter(
 
 @router.post("", response_model=LoginLinkInfo, status_code=201)
 def new_login_link(request: Request, user: CurrentUser, session: SessionDep) -> LoginLinkInfo:
-    """A one-time link that logs a browser into the dashboard as this token's user (``mapcampaign up``
-    prints one). It works once and expires after ten minutes; revoking the token ends it."""
+    """A one-time link that logs a browser into the dashboard as this token's user (``mapcampaign up`` prints
+    one, ``mapcampaign login`` another). Opening it shows a page that names the user; its button logs in.
+    The link works once and expires after ten minutes; revoking the token ends it."""
     secret, expires_at = create_login_link(session=session, principal=user)
     session.commit()
     base = str(request.base_url).rstrip("/")

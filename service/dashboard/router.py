@@ -8,7 +8,9 @@ Errors of a page (another user's campaign: 404) are HTML pages.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import mimetypes
+import secrets
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -27,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES
 from schemas.io import format_location
 from schemas.states import CampaignState, RealizationState
-from service.auth.login_links import LINK_PATH, redeem_login_link
+from service.auth.login_links import LINK_PATH, LINK_TTL_S, login_link_user, redeem_login_link
 from service.auth.service import principal_for_token
 from service.campaigns import service as campaigns
 from service.dashboard import queries
@@ -41,6 +43,7 @@ from service.dashboard.session import (
     MaybeDashboardUser,
     check_csrf,
     clear_session_cookie,
+    login_form_token,
     make_cookie,
     optional_session,
     same_origin,
@@ -269,25 +272,70 @@ def login(
     return response
 
 
+LINK_FORM_COOKIE = "mapcampaign_login_form"
+LINK_REFUSED = (
+    "This login link was used already, has expired or was never made here. For a new one run "
+    "`mapcampaign login` where the service runs (the running service keeps going), or paste a user token below."
+)
+
+
+def _link_refused(request: Request) -> HTMLResponse:
+    return render(request, "login.html", {"next": "/", "error": LINK_REFUSED, "notice": ""}, status_code=401)
+
+
 @pages.get(LINK_PATH, response_class=HTMLResponse)
+def confirm_login_link(
+    request: Request,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    user: MaybeDashboardUser,
+    secret: Annotated[str, Query(max_length=200)] = "",
+) -> Response:
+    """A one-time login link (``mapcampaign up`` and ``mapcampaign login`` print one): a page naming the user
+    the link logs in, whose button POSTs the secret. Opening the link spends nothing and sets no session, so
+    a link from someone else cannot log a browser into their account unseen (login CSRF)."""
+    link_user = login_link_user(session=session, secret=secret)
+    if link_user is None:
+        return _link_refused(request)
+    nonce = secrets.token_urlsafe(16)
+    form_token = login_form_token(session_key(request), nonce)
+    context = {"secret": secret, "link_user": link_user, "login_path": LINK_PATH, "form_token": form_token}
+    response = render(request, "login_link.html", context, user=user)
+    response.set_cookie(
+        LINK_FORM_COOKIE,
+        nonce,
+        max_age=int(LINK_TTL_S),
+        path=LINK_PATH,
+        httponly=True,
+        samesite="lax",
+        secure=settings.cookie_secure,
+    )
+    return response
+
+
+@pages.post(LINK_PATH, response_class=HTMLResponse)
 def login_with_link(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
-    secret: Annotated[str, Query(max_length=200)] = "",
+    secret: Annotated[str, Form(max_length=200)] = "",
+    csrf_token: Annotated[str, Form(max_length=200)] = "",
 ) -> Response:
-    """A one-time login link (``mapcampaign up`` prints one): log in as its token's user, once."""
+    """The confirmation page's button: log in as the link's user, once."""
+    nonce = request.cookies.get(LINK_FORM_COOKIE, "")
+    expected = login_form_token(session_key(request), nonce) if nonce else ""
+    if not same_origin(request) or not expected or not hmac.compare_digest(csrf_token.encode(), expected.encode()):
+        raise CsrfRejected("this login form was not sent by this dashboard; open the login link again")
     principal = redeem_login_link(session=session, secret=secret)
     if principal is None:
-        error = (
-            "This login link was used already, has expired or was never made here. "
-            "Paste a user token below, or restart `mapcampaign up` for a new link."
-        )
-        return render(request, "login.html", {"next": "/", "error": error, "notice": ""}, status_code=401)
+        return _link_refused(request)
     session.commit()
-    response = redirect("/")  # the secret leaves the address bar and the history
+    response = redirect("/")
     cookie = make_cookie(session_key(request), principal=principal, max_age_s=settings.session_max_age_s)
     set_session_cookie(response, value=cookie, settings=settings)
+    response.delete_cookie(
+        LINK_FORM_COOKIE, path=LINK_PATH, httponly=True, samesite="lax", secure=settings.cookie_secure
+    )
     return response
 
 

@@ -139,6 +139,15 @@ def csrf_token_for(key: bytes, nonce: str) -> str:
     return _b64(_mac(key, b"csrf:" + nonce.encode()))
 
 
+def login_form_token(key: bytes, nonce: str) -> str:
+    """The token a login-link confirmation form carries, bound to the nonce in its own cookie.
+
+    A form posted from another site cannot carry it: that site can neither read the page nor send the
+    cookie (SameSite=Lax keeps it off cross-site POSTs), even in a browser that names no ``Origin``.
+    """
+    return _b64(_mac(key, b"login-form:" + nonce.encode()))
+
+
 def make_cookie(key: bytes, *, principal: Principal, max_age_s: float, now: float | None = None) -> str:
     payload = {
         "u": principal.user_id,

@@ -4,6 +4,8 @@ throughput of a finished campaign, and the one-time login link (expiry by moving
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.api.test_dashboard import login, running_campaign
@@ -210,14 +212,42 @@ def new_link(api, token: str | None = None):
     return api.post("/login-links", token)
 
 
-def test_a_login_link_logs_in_once(api):
+LINK_FORM = re.compile(
+    r'<form method="post" action="/login/link">\s*<input type="hidden" name="secret" value="([^"]+)">\s*'
+    r'<input type="hidden" name="csrf_token" value="([^"]+)">'
+)
+
+
+def confirm(api, path: str, **headers: str):
+    """Open the link (GET: the confirmation page), then press its button (POST); return both answers."""
+    page = api.client.get(path, follow_redirects=False)
+    assert page.status_code == 200, page.text
+    secret, form_token = LINK_FORM.search(page.text).groups()
+    posted = api.client.post(
+        "/login/link", data={"secret": secret, "csrf_token": form_token}, headers=headers, follow_redirects=False
+    )
+    return page, posted
+
+
+def test_a_login_link_shows_a_confirmation_and_logs_in_once_by_its_button(api):
     answer = new_link(api)
     assert answer.status_code == 201, answer.text
     url = answer.json()["url"]
     assert url.startswith("http://testserver/login/link?secret=mcl_")
     path = url.removeprefix("http://testserver")
+    secret = path.split("secret=")[1]
     api.client.cookies.clear()
-    opened = api.client.get(path, follow_redirects=False)
+
+    # A bare GET, however often, sets no session and spends nothing: it names the user and offers a button.
+    for _ in range(2):
+        page = api.client.get(path, follow_redirects=False)
+        assert page.status_code == 200 and "mapcampaign_session" not in page.cookies
+        assert '<span id="link-user">alice</span>' in page.text
+        assert page.headers["cache-control"] == "no-store"
+    assert api.client.get("/", follow_redirects=False).status_code == 303  # still not logged in
+
+    page, opened = confirm(api, path, origin="http://testserver")
+    assert 'action="/login/link"' in page.text and "?secret" not in page.text.split("<form")[1].split(">")[0]
     assert opened.status_code == 303 and opened.headers["location"] == "/"
     assert "mapcampaign_session" in opened.cookies
     overview = api.client.get("/")
@@ -226,19 +256,53 @@ def test_a_login_link_logs_in_once(api):
     api.client.cookies.clear()
     again = api.client.get(path, follow_redirects=False)
     assert again.status_code == 401 and "used already, has expired" in again.text
+    assert "`mapcampaign login`" in again.text  # the page names the command that makes a new link
     assert "mapcampaign_session" not in again.cookies
+    replayed = api.client.post("/login/link", data={"secret": secret}, follow_redirects=False)
+    assert replayed.status_code == 403 and "mapcampaign_session" not in replayed.cookies
     assert api.client.get("/", follow_redirects=False).status_code == 303  # not logged in: to the login form
     for wrong in ("", "mcl_nothing", "mcu_" + path.split("mcl_")[1]):
         assert api.client.get(f"/login/link?secret={wrong}", follow_redirects=False).status_code == 401
 
 
+def test_a_login_link_posted_from_another_site_logs_nobody_in(api):
+    """Login CSRF: a page elsewhere that posts someone's live link (the attacker's own) into a victim's
+    browser. Another Origin is refused; so is a post without the confirmation page's cookie and token,
+    which another site can neither read nor send, even when the browser names no origin."""
+    path = new_link(api, api.bob).json()["url"].removeprefix("http://testserver")
+    secret = path.split("secret=")[1]
+    api.client.cookies.clear()
+    page = api.client.get(path)
+    _, form_token = LINK_FORM.search(page.text).groups()
+    cross_site = api.client.post(
+        "/login/link",
+        data={"secret": secret, "csrf_token": form_token},
+        headers={"origin": "https://evil.example"},
+        follow_redirects=False,
+    )
+    assert cross_site.status_code == 403 and "mapcampaign_session" not in cross_site.cookies
+    api.client.cookies.clear()  # the cross-site post carries no cookie of this site (SameSite=Lax)
+    without_cookie = api.client.post(
+        "/login/link", data={"secret": secret, "csrf_token": form_token}, follow_redirects=False
+    )
+    assert without_cookie.status_code == 403 and "mapcampaign_session" not in without_cookie.cookies
+    # None of these spent the link: its owner's own confirmation still logs in.
+    _, opened = confirm(api, path)
+    assert opened.status_code == 303 and "mapcampaign_session" in opened.cookies
+    assert '<span class="who" title="Logged in as">bob</span>' in api.client.get("/").text
+
+
 def test_a_login_link_expires_and_dies_with_its_token(api, clock):
     expiring = new_link(api).json()
     assert expiring["expires_at"]
-    clock.advance(601)  # ten minutes and a second later, on the service's clock
     api.client.cookies.clear()
     path = expiring["url"].removeprefix("http://testserver")
+    page = api.client.get(path)
+    secret, form_token = LINK_FORM.search(page.text).groups()
+    clock.advance(601)  # ten minutes and a second later, on the service's clock
     assert api.client.get(path, follow_redirects=False).status_code == 401
+    late = api.client.post("/login/link", data={"secret": secret, "csrf_token": form_token}, follow_redirects=False)
+    assert late.status_code == 401 and "mapcampaign_session" not in late.cookies
 
     from sqlalchemy import update
 
