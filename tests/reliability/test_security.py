@@ -7,6 +7,8 @@ Issue 10, part 4. The API-level checks of tests/api run in-process; these go thr
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -50,6 +52,36 @@ def test_tokens_are_stored_hashed_and_never_logged(make_pg_service, pg_url):
     for token in (user_token, worker_token):
         assert token not in log
         assert token[8:24] not in log  # not even a piece past the public prefix
+
+
+def test_login_link_secrets_stay_out_of_the_access_log(make_pg_service):
+    """uvicorn logs each request line with its query string; a login link's secret and a token passed as a
+    query parameter are written as [redacted] while the request itself is still logged."""
+    service = make_pg_service(env={"MAPCAMPAIGN_LOG_LEVEL": "info"})  # info: uvicorn's access log is on
+    env = {**service.env, "MAPCAMPAIGN_SERVER": service.url, "MAPCAMPAIGN_TOKEN": service.user_token}
+    made = subprocess.run(
+        mapcampaign_command("login", "--json"), env=env, capture_output=True, text=True, check=True, timeout=120
+    )
+    link = json.loads(made.stdout)["url"]
+    secret = link.split("secret=")[1]
+    with httpx.Client(timeout=30) as browser:
+        page = browser.get(link)
+        assert page.status_code == 200
+        form_token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
+        logged_in = browser.post(
+            service.url + "/login/link",
+            data={"secret": secret, "csrf_token": form_token},
+            headers={"Origin": service.url},
+        )
+        assert logged_in.status_code == 303 and "mapcampaign_session" in browser.cookies
+        assert browser.get(f"{service.api_url}/campaigns?token={service.user_token}").status_code == 401
+    service.stop()  # flush the log
+    log = service.log_path.read_text(errors="replace")
+    assert '"GET /login/link?secret=[redacted] HTTP/1.1" 200' in log
+    assert '"POST /login/link HTTP/1.1" 303' in log
+    assert '"GET /api/v1/campaigns?token=[redacted] HTTP/1.1" 401' in log
+    for value in (secret, secret[4:20], service.user_token, service.user_token[8:24]):
+        assert value not in log
 
 
 def test_users_cannot_see_touch_or_download_each_others_campaigns(make_pg_service, pg_url):
