@@ -276,7 +276,8 @@ class Client:
         state: PlanState | str | None = None,
         limit: int | None = None,
     ) -> builtins.list[PlanInfo]:
-        """Overlap plans (preprocessing), newest first: all, or those of a scan key, site or state."""
+        """The overlap plans (preprocessing) one's campaigns need (an admin's: every plan), newest first: all, or
+        those of a scan key, site or state."""
         plans = self._pages("/plans", {"scan_key": scan_key, "site": site}, PlanPage, None)
         wanted = [plan for plan in plans if state is None or plan.state == _value(state)]
         return wanted if limit is None else wanted[:limit]

@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     )
     session_max_age_s: float = Field(12 * 3_600.0, ge=60, le=30 * 86_400, description="Life of a dashboard login")
     cookie_secure: bool = Field(False, description="Mark the session cookie Secure (set when served over HTTPS)")
+    admin_users: str = Field(
+        "",
+        description="User names (comma-separated) who read every user's preprocessing plans (GET /plans), with "
+        "their sites and paths; any other user reads the plans their own campaigns need",
+    )
     forwarded_allow_ips: str | None = Field(
         None,
         min_length=1,
@@ -129,6 +134,10 @@ class Settings(BaseSettings):
     @property
     def should_auto_migrate(self) -> bool:
         return self.embedded if self.auto_migrate is None else self.auto_migrate
+
+    @property
+    def admin_user_names(self) -> frozenset[str]:
+        return frozenset(name.strip() for name in self.admin_users.split(",") if name.strip())
 
     @property
     def products_dir(self) -> Path:

@@ -1,4 +1,5 @@
-"""``mapcampaign plans``: the overlap preprocessing plans, shared by every campaign with their scan key."""
+"""``mapcampaign plans``: the overlap preprocessing plans the user's campaigns need (shared by every campaign
+with their scan key and ranks)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ def plans(
     limit: Annotated[int, typer.Option("--limit", min=1, max=500, help="At most this many")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (for scripts)")] = False,
 ) -> None:
-    """List overlap preprocessing plans: one per (scan key, ranks, site), built once and reused by every
-    realisation that needs it."""
+    """List the overlap preprocessing plans your campaigns need (a user in MAPCAMPAIGN_ADMIN_USERS: every
+    plan): one per (scan key, ranks, site), built once and reused by every realisation that needs it."""
     params: dict[str, str | int] = {"limit": limit}
     if state:
         params["state"] = state

@@ -13,7 +13,7 @@ import logging
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import ColumnElement, CursorResult, exists, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -309,16 +309,29 @@ def plan_info(plan: PreprocessingPlan, holder: str | None) -> PlanInfo:
     )
 
 
+def used_by_owner(owner_id: int) -> ColumnElement[bool]:
+    """A plan one of this user's campaigns needs (same scan key and ranks), as the dashboard's plans page."""
+    return exists().where(
+        Campaign.owner_id == owner_id,
+        Campaign.scan_key == PreprocessingPlan.scan_key,
+        Campaign.ranks == PreprocessingPlan.ranks,
+    )
+
+
 def list_plans(
     *,
     session: Session,
+    visible_to: int | None,
     state: PlanState | None,
     scan_key: str | None,
     site: str | None,
     after_id: int | None,
     limit: int,
 ) -> list[PlanInfo]:
+    """Plans by id; ``visible_to`` a user id: only the plans that user's campaigns need; None: all of them."""
     query = select(PreprocessingPlan, Worker.name).outerjoin(Worker, Worker.id == PreprocessingPlan.lease_holder_id)
+    if visible_to is not None:
+        query = query.where(used_by_owner(visible_to))
     if state is not None:
         query = query.where(PreprocessingPlan.state == state)
     if scan_key is not None:
@@ -330,12 +343,16 @@ def list_plans(
     return [plan_info(plan, name) for plan, name in session.execute(query.order_by(PreprocessingPlan.id).limit(limit))]
 
 
-def get_plan(*, session: Session, plan_id: int) -> PlanInfo:
-    row = session.execute(
+def get_plan(*, session: Session, plan_id: int, visible_to: int | None) -> PlanInfo:
+    """One plan; PlanNotFound also when ``visible_to`` (a user id) has no campaign that needs it."""
+    query = (
         select(PreprocessingPlan, Worker.name)
         .outerjoin(Worker, Worker.id == PreprocessingPlan.lease_holder_id)
         .where(PreprocessingPlan.id == plan_id)
-    ).first()
+    )
+    if visible_to is not None:
+        query = query.where(used_by_owner(visible_to))
+    row = session.execute(query).first()
     if row is None:
         raise PlanNotFound(f"plan {plan_id} not found")
     return plan_info(*row)

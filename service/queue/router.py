@@ -1,6 +1,6 @@
 """HTTP for the queue: workers claim tasks, keep their leases alive and report on what they hold; users read
-the preprocessing plans (shared, so every user sees them) and the mode couplings their campaigns used, and workers
-report a ready plan unusable."""
+the preprocessing plans their campaigns need (an admin, ``MAPCAMPAIGN_ADMIN_USERS``, reads all of them) and the
+mode couplings their campaigns used, and workers report a ready plan unusable."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from schemas.states import PlanState, RealizationState
 from service.auth.deps import BearerCredentials, get_principal, require_worker
 from service.auth.service import Principal
 from service.campaigns.hooks import run_result_hooks
+from service.config import Settings
 from service.db import get_database, utcnow
 from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, RowId, SessionDep, SettingsDep
 from service.errors import DomainError, InsufficientStorage
@@ -59,10 +60,20 @@ claims_router = APIRouter(prefix="/workers", tags=["workers"], responses=_worker
 tasks_router = APIRouter(prefix="/tasks", tags=["workers"], responses=_worker_errors)
 
 
+def plans_visible_to(user: Principal, settings: Settings) -> int | None:
+    """The user id whose plans a user may read, or None for an admin, who reads every plan.
+
+    Plans are shared by every campaign with the same pointing, but a plan's row names the site and the path
+    where it was built: a user sees the plans their own campaigns need, as on the dashboard's plans page.
+    """
+    return None if user.user_name in settings.admin_user_names else user.user_id
+
+
 @router.get("", response_model=PlanPage)
 def list_plans(
-    _user: CurrentUser,
+    user: CurrentUser,
     session: ReadSessionDep,
+    settings: SettingsDep,
     state: PlanState | None = None,
     scan_key: Annotated[str | None, Query(max_length=64)] = None,
     site: Annotated[str | None, Query(max_length=128)] = None,
@@ -70,8 +81,10 @@ def list_plans(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> PlanPage:
     position = decode_cursor(cursor, keys=("after_id",))
+    """The overlap plans the caller's campaigns need, by id (an admin: every plan)."""
     items = plans.list_plans(
         session=session,
+        visible_to=plans_visible_to(user, settings),
         state=state,
         scan_key=scan_key,
         site=site,
@@ -104,8 +117,9 @@ def list_couplings(
 
 
 @router.get("/{plan_id}", response_model=PlanInfo, responses={404: {"model": ErrorBody}})
-def get_plan(plan_id: RowId, _user: CurrentUser, session: ReadSessionDep) -> PlanInfo:
-    return plans.get_plan(session=session, plan_id=plan_id)
+def get_plan(plan_id: RowId, user: CurrentUser, session: ReadSessionDep, settings: SettingsDep) -> PlanInfo:
+    """One plan a campaign of the caller's needs (an admin: any plan); 404 for another user's."""
+    return plans.get_plan(session=session, plan_id=plan_id, visible_to=plans_visible_to(user, settings))
 
 
 @router.post(
@@ -123,7 +137,7 @@ def invalidate_plan(plan_id: RowId, report: PlanInvalid, principal: CurrentWorke
     worker = tasks.check_plan_user(session=session, task_id=report.task_id, principal=principal, plan_id=plan_id)
     cause = f"invalidated by worker {worker.name!r} ({report.task_id}): {report.reason or 'plan refused'}"
     plans.invalidate_plan(session=session, plan_id=plan_id, checksum=report.checksum, cause=cause)
-    return plans.get_plan(session=session, plan_id=plan_id)
+    return plans.get_plan(session=session, plan_id=plan_id, visible_to=None)  # workers build every user's plans
 
 
 @dataclass(frozen=True)

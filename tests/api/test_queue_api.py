@@ -714,3 +714,46 @@ def test_claims_and_heartbeats_refuse_the_wrong_caller_with_the_ordinary_answers
         assert api.wpost(path, "not-a-token", json=body).status_code == 401
         assert api.wpost(path, api.bob_worker, json=body).status_code == 403  # another user's worker
     assert api.claim(worker)[0]["kind"] == "preprocess"  # nothing was claimed by the refused calls
+
+
+def test_users_read_the_plans_their_campaigns_need_and_an_admin_reads_all(make_api):
+    """A plan's row names its site and the path where it was built: another user's plans (and paths) stay
+    out of ``GET /plans`` and ``GET /plans/{id}``, unless the caller is in MAPCAMPAIGN_ADMIN_USERS."""
+    from service.auth.service import create_token
+
+    api = make_api(admin_users="carol, root")
+    with api.database.session() as session:
+        carol = create_token(session=session, user_name="carol", kind="user")
+        dave = create_token(session=session, user_name="dave", kind="user")
+        session.commit()
+    alices = api.create(api.alice, name="a", realizations=1)
+    api.create(api.bob, name="b", realizations=1, **{"resources.ranks": 4})
+    builder = api.register("builder", capacity=2)
+    built = {}
+    for task in api.claim(builder, max_tasks=2):
+        path = f"/scratch/{task['ranks']}-ranks.plan"
+        assert task["kind"] == "preprocess" and api.plan_built(task["task_id"], path=path).status_code == 200
+        built[task["ranks"]] = task["plan_id"]
+    assert set(built) == {2, 4}
+
+    def plans_of(token: str) -> dict[int, str]:
+        answer = api.get("/plans", token)
+        assert answer.status_code == 200, answer.text
+        return {plan["id"]: plan["path"] for plan in answer.json()["items"]}
+
+    assert plans_of(api.alice) == {built[2]: "/scratch/2-ranks.plan"}
+    assert plans_of(api.bob) == {built[4]: "/scratch/4-ranks.plan"}
+    assert plans_of(dave) == {}
+    assert plans_of(carol) == {built[2]: "/scratch/2-ranks.plan", built[4]: "/scratch/4-ranks.plan"}
+    assert api.get(f"/plans/{built[4]}", api.alice).status_code == 404
+    assert api.get(f"/plans/{built[2]}", dave).status_code == 404
+    assert api.get(f"/plans/{built[4]}", carol).json()["path"] == "/scratch/4-ranks.plan"
+    for token in (api.alice, api.bob, dave):  # neither filter opens another user's plan
+        for params in ({"site": "local"}, {"scan_key": alices["scan_key"]}, {"state": "ready"}):
+            items = api.get("/plans", token, params=params).json()["items"]
+            assert all(plans_of(token).get(plan["id"]) == plan["path"] for plan in items)
+
+    # Plans are shared: once bob has a campaign with the same pointing and ranks, alice's plan is his too.
+    api.create(api.bob, name="b2", realizations=1)
+    assert plans_of(api.bob) == {built[2]: "/scratch/2-ranks.plan", built[4]: "/scratch/4-ranks.plan"}
+    assert api.get(f"/plans/{built[2]}", api.bob).status_code == 200
