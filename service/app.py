@@ -7,6 +7,7 @@ Run it with ``mapcampaign serve`` (which migrates and checks first), or with
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import signal
 import threading
@@ -22,10 +23,12 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import SecretStr
 
-from schemas.api import API_PREFIX, Health
+from schemas.api import API_PREFIX, ErrorBody, Health
 from service.access_log import install_access_log_redaction
 from service.admission import AdmissionMiddleware
+from service.auth.errors import InvalidToken, MissingToken
 from service.auth.router import router as login_links_router
 from service.campaigns.router import router as campaigns_router
 from service.campaigns.service import campaign_visible
@@ -172,13 +175,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "/metrics",
         tags=["operations"],
         response_class=Response,
-        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}, 401: {"model": ErrorBody}},
     )
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus metrics. With ``MAPCAMPAIGN_METRICS_TOKEN`` set, only for ``Authorization: Bearer <it>``."""
+        if settings.metrics_token is not None:
+            check_scrape_token(request.headers.get("authorization"), settings.metrics_token)
         payload = await anyio.to_thread.run_sync(generate_latest, metrics.registry)
         return Response(payload, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def check_scrape_token(authorization: str | None, expected: SecretStr) -> None:
+    """401 unless ``authorization`` is ``Bearer <expected>`` (Prometheus' ``authorization`` scrape setting)."""
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise MissingToken("/metrics needs the scrape token: Authorization: Bearer <MAPCAMPAIGN_METRICS_TOKEN>")
+    if not hmac.compare_digest(given.strip().encode(), expected.get_secret_value().encode()):
+        raise InvalidToken("the bearer token is not this service's metrics token")
 
 
 API_DOCS_STATIC = "/apidocs"

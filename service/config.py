@@ -74,6 +74,12 @@ class Settings(BaseSettings):
         description="User names (comma-separated) who read every user's preprocessing plans (GET /plans), with "
         "their sites and paths; any other user reads the plans their own campaigns need",
     )
+    metrics_token: SecretStr | None = Field(
+        None,
+        min_length=32,
+        description="Bearer token that GET /metrics requires (Prometheus: authorization credentials_file); unset: "
+        "/metrics answers whoever reaches the API (aggregate counts and latencies only)",
+    )
     forwarded_allow_ips: str | None = Field(
         None,
         min_length=1,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from service.auth.models import ApiToken
+from service.config import Settings
 from service.migrate import head_revisions
 from tests.support.service_helpers import spec_data
 
@@ -163,6 +165,33 @@ def test_health_metrics_and_openapi(api):
     schema = api.client.get("/api/v1/openapi.json").json()
     assert "/api/v1/campaigns" in schema["paths"] and "/api/v1/tasks/{task_id}/artifacts/{name}" in schema["paths"]
     assert {"PreprocessTask", "RealizeTask", "HeartbeatAnswer"} <= set(schema["components"]["schemas"])
+
+
+def test_metrics_are_open_by_default_and_need_the_scrape_token_when_one_is_set(api, make_api):
+    assert api.client.get("/metrics").status_code == 200  # unset: as before, for a scraper with no credentials
+
+    scrape_token = "s" * 40
+    guarded = make_api(metrics_token=scrape_token)
+    for headers, code in (
+        ({}, "missing_token"),
+        ({"Authorization": "Bearer " + "t" * 40}, "invalid_token"),
+        ({"Authorization": f"Basic {scrape_token}"}, "missing_token"),
+        ({"Authorization": f"Bearer {guarded.alice}"}, "invalid_token"),  # a user token is not the scrape token
+    ):
+        answer = guarded.client.get("/metrics", headers=headers)
+        assert answer.status_code == 401 and answer.json()["code"] == code, (headers, answer.text)
+        assert answer.headers["www-authenticate"] == "Bearer" and "mapcampaign_" not in answer.text
+    answer = guarded.client.get("/metrics", headers={"Authorization": f"Bearer {scrape_token}"})
+    assert answer.status_code == 200
+    assert "mapcampaign_realizations" in {family.name for family in text_string_to_metric_families(answer.text)}
+    assert guarded.client.get("/healthz").status_code == 200  # the health check stays open for probes
+
+
+def test_a_short_metrics_token_is_refused_at_start():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="metrics_token"):
+        Settings(metrics_token="short")
 
 
 def test_api_docs_page_uses_the_services_own_swagger_files(api):
