@@ -273,14 +273,12 @@ def login(
 
 
 LINK_FORM_COOKIE = "mapcampaign_login_form"
-LINK_REFUSED = (
-    "This login link was used already, has expired or was never made here. For a new one run "
-    "`mapcampaign login` where the service runs (the running service keeps going), or paste a user token below."
-)
+LINK_REFUSED = "This login link was used already, has expired or was never made here."
 
 
 def _link_refused(request: Request) -> HTMLResponse:
-    return render(request, "login.html", {"next": "/", "error": LINK_REFUSED, "notice": ""}, status_code=401)
+    context = {"next": "/", "error": LINK_REFUSED, "notice": "", "link_refused": True}
+    return render(request, "login.html", context, status_code=401)
 
 
 @pages.get(LINK_PATH, response_class=HTMLResponse)

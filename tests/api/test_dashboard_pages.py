@@ -256,7 +256,7 @@ def test_a_login_link_shows_a_confirmation_and_logs_in_once_by_its_button(api):
     api.client.cookies.clear()
     again = api.client.get(path, follow_redirects=False)
     assert again.status_code == 401 and "used already, has expired" in again.text
-    assert "`mapcampaign login`" in again.text  # the page names the command that makes a new link
+    assert "run <code>mapcampaign login</code>" in again.text  # the page names the command that makes a new link
     assert "mapcampaign_session" not in again.cookies
     replayed = api.client.post("/login/link", data={"secret": secret}, follow_redirects=False)
     assert replayed.status_code == 403 and "mapcampaign_session" not in replayed.cookies

@@ -146,7 +146,11 @@ def test_a_one_time_login_link_logs_the_browser_in_once(dash: Dashboard, page, c
     link = answer.json()["url"]
     assert link.startswith(dash.url + "/login/link?secret=mcl_")
 
-    page.goto(link)
+    page.goto(link)  # opening the link logs nobody in: a page names the user and asks to confirm
+    assert page.text_content("#link-user") == "local"
+    assert "mapcampaign_session" not in {cookie["name"] for cookie in page.context.cookies()}
+    dash.screenshot(page, "login-link-confirm")
+    page.click("form[action='/login/link'] button[type=submit]")
     page.wait_for_url(dash.url + "/")  # no token pasted; the secret is gone from the address bar
     assert page.text_content(".who") == "local"
     assert "mapcampaign_session" in {cookie["name"] for cookie in page.context.cookies()}
@@ -156,6 +160,7 @@ def test_a_one_time_login_link_logs_the_browser_in_once(dash: Dashboard, page, c
         answer = other.goto(link)
         assert answer.status == 401
         assert "used already" in other.text_content("p.error")
+        assert "mapcampaign login" in other.text_content("p.error")  # the command that makes a new link
         assert "mapcampaign_session" not in {cookie["name"] for cookie in other.context.cookies()}
         dash.screenshot(other, "login-link-used")
     finally:
