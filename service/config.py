@@ -69,10 +69,10 @@ class Settings(BaseSettings):
     )
     session_max_age_s: float = Field(12 * 3_600.0, ge=60, le=30 * 86_400, description="Life of a dashboard login")
     cookie_secure: bool = Field(False, description="Mark the session cookie Secure (set when served over HTTPS)")
-    admin_users: str = Field(
-        "",
+    admin_users: str | None = Field(
+        None,
         description="User names (comma-separated) who read every user's preprocessing plans (GET /plans), with "
-        "their sites and paths; any other user reads the plans their own campaigns need",
+        "their sites and paths; unset: none, every user reads only the plans their own campaigns need",
     )
     metrics_token: SecretStr | None = Field(
         None,
@@ -143,7 +143,7 @@ class Settings(BaseSettings):
 
     @property
     def admin_user_names(self) -> frozenset[str]:
-        return frozenset(name.strip() for name in self.admin_users.split(",") if name.strip())
+        return frozenset(name.strip() for name in (self.admin_users or "").split(",") if name.strip())
 
     @property
     def products_dir(self) -> Path:
