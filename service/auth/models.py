@@ -40,8 +40,8 @@ class ApiToken(Base):
 class LoginLink(Base):
     """A one-time dashboard login link made for a user token (``mapcampaign up`` prints one).
 
-    Only the SHA-256 of the link's secret is kept. Opening the link sets ``used_at``; a used or expired
-    link logs nobody in.
+    Only the SHA-256 of the link's secret is kept. Confirming the link (the POST of its page's button) sets
+    ``used_at``; a used or expired link logs nobody in.
     """
 
     __tablename__ = "login_links"
