@@ -61,6 +61,9 @@ def test_up_serves_runs_a_realisation_and_stops_everything_on_sigterm(tmp_path):
         # Not even the port: a running `up` notes its address in the data folder.
         without_port = {k: v for k, v in env.items() if k not in ("MAPCAMPAIGN_PORT", "MAPCAMPAIGN_HOST")}
         assert [c["id"] for c in stdout_json(run_cli(without_port, "list", "--json"))] == [campaign_id]
+        # A new dashboard link from the running `up`, found the same way, with nothing restarted.
+        link = run_cli(without_port, "login").stdout.strip()
+        assert link.startswith(f"{url}/login/link?secret=mcl_") and up.poll() is None
 
         def running():
             status = stdout_json(run_cli(env, "status", "--json", str(campaign_id)))
