@@ -252,6 +252,9 @@ def test_a_login_link_shows_a_confirmation_and_logs_in_once_by_its_button(api):
     assert "mapcampaign_session" in opened.cookies
     overview = api.client.get("/")
     assert overview.status_code == 200 and '<span class="who" title="Logged in as">alice</span>' in overview.text
+    # Someone else's link opened in this logged-in browser says whose account it would switch to.
+    bobs = api.client.get(new_link(api, api.bob).json()["url"].removeprefix("http://testserver"))
+    assert '<span id="link-user">bob</span>' in bobs.text and "This browser is logged in as alice" in bobs.text
 
     api.client.cookies.clear()
     again = api.client.get(path, follow_redirects=False)
