@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.files import sha256_file
+from schemas.files import CHUNK_BYTES, sha256_file
 from schemas.spec import (
     MAX_DETECTORS,
     CampaignSpec,
@@ -288,7 +288,7 @@ def _table_of_rows(rows: Any, header: dict[str, Any] | None, file: str) -> Any:
         described = {item.get("name"): item for item in header.get("datatype", []) if isinstance(item, dict)}
         for column in table.colnames:
             unit = described.get(column, {}).get("unit")
-            if unit is not None:
+            if unit is not None and table[column].dtype.kind in "iuf":  # a unit on text is left out
                 try:
                     table[column].unit = unit
                 except (TypeError, ValueError) as error:
@@ -366,6 +366,10 @@ def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection
             quat_type = dataset.dtype.fields[QUATERNION_COLUMN][0]
             if quat_type.shape != (4,) or quat_type.base.kind != "f":
                 raise FocalPlaneFileError(file, QUATERNION_COLUMN, f"must hold 4 numbers [x, y, z, w] per detector, holds {quat_type.shape or 1} of type {quat_type.base.str!r}")
+            for column in (*NOISE_COLUMNS, *POL_ANGLE_COLUMNS):
+                field = dataset.dtype.fields.get(column)
+                if field is not None and (field[0].kind not in "iuf" or field[0].shape):
+                    raise FocalPlaneFileError(file, column, "must hold numbers, one per detector")
             file_detectors = int(dataset.shape[0])
             rows = _selected_rows(dataset, selection, file)
         table = _table_of_rows(rows, header, file)
@@ -589,8 +593,13 @@ def _read_schedule_table(path: Path, *, file: str, texts: tuple[str, ...], numbe
     from astropy.io import ascii as astropy_ascii
 
     try:
-        with open(path, "rb") as stream:
-            raw = stream.read(MAX_SCHEDULE_BYTES + 1)
+        with open(path, "rb") as stream:  # in pieces: read(n) would set n bytes aside first
+            pieces: list[bytes] = []
+            size = 0
+            while size <= MAX_SCHEDULE_BYTES and (piece := stream.read(CHUNK_BYTES)):
+                pieces.append(piece)
+                size += len(piece)
+        raw = b"".join(pieces)
     except OSError as error:
         raise ScheduleFileError(file, "", f"cannot be read ({error.strerror or type(error).__name__})") from None
     if len(raw) > MAX_SCHEDULE_BYTES:
