@@ -353,6 +353,7 @@ def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection
     import h5py
     import numpy as np
     import yaml
+    from astropy.table.meta import YamlParseError
 
     try:
         with h5py.File(path, "r") as handle:
@@ -375,7 +376,8 @@ def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection
         table = _table_of_rows(rows, header, file)
     except FocalPlaneFileError:
         raise
-    except (OSError, KeyError, ValueError, TypeError, yaml.YAMLError, RecursionError) as error:  # a damaged file
+    except (OSError, RuntimeError, LookupError, ArithmeticError, ValueError, TypeError, AttributeError, yaml.YAMLError, YamlParseError) as error:
+        # a damaged file (h5py raises RuntimeError for much of HDF5's metadata), or a header astropy does not take
         raise FocalPlaneFileError(file, "", f"is not a readable HDF5 focal-plane table ({type(error).__name__})") from None
 
     names = _text_values(rows, "name", file)
@@ -537,7 +539,6 @@ def _schedule_header(lines: list[str], file: str, texts: tuple[str, ...], number
     booleans (no ``subtype``: no JSON or array cells), a mixin column other than a quantity, and a column
     the schedule needs declared with the wrong type (the error names it).
     """
-    import yaml
     from astropy.table import meta as table_meta
 
     from schemas.io import YamlAliasError, check_yaml_aliases
@@ -552,7 +553,7 @@ def _schedule_header(lines: list[str], file: str, texts: tuple[str, ...], number
         header = table_meta.get_header_from_yaml(body[1:])
     except YamlAliasError as error:
         raise ScheduleFileError(file, "", f"its header: {error}") from None
-    except (yaml.YAMLError, RecursionError, ValueError, TypeError, KeyError, AttributeError) as error:
+    except Exception as error:  # noqa: BLE001 - astropy's YAML constructors on untrusted text raise many kinds: all mean a bad header
         raise ScheduleFileError(file, "", f"its header is not an ECSV header ({type(error).__name__})") from None
     declared = header.get("datatype") if isinstance(header, dict) else None
     if not isinstance(declared, list):
@@ -615,7 +616,7 @@ def _read_schedule_table(path: Path, *, file: str, texts: tuple[str, ...], numbe
         raise ScheduleFileError(file, "", f"holds {rows} rows, more than {MAX_SCHEDULE_ROWS}")
     try:
         table = astropy_ascii.read(lines, format="ecsv", guess=False)
-    except (OSError, KeyError, ValueError, TypeError, AttributeError) as error:
+    except Exception as error:  # noqa: BLE001 - astropy's reader on untrusted text raises many kinds (IndexError, ...): all mean a bad file
         raise ScheduleFileError(file, "", f"is not a TOAST ECSV schedule ({type(error).__name__})") from None
     for column in texts + numbers:
         if column not in table.colnames:

@@ -153,3 +153,33 @@ def test_a_yaml_spec_with_nested_aliases_is_refused_and_a_small_alias_is_read():
     with pytest.raises(SpecError) as caught:
         parse_spec_text("name: &n demo\nrealizations: *n\n", ".yaml", "small.yaml")
     assert "realizations" in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["focal-plane", "ground-schedule", "satellite-schedule"])
+def test_randomly_damaged_files_are_refused_and_never_crash_the_reader(tmp_path, kind):
+    """A few hundred seeded corruptions of a good file (bytes changed; YAML and CSV punctuation put into a
+    schedule): each is read or refused with a FocalPlaneFileError, never another exception (a 500 at the
+    service). h5py raises RuntimeError and astropy IndexError on some of these."""
+    import random
+
+    from tests.support.hostile_files import good_focal_plane, good_satellite_schedule
+
+    makers = {"focal-plane": good_focal_plane, "ground-schedule": good_ground_schedule, "satellite-schedule": good_satellite_schedule}
+    good = makers[kind](tmp_path / ("good.h5" if kind == "focal-plane" else "good.ecsv")).read_bytes()
+    rng = random.Random(34)
+    damaged = tmp_path / f"damaged{'.h5' if kind == 'focal-plane' else '.ecsv'}"
+    refused = 0
+    for _ in range(300):
+        content = bytearray(good)
+        for _ in range(rng.choice([1, 2, 4, 16])):
+            at = rng.randrange(len(content))
+            if kind == "focal-plane" or rng.random() < 0.5:
+                content[at] = rng.randrange(256)
+            else:
+                content[at : at + 1] = rng.choice([b" ", b"\n", b"#", b"-", b":", b"[", b"{", b"&a ", b"*a", b"!", b'"', b"0"])
+        damaged.write_bytes(bytes(content))
+        try:
+            check_instrument_file(damaged, kind=kind, file="damaged")
+        except FocalPlaneFileError:
+            refused += 1
+    assert refused > 30  # the corruptions reach the checks
