@@ -104,6 +104,7 @@ MAX_FILE_DETECTORS = 1_000_000  # rows a focal-plane file may declare (a large e
 MAX_ROW_BYTES = 16_384  # bytes of one detector's row
 MAX_COLUMNS = 256  # columns of the table
 MAX_CELL_VALUES = 64  # numbers in one cell of an array column (TOAST's ``quat``: 4)
+MAX_TEXT_BYTES = 256  # a text column the campaign reads (``name``: 64 characters at most; ``wafer``, ``band``)
 MAX_CHUNK_BYTES = 16 << 20  # one chunk, decompressed: what a read of one row may cost at most
 MAX_HEADER_BYTES = 64 << 10  # a table's YAML header (the HDF5 metadata dataset, an ECSV file's '#' lines)
 READ_BLOCK_BYTES = 4 << 20  # rows read at a time when a selection looks through the file
@@ -238,10 +239,12 @@ def _text_values(rows: Any, column: str, file: str) -> list[str]:
 
 
 def _selected_rows(dataset: Any, selection: DetectorSelection, file: str) -> Any:
-    """The rows of ``dataset`` the selection keeps (a structured array), read a block at a time.
+    """The rows of ``dataset`` the selection keeps (a structured array of the columns the campaign reads), read
+    a block of :data:`READ_BLOCK_BYTES` at a time.
 
-    Reading stops as soon as ``selection.first`` rows are kept (without a name, wafer or band condition,
-    exactly the first ``first`` rows are read), or once more than :data:`MAX_DETECTORS` are.
+    Only the columns the map-maker uses (and the selection's) are read, not the whole row. Reading stops as
+    soon as ``selection.first`` rows are kept (without a name, wafer or band condition, exactly the first
+    ``first`` rows are read), or once more than :data:`MAX_DETECTORS` are.
     """
     import numpy as np
 
@@ -251,16 +254,28 @@ def _selected_rows(dataset: Any, selection: DetectorSelection, file: str) -> Any
         raise FocalPlaneFileError(file, WAFER_COLUMNS[0], "select.wafer needs this column (or 'wafer_slot'); it is missing")
     if selection.band is not None and BAND_COLUMN not in columns:
         raise FocalPlaneFileError(file, BAND_COLUMN, "select.band needs this column; it is missing")
+    pol_column = next((c for c in POL_ANGLE_COLUMNS if c in columns), None)
+    used = ["name", QUATERNION_COLUMN, *(c for c in NOISE_COLUMNS if c in columns), *([pol_column] if pol_column else [])]
+    if selection.wafer is not None and wafer_column is not None:
+        used.append(wafer_column)
+    if selection.band is not None:
+        used.append(BAND_COLUMN)
+    for column in used:
+        field = dataset.dtype.fields[column][0]
+        if field.kind == "S" and field.itemsize > MAX_TEXT_BYTES:
+            raise FocalPlaneFileError(file, column, f"holds text of {field.itemsize} bytes, more than {MAX_TEXT_BYTES}")
+    view = dataset.fields(used)
+    row_bytes = sum(dataset.dtype.fields[column][0].itemsize for column in used)
     filtered = selection.names is not None or selection.wafer is not None or selection.band is not None
     wanted = MAX_DETECTORS + 1 if selection.first is None else min(selection.first, MAX_DETECTORS + 1)
-    block_rows = max(1, READ_BLOCK_BYTES // dataset.dtype.itemsize)
+    block_rows = max(1, READ_BLOCK_BYTES // row_bytes)
     total = dataset.shape[0]
     kept: list[Any] = []
     count = 0
     start = 0
     while start < total and count < wanted:
-        stop = min(total, start + (block_rows if filtered else wanted - count))
-        block = dataset[start:stop]
+        stop = min(total, start + (block_rows if filtered else min(block_rows, wanted - count)))
+        block = view[start:stop]
         keep = np.ones(len(block), dtype=bool)
         if selection.names is not None:
             keep &= np.array([fnmatch.fnmatchcase(name, selection.names) for name in _text_values(block, "name", file)], dtype=bool)

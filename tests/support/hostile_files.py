@@ -168,6 +168,13 @@ def focal_plane_corpus(folder: Path, secret: Path) -> dict[str, Hostile]:
     add("10^6 rows of zeros", "quat", "not a unit quaternion",
         lambda h: h.create_dataset(TABLE, shape=(10**6,), dtype=dtype, chunks=(1024,), compression="gzip"))  # fmt: skip
 
+    # Rows of 16 KB (a wide column the campaign does not read), 10^6 of them declared (16 GB), never written:
+    # reading the first 10,000 whole rows would take 160 MB.
+    wide = np.dtype([*((name, dtype.fields[name][0]) for name in dtype.names), ("notes", "S16000")])
+    add("wide rows of zeros", "quat", "not a unit quaternion", lambda h: h.create_dataset(TABLE, shape=(10**6,), dtype=wide))
+    add("long names", "name", "text of 1000 bytes",
+        lambda h: h.create_dataset(TABLE, data=_with_field(rows, "name", "S1000")))  # fmt: skip
+
     add("huge chunks", "", "chunks of",
         lambda h: h.create_dataset(TABLE, shape=(10**6,), dtype=dtype, chunks=(10**6,), compression="gzip"))  # fmt: skip
 

@@ -41,7 +41,7 @@ def corpus(tmp_path_factory):
 
 FOCAL_PLANE_CASES = [
     "external storage", "virtual dataset", "external link", "soft link", "extra group", "object outside the layout",
-    "table is a group", "10^7 rows", "10^12 rows", "10^6 rows of zeros", "huge chunks", "two-dimensional table",
+    "table is a group", "10^7 rows", "10^12 rows", "10^6 rows of zeros", "wide rows of zeros", "long names", "huge chunks", "two-dimensional table",
     "net as text", "quat as one number", "name as a number", "variable-length names", "nested record",
     "complex column", "not a table", "header aliases", "metadata too large", "sample_rate as a list",
 ]  # fmt: skip
