@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -267,6 +268,7 @@ def _selected_rows(dataset: Any, selection: DetectorSelection, file: str) -> Any
     view = dataset.fields(used)
     row_bytes = sum(dataset.dtype.fields[column][0].itemsize for column in used)
     filtered = selection.names is not None or selection.wafer is not None or selection.band is not None
+    name_pattern = re.compile(fnmatch.translate(selection.names or "*"))  # fnmatchcase, compiled once
     wanted = MAX_DETECTORS + 1 if selection.first is None else min(selection.first, MAX_DETECTORS + 1)
     block_rows = max(1, READ_BLOCK_BYTES // row_bytes)
     total = dataset.shape[0]
@@ -278,7 +280,7 @@ def _selected_rows(dataset: Any, selection: DetectorSelection, file: str) -> Any
         block = view[start:stop]
         keep = np.ones(len(block), dtype=bool)
         if selection.names is not None:
-            keep &= np.array([fnmatch.fnmatchcase(name, selection.names) for name in _text_values(block, "name", file)], dtype=bool)
+            keep &= np.array([name_pattern.match(name) is not None for name in _text_values(block, "name", file)], dtype=bool)
         if selection.wafer is not None and wafer_column is not None:
             keep &= np.array([value == selection.wafer for value in _text_values(block, wafer_column, file)], dtype=bool)
         if selection.band is not None:
