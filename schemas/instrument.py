@@ -1,8 +1,10 @@
 """Focal planes from TOAST files: read, check and select the detectors of a ``Focalplane.save_hdf5`` file.
 
 TOAST 3 writes a focal plane as an astropy table in the HDF5 dataset ``focalplane`` (astropy's own
-HDF5 table format, with the column units in its metadata). This module reads it with astropy, so units
-are converted by astropy, not by hand, and turns each selected row into a :class:`schemas.spec.Detector`:
+HDF5 table format, with the column units in its metadata). This module checks the file's layout, storage
+and types from its HDF5 metadata first (a user's file is data, never a reference to other data), reads the
+rows it needs with h5py in bounded slices, gives them their units from astropy's header, so units are
+converted by astropy, not by hand, and turns each selected row into a :class:`schemas.spec.Detector`:
 
 ==============  ===========================  ============================================
 TOAST column    unit in the file             detector field
