@@ -45,6 +45,39 @@ class Settings(BaseSettings):
     max_json_body_bytes: int = Field(1 * MIB, ge=1_024, le=1 << 30)
     max_result_body_bytes: int = Field(16 * MIB, ge=1_024, le=1 << 31, description="Body of a succeeded report")
     max_artifact_bytes: int = Field(4 << 30, ge=1_024, le=1 << 40, description="One uploaded product file")
+    max_upload_bytes: int = Field(
+        256 * MIB, ge=1_024, le=1 << 40, description="One uploaded instrument file (a TOAST focal plane or schedule)"
+    )
+    max_spectrum_bytes: int = Field(
+        1_280 * MIB,
+        ge=1_024,
+        le=1 << 40,
+        description="The map of one POST /spectrum (an nside 2048 I, Q, U map in float64 is 1,152 MiB)",
+    )
+    upload_quota_bytes: int = Field(
+        1 << 30, ge=1_024, le=1 << 50, description="Instrument-file bytes one user may keep uploaded, all files"
+    )
+    upload_file_mode: int = Field(
+        0o640,
+        ge=0o400,
+        le=0o777,
+        description="Permissions of an uploaded instrument file, octal (0640: the site group can read it)",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        ge=0.1,
+        le=3_600,
+        description="A JSON request body must arrive whole within this (else 408), before the request takes a turn",
+    )
+    upload_idle_timeout_s: float = Field(
+        60.0,
+        ge=0.1,
+        le=3_600,
+        description="An upload (instrument file, spectrum map, product file) that sends nothing for this long: 408",
+    )
+    spectrum_per_user: int = Field(
+        1, ge=1, le=64, description="POST /spectrum requests one user may have running at once (more: 429)"
+    )
     sqlite_busy_timeout_ms: int = Field(30_000, ge=100, le=600_000)
     db_pool_size: int = Field(10, ge=1, le=200)
     max_concurrent_requests: int | None = Field(
@@ -90,6 +123,17 @@ class Settings(BaseSettings):
         scheme = value.split(":", 1)[0].lower()
         if not (scheme.startswith(("sqlite", "postgresql")) or scheme == "postgres"):
             raise ValueError("database_url must be a sqlite:/// or postgresql:// URL")
+        return value
+
+    @field_validator("upload_file_mode", mode="before")
+    @classmethod
+    def _octal(cls, value: object) -> object:
+        # Read as the octal a shell writes (0640, 0o640), not as the decimal 640.
+        if isinstance(value, str):
+            try:
+                return int(value.strip().removeprefix("0o"), 8)
+            except ValueError:
+                raise ValueError("upload_file_mode is octal permissions such as 0640") from None
         return value
 
     @field_validator("log_level")

@@ -83,7 +83,10 @@ def test_event_streams_and_static_files_take_no_permit():
     assert not counted("/api/v1/events")
     assert not counted("/ui/events")
     assert not counted("/static/app.js")
-    assert not counted("/api/v1/tasks/7f3a/artifacts/map.fits")  # streamed for minutes, no session held
+    assert not counted("/api/v1/tasks/7f3a/artifacts/map.fits", "PUT")  # streamed for minutes, no session held
+    assert not counted("/api/v1/instrument-files", "POST")  # streamed; token and media type checked first
+    assert not counted("/api/v1/spectrum", "POST")  # streamed; its work has a per-user limit
+    assert counted("/api/v1/instrument-files", "GET")  # the list: an ordinary read
     assert counted("/api/v1/tasks/7f3a/succeeded")
     assert counted("/api/v1/campaigns")
     assert counted("/ui/campaigns/3")
