@@ -179,6 +179,16 @@ class Settings(BaseSettings):
         return self.data_dir / "campaigns"
 
     @property
+    def spectrum_work_dir(self) -> Path:
+        """Where ``POST /spectrum`` writes a request's map and bandpowers while it runs."""
+        return self.data_dir / "spectrum-work"
+
+    @property
+    def coupling_cache_dir(self) -> Path:
+        """Mode couplings the service built for ``POST /spectrum``, one file per coupling key and mask."""
+        return self.data_dir / "couplings"
+
+    @property
     def tokens_dir(self) -> Path:
         return self.data_dir / "tokens"
 

@@ -68,6 +68,11 @@ class InvalidField(Invalid):
         self.message = message
 
 
+class UnsupportedMediaType(DomainError):
+    status_code = 415
+    code = "unsupported_media_type"
+
+
 class TooLarge(DomainError):
     status_code = 413
     code = "too_large"

@@ -20,8 +20,13 @@ A refusal of a body not read to its end closes the connection, so the rest is ne
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 from starlette.requests import ClientDisconnect, Request
@@ -29,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.api import API_PREFIX
 from service.config import Settings
-from service.errors import RequestTimeout, TooLarge, error_response
+from service.errors import InsufficientStorage, RequestTimeout, TooLarge, error_response
 
 ARTIFACT_UPLOAD = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/artifacts/[^/]+$")
 _RESULT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/succeeded$")
@@ -108,6 +113,42 @@ async def stream_body(request: Request, *, max_bytes: int, idle_timeout_s: float
             raise BodyTooLarge(too_large_message(max_bytes))
         if chunk:
             yield chunk
+
+
+@dataclass(frozen=True)
+class ReceivedFile:
+    """A streamed body in a temporary file, with its SHA-256 (hex) and size in bytes."""
+
+    path: Path
+    sha256: str
+    size_bytes: int
+
+
+async def receive_to_file(chunks: AsyncIterator[bytes], *, folder: Path) -> ReceivedFile:
+    """Write a streamed body (:func:`stream_body`) to a new temporary ``.upload-*`` file in ``folder`` as it
+    arrives, hashing it; the file is removed again on any error (a refused body, a full disk: 507)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(dir=folder, prefix=".upload-")
+    except OSError as error:
+        raise InsufficientStorage(f"cannot write the request body: {error.strerror or error}") from None
+    path = Path(name)
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        # Each chunk is written as it arrives, between awaits of the body (a local file, chunks of 64 KiB).
+        with os.fdopen(handle, "wb") as stream:
+            async for chunk in chunks:
+                digest.update(chunk)
+                size += len(chunk)
+                stream.write(chunk)
+    except OSError as error:
+        path.unlink(missing_ok=True)
+        raise InsufficientStorage(f"cannot write the request body: {error.strerror or error}") from None
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return ReceivedFile(path, digest.hexdigest(), size)
 
 
 class _Disconnected(Exception):

@@ -14,20 +14,15 @@ from schemas.api import INSTRUMENT_MEDIA_TYPES, ErrorBody, InstrumentFile, Instr
 from schemas.instrument import UPLOADS
 from service.db import get_database
 from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, SettingsDep
-from service.errors import DomainError
+from service.errors import UnsupportedMediaType
 from service.instruments import service
-from service.limits import declared_length, stream_body
+from service.limits import declared_length, receive_to_file, stream_body
 
 router = APIRouter(
     prefix="/instrument-files",
     tags=["instruments"],
     responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}},
 )
-
-
-class UnsupportedMediaType(DomainError):
-    status_code = 415
-    code = "unsupported_media_type"
 
 
 _SHA256 = Annotated[str, Path(pattern="^[0-9a-f]{64}$", description="SHA-256 of the uploaded file")]
@@ -87,7 +82,7 @@ async def upload_instrument_file(
             quota=settings.upload_quota_bytes,
         )
     )
-    received = await service.receive(
+    received = await receive_to_file(
         stream_body(request, max_bytes=settings.max_upload_bytes, idle_timeout_s=settings.upload_idle_timeout_s),
         folder=FilePath(settings.instrument_root or ".") / UPLOADS,
     )

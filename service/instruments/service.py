@@ -8,19 +8,15 @@ rows count against the user's quota; a user deletes their own row, and the file 
 A file that does not check is refused with the column named and never written under the root.
 
 The body arrives as chunks (``service.limits.stream_body``) into a temporary ``.upload-*`` file beside its
-target; a reader never sees a partial file. A temporary file left by a stopped service is removed at the
+target (``service.limits.receive_to_file``); a reader never sees a partial file. A temporary file left by a stopped service is removed at the
 next start (:func:`sweep_stale_uploads`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import tempfile
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import String, cast, delete, func, select
@@ -34,10 +30,11 @@ from service.campaigns.models import Campaign
 from service.db import Database
 from service.errors import Conflict, InsufficientStorage, InvalidField, NotFound, TooLarge
 from service.instruments.models import InstrumentUpload
+from service.limits import ReceivedFile
 
 log = logging.getLogger("mapcampaign.service")
 
-TEMPORARY_PREFIX = ".upload-"
+TEMPORARY_PREFIX = ".upload-"  # service.limits.receive_to_file's files
 # A temporary file not written to for this long belongs to no running upload (an upload that pauses longer
 # than upload_idle_timeout_s, at most an hour, is cut off): it is swept at start-up.
 STALE_UPLOAD_AGE_S = 2 * 3_600.0
@@ -82,41 +79,6 @@ def check_declared_upload(
         with database.session(write=False) as session:
             used = _used_bytes(session, owner_id)
         _refuse_over_quota(used, declared_bytes, quota)
-
-
-@dataclass(frozen=True)
-class ReceivedFile:
-    """A body written to a temporary file beside the uploads, with its checksum and size."""
-
-    path: Path
-    sha256: str
-    size_bytes: int
-
-
-async def receive(chunks: AsyncIterator[bytes], *, folder: Path) -> ReceivedFile:
-    """Write the body to a temporary file in ``folder`` as it arrives, hashing it; removed again on any error."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(dir=folder, prefix=TEMPORARY_PREFIX)
-    except OSError as error:
-        raise InsufficientStorage(f"cannot write the uploaded file: {error.strerror or error}") from None
-    path = Path(name)
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        # Each chunk is written as it arrives, between awaits of the body (a local file, chunks of 64 KiB).
-        with os.fdopen(handle, "wb") as stream:
-            async for chunk in chunks:
-                digest.update(chunk)
-                size += len(chunk)
-                stream.write(chunk)
-    except OSError as error:
-        path.unlink(missing_ok=True)
-        raise InsufficientStorage(f"cannot write the uploaded file: {error.strerror or error}") from None
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
-    return ReceivedFile(path, digest.hexdigest(), size)
 
 
 def _record(row: InstrumentUpload) -> InstrumentFile:
