@@ -57,10 +57,9 @@ class Settings(BaseSettings):
     upload_quota_bytes: int = Field(
         1 << 30, ge=1_024, le=1 << 50, description="Instrument-file bytes one user may keep uploaded, all files"
     )
-    upload_file_mode: int = Field(
-        0o640,
-        ge=0o400,
-        le=0o777,
+    upload_file_mode: str = Field(
+        "0640",
+        pattern=r"^0?[0-7]{3}$",
         description="Permissions of an uploaded instrument file, octal (0640: the site group can read it)",
     )
     body_timeout_s: float = Field(
@@ -125,17 +124,6 @@ class Settings(BaseSettings):
             raise ValueError("database_url must be a sqlite:/// or postgresql:// URL")
         return value
 
-    @field_validator("upload_file_mode", mode="before")
-    @classmethod
-    def _octal(cls, value: object) -> object:
-        # Read as the octal a shell writes (0640, 0o640), not as the decimal 640.
-        if isinstance(value, str):
-            try:
-                return int(value.strip().removeprefix("0o"), 8)
-            except ValueError:
-                raise ValueError("upload_file_mode is octal permissions such as 0640") from None
-        return value
-
     @field_validator("log_level")
     @classmethod
     def _level(cls, value: str) -> str:
@@ -177,6 +165,11 @@ class Settings(BaseSettings):
     @property
     def products_dir(self) -> Path:
         return self.data_dir / "campaigns"
+
+    @property
+    def upload_file_permissions(self) -> int:
+        """``upload_file_mode`` as the number ``os.chmod`` takes."""
+        return int(self.upload_file_mode, 8)
 
     @property
     def spectrum_work_dir(self) -> Path:

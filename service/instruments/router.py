@@ -95,7 +95,7 @@ async def upload_instrument_file(
             kind=kind,
             received=received,
             quota=settings.upload_quota_bytes,
-            file_mode=settings.upload_file_mode,
+            file_mode=settings.upload_file_permissions,
         )
     )
     if not new:

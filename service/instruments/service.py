@@ -145,6 +145,7 @@ def store_upload(
         # that removed the last row before this one was committed may have removed it meanwhile.
         try:
             os.chmod(received.path, file_mode)
+            _open_folder_to(target.parent, file_mode)
             os.replace(received.path, target)
         except OSError as error:
             raise InsufficientStorage(f"cannot keep the instrument file: {error.strerror or error}") from None
@@ -153,6 +154,15 @@ def store_upload(
         return record, new
     finally:
         received.path.unlink(missing_ok=True)
+
+
+def _open_folder_to(folder: Path, file_mode: int) -> None:
+    """Let whoever may read the files (group, others) also list the uploads folder, whatever the umask made it."""
+    readers = file_mode & 0o044
+    search = (readers >> 2) | readers  # read and search (x) for the same classes
+    current = folder.stat().st_mode & 0o777
+    if current & search != search:
+        folder.chmod(current | search)
 
 
 def list_uploads(*, session: Session, owner_id: int) -> list[InstrumentFile]:

@@ -156,14 +156,21 @@ def test_an_upload_is_new_for_each_uploader_and_reveals_nobody_elses(make_api, i
     assert [record["sha256"] for record in api.get("/instrument-files").json()] == [sha]  # alice: only hers
     # The site group reads the file (the docs' shared instrument folder), nobody else does.
     assert ((instruments / "uploads" / f"{sha}.h5").stat().st_mode & 0o777) == 0o640
+    assert (instruments / "uploads").stat().st_mode & 0o050 == 0o050  # and the group lists the folder
 
 
 def test_the_upload_file_mode_is_a_setting_read_as_octal(make_api, instruments, tmp_path, monkeypatch):
+    from pydantic import ValidationError
+
     from service.config import Settings
 
-    monkeypatch.setenv("MAPCAMPAIGN_UPLOAD_FILE_MODE", "0644")
-    assert Settings().upload_file_mode == 0o644
-    api = make_api(instrument_root=instruments, upload_file_mode=0o600)
+    monkeypatch.setenv("MAPCAMPAIGN_UPLOAD_FILE_MODE", "644")
+    assert Settings().upload_file_permissions == 0o644
+    monkeypatch.setenv("MAPCAMPAIGN_UPLOAD_FILE_MODE", "0648")
+    with pytest.raises(ValidationError, match="upload_file_mode"):
+        Settings()
+    monkeypatch.delenv("MAPCAMPAIGN_UPLOAD_FILE_MODE")
+    api = make_api(instrument_root=instruments, upload_file_mode="0600")
     sha = upload(api, quad_bytes(tmp_path)).json()["sha256"]
     assert ((instruments / "uploads" / f"{sha}.h5").stat().st_mode & 0o777) == 0o600
 
