@@ -75,7 +75,7 @@ class Settings(BaseSettings):
         description="An upload (instrument file, spectrum map, product file) that sends nothing for this long: 408",
     )
     spectrum_per_user: int = Field(
-        1, ge=1, le=64, description="POST /spectrum requests one user may have running at once (more: 429)"
+        1, ge=1, le=64, description="POST /spectrum requests one user may have running at once in one API process (more: 429)"
     )
     sqlite_busy_timeout_ms: int = Field(30_000, ge=100, le=600_000)
     db_pool_size: int = Field(10, ge=1, le=200)
