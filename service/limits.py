@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.api import API_PREFIX
 from service.config import Settings
-from service.errors import InsufficientStorage, RequestTimeout, TooLarge, error_response
+from service.errors import DomainError, InsufficientStorage, RequestTimeout, TooLarge, error_response
 
 ARTIFACT_UPLOAD = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/artifacts/[^/]+$")
 _RESULT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/succeeded$")
@@ -50,6 +50,10 @@ class BodyTooLarge(TooLarge):
     def __init__(self, detail: str):
         super().__init__(detail)
         self.headers = dict(_CLOSE)
+
+
+class BodyIncomplete(DomainError):
+    code = "body_incomplete"
 
 
 def streamed(path: str) -> bool:
@@ -106,6 +110,8 @@ async def stream_body(request: Request, *, max_bytes: int, idle_timeout_s: float
                 chunk = await chunks.__anext__()
             except StopAsyncIteration:
                 return
+            except ClientDisconnect:  # nobody reads the answer; it ends the request without an error logged
+                raise BodyIncomplete("the client closed the connection before the body was complete") from None
         if waiting.cancelled_caught:
             raise RequestTimeout(f"the request body stopped arriving: nothing for {idle_timeout_s:g} s")
         size += len(chunk)
