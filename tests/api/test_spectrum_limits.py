@@ -72,3 +72,30 @@ def test_the_media_type_is_checked_before_the_limit_and_the_body(make_api, held)
         answer = api.post("/spectrum", params=CAMPAIGNS, content=b"SIMPLE  =", headers=headers)
         assert answer.status_code == 415 and "application/fits" in answer.json()["detail"], answer.text
     assert held.owners == []  # refused before the campaigns were looked up
+
+
+def test_the_map_is_streamed_to_a_file_and_the_program_runs_with_no_connection_held(make_api, monkeypatch):
+    """While the map-maker's program runs, the request holds no database connection; its map is on disk,
+    byte for byte, and removed afterwards."""
+    from service.errors import InvalidField
+
+    api = make_api()
+    seen: dict = {}
+
+    def roles(**_campaigns) -> dict:
+        return {"transfer": "the transfer campaign"}
+
+    async def program(transfer, map_file, *, coupling_dir):
+        seen["map"] = map_file.read_bytes()
+        seen["connections"] = api.database.engine.pool.checkedout()
+        seen["coupling_dir"] = coupling_dir
+        raise InvalidField(("body",), "stopped by the test")
+
+    monkeypatch.setattr(spectrum, "resolve_campaigns", roles)
+    monkeypatch.setattr(spectrum, "map_bandpowers", program)
+    body = b"SIMPLE  =" + bytes(range(256)) * 64
+    answer = api.post("/spectrum", params=CAMPAIGNS, content=body, headers=FITS)
+    assert answer.status_code == 422 and "stopped by the test" in answer.text
+    assert seen["map"] == body and seen["connections"] == 0
+    assert seen["coupling_dir"] == api.settings.coupling_cache_dir
+    assert list(api.settings.spectrum_work_dir.iterdir()) == []
