@@ -8,18 +8,30 @@ service may not import (``tests/unit/test_architecture.py``): they come from the
 program ``python -m mapmaker bandpowers``, started here as the worker starts ``realize``. Running it
 as a program also keeps pspy's spin-waiting OpenMP threads and healpy's import out of the API
 process. The debiasing itself is :func:`schemas.montecarlo.debiased_bandpowers`.
+
+The costly part is the map's bandpowers, and in them the mode coupling of the campaigns' mask. The
+coupling lives at the sites (their coupling files, ``service.queue.couplings``), not at the service: the
+service keeps its own, one file per coupling key and mask under ``<data_dir>/couplings`` (written by the
+first request that needs it, read by the next ones). A request runs in three steps, none holding a
+database session across the next: the campaigns are looked up and compared in one brief read session
+(before the body is read), the body is streamed to a file, the program runs. Each user runs at most
+``spectrum_per_user`` requests at once (:class:`PerUserSlots`; more: 429 with ``Retry-After``).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-import subprocess
+import shutil
 import sys
-import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import numpy as np
 from sqlalchemy.orm import Session
 
@@ -27,14 +39,19 @@ from schemas import montecarlo
 from schemas.products import BandpowerBins, BandpowerEstimate, DataSpectrum, SpectrumCampaigns
 from schemas.programs import MapmakerExit, mapmaker_bandpowers_args
 from schemas.result import SPECTRA, MapBandpowers
+from schemas.spec import CampaignSpec, coupling_key
 from service.campaigns import service as campaigns
-from service.campaigns.models import Campaign
-from service.errors import InvalidField
+from service.errors import InvalidField, TooManyRequests
 from service.products.aggregates import AggregateState, BandpowerAggregates, bandpower_aggregates
 from service.products.service import ProductsNotReady, snapshot
 from service.storage import CampaignProducts
 
+log = logging.getLogger("mapcampaign.service")
+
 BANDPOWERS_TIMEOUT_S = 600.0  # the map-maker's bandpowers of one map: seconds at nside 256 (pure B, one thread)
+RETRY_AFTER_S = 10  # a spectrum takes seconds to minutes: a client over its limit asks again after this
+WORK_PATTERNS = (".upload-*", "spectrum-*")  # a request's map (service.limits.receive_to_file), older folders
+STALE_WORK_AGE_S = 2 * 3_600.0  # older than any running request's folder (BANDPOWERS_TIMEOUT_S + the upload)
 
 # What each role needs: the campaign kind, and what it gives.
 ROLES = {
@@ -45,16 +62,32 @@ ROLES = {
 
 
 @dataclass(frozen=True)
+class CampaignRef:
+    """What a request needs of a campaign's row, read in its brief session."""
+
+    id: int
+    kind: str
+    scan_key: str
+    coupling_key: str
+
+
+@dataclass(frozen=True)
 class RoleCampaign:
     role: str
-    campaign: Campaign
+    campaign: CampaignRef
     files: CampaignProducts
     state: AggregateState
     bandpowers: BandpowerAggregates
 
 
 def _role_campaign(*, session: Session, owner_id: int, products_dir: Path, role: str, campaign_id: int) -> RoleCampaign:
-    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    row = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    campaign = CampaignRef(
+        id=row.id,
+        kind=row.kind,
+        scan_key=row.scan_key,
+        coupling_key=coupling_key(CampaignSpec.model_validate(row.spec)),
+    )
     kind, gives = ROLES[role]
     if campaign.kind != kind:
         raise InvalidField(
@@ -72,6 +105,8 @@ def _role_campaign(*, session: Session, owner_id: int, products_dir: Path, role:
         raise InvalidField(("query", role), f"campaign {campaign_id} simulated no CMB sky: it has no input model")
     if role in ("transfer", "covariance") and bandpowers.n < 2:
         raise ProductsNotReady(f"campaign {campaign_id} has {bandpowers.n} realisation: {gives} needs two")
+    if role == "transfer" and state.mask is None:
+        raise ProductsNotReady(f"campaign {campaign.id} has no stored mask yet")
     return RoleCampaign(role, campaign, files, state, bandpowers)
 
 
@@ -103,59 +138,104 @@ def _finite(values: np.ndarray) -> list[float | None]:
     return [float(v) if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64)]
 
 
-def _map_bandpowers(transfer: RoleCampaign, map_bytes: bytes, work_dir: Path) -> MapBandpowers:
-    """The data map's decoupled bandpowers on the transfer campaign's mask, from ``python -m mapmaker bandpowers``."""
-    if transfer.state.mask is None:
-        raise ProductsNotReady(f"campaign {transfer.campaign.id} has no stored mask yet")
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=work_dir, prefix="spectrum-") as folder:
-        map_file, out = Path(folder) / "map.fits", Path(folder) / "bandpowers.json"
-        map_file.write_bytes(map_bytes)
-        bandpowers = transfer.bandpowers
-        command = mapmaker_bandpowers_args(
-            sys.executable,
-            map_file=map_file,
-            mask_file=transfer.files.mask_path,
-            mask_sha256=bandpowers.mask_sha256,
-            bin_width=bandpowers.bin_width,
-            lmax=bandpowers.lmax,
-            purify_b=bandpowers.purify_b,
-            out=out,
-        )
-        environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=BANDPOWERS_TIMEOUT_S, env=environment, check=False
-        )
-        reason = (done.stderr.strip().splitlines() or ["no message"])[-1].removeprefix("mapmaker bandpowers: ")
+class PerUserSlots:
+    """How many spectrum requests each user runs in this process; one more than allowed is a 429.
+
+    Used from the event loop only (the endpoint is async), so a plain dict is enough.
+    """
+
+    def __init__(self) -> None:
+        self._running: dict[int, int] = {}
+
+    @contextmanager
+    def hold(self, user_id: int, limit: int) -> Iterator[None]:
+        running = self._running.get(user_id, 0)
+        if running >= limit:
+            raise TooManyRequests(
+                f"you already have {running} spectrum request(s) running, the most one user may "
+                f"(MAPCAMPAIGN_SPECTRUM_PER_USER = {limit}); try again when one has finished",
+                RETRY_AFTER_S,
+            )
+        self._running[user_id] = running + 1
+        try:
+            yield
+        finally:
+            left = self._running[user_id] - 1
+            if left:
+                self._running[user_id] = left
+            else:
+                del self._running[user_id]
+
+
+def is_fits(start: bytes) -> bool:
+    """Whether a file's first bytes are a FITS file's: every one starts with ``SIMPLE  =``."""
+    return start.startswith(b"SIMPLE  =")
+
+
+def coupling_file(coupling_dir: Path, transfer: RoleCampaign) -> Path:
+    """The service's coupling file for the transfer campaign's coupling key and mask."""
+    return coupling_dir / f"{transfer.campaign.coupling_key}-{transfer.bandpowers.mask_sha256}.npz"
+
+
+async def map_bandpowers(transfer: RoleCampaign, map_file: Path, *, coupling_dir: Path) -> MapBandpowers:
+    """The data map's decoupled bandpowers on the transfer campaign's mask, from ``python -m mapmaker bandpowers``
+    with the service's coupling file of that mask (built and written by the program when missing). Holds no
+    database session and no thread while the program runs."""
+    coupling_dir.mkdir(parents=True, exist_ok=True)
+    out = map_file.with_name(map_file.name + ".bandpowers.json")
+    bandpowers = transfer.bandpowers
+    command = mapmaker_bandpowers_args(
+        sys.executable,
+        map_file=map_file,
+        mask_file=transfer.files.mask_path,
+        mask_sha256=bandpowers.mask_sha256,
+        bin_width=bandpowers.bin_width,
+        lmax=bandpowers.lmax,
+        purify_b=bandpowers.purify_b,
+        out=out,
+        coupling_file=coupling_file(coupling_dir, transfer),
+    )
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        with anyio.fail_after(BANDPOWERS_TIMEOUT_S):  # the program is killed when the request ends first
+            done = await anyio.run_process(command, env=environment, check=False)
+        stderr = done.stderr.decode(errors="replace")
+        reason = (stderr.strip().splitlines() or ["no message"])[-1].removeprefix("mapmaker bandpowers: ")
         if done.returncode == MapmakerExit.BAD_INPUT:
             raise InvalidField(("body",), reason)
         if done.returncode == MapmakerExit.COUPLING_REFUSED:
             raise InvalidField(("query", "transfer"), f"campaign {transfer.campaign.id}'s stored mask: {reason}")
         if done.returncode != 0:
-            raise RuntimeError(f"mapmaker bandpowers exited {done.returncode}: {done.stderr[-2000:]}")
+            raise RuntimeError(f"mapmaker bandpowers exited {done.returncode}: {stderr[-2000:]}")
         return MapBandpowers.model_validate_json(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
 
 
-def data_spectrum(
-    *,
-    session: Session,
-    owner_id: int,
-    products_dir: Path,
-    work_dir: Path,
-    map_bytes: bytes,
-    transfer_id: int,
-    noise_id: int,
-    covariance_id: int | None,
-) -> DataSpectrum:
-    """Unbiased bandpowers of the map in ``map_bytes`` (HEALPix FITS, I Q U in K) with Monte Carlo errors.
+def sweep_spectrum_work(work_dir: Path, *, now: float | None = None) -> int:
+    """Remove maps and folders no running request uses (older than :data:`STALE_WORK_AGE_S`); return how many."""
+    if not work_dir.is_dir():
+        return 0
+    now = time.time() if now is None else now
+    removed = 0
+    for path in (path for pattern in WORK_PATTERNS for path in work_dir.glob(pattern)):
+        try:
+            if now - path.stat().st_mtime > STALE_WORK_AGE_S:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                removed += 1
+        except OSError:
+            continue
+    if removed:
+        log.info("removed %d stale spectrum work folder(s) from %s", removed, work_dir)
+    return removed
 
-    Refused (422, naming the query field) when a campaign is of a kind that cannot give its part, or
-    differs from the transfer campaign in scan key, mask, binning or estimator; the map is refused
-    (422 on the body) when it is not an I/Q/U map of the campaigns' nside with values inside the mask.
-    Another user's campaign is 404; a campaign without bandpowers yet is 404 ``products_not_ready``.
-    """
-    if not map_bytes.startswith(b"SIMPLE  ="):  # every FITS file starts so: refused before starting the program
-        raise InvalidField(("body",), "the map is not a HEALPix FITS map: a FITS file starts with 'SIMPLE  ='")
+
+def resolve_campaigns(
+    *, session: Session, owner_id: int, products_dir: Path, transfer_id: int, noise_id: int, covariance_id: int | None
+) -> dict[str, RoleCampaign]:
+    """The request's campaigns by role, checked: the caller's (else 404), of the kind each role needs, with
+    bandpowers, and agreeing with the transfer campaign in scan key, mask, binning and estimator (else 422
+    naming the query field and what differs)."""
     wanted = {"transfer": transfer_id, "noise": noise_id, "covariance": covariance_id}
     roles = {
         role: _role_campaign(
@@ -174,7 +254,13 @@ def data_spectrum(
                     f"campaign {roles[role].campaign.id} differs from the transfer campaign {transfer.campaign.id} "
                     f"in {'; '.join(differences)}",
                 )
-    measured = _map_bandpowers(transfer, map_bytes, work_dir)
+    return roles
+
+
+def data_spectrum(roles: dict[str, RoleCampaign], measured: MapBandpowers) -> DataSpectrum:
+    """Unbiased bandpowers ``(C_b - N_b) / F_b`` of a map whose bandpowers are ``measured``, with Monte Carlo
+    errors from the covariance campaign when there is one (``roles`` from :func:`resolve_campaigns`)."""
+    transfer = roles["transfer"]
     data_cb = np.array([measured.cb[name] for name in SPECTRA])
     transfer_b, transfer_error = transfer.bandpowers.transfer_function()
     noise_b, noise_error = roles["noise"].bandpowers.noise_bias()
@@ -189,7 +275,11 @@ def data_spectrum(
     model = bandpowers.model
     hartlap = None if covariance is None else covariance.hartlap
     return DataSpectrum(
-        campaigns=SpectrumCampaigns(transfer=transfer_id, noise=noise_id, covariance=covariance_id),
+        campaigns=SpectrumCampaigns(
+            transfer=transfer.campaign.id,
+            noise=roles["noise"].campaign.id,
+            covariance=roles["covariance"].campaign.id if "covariance" in roles else None,
+        ),
         scan_key=transfer.campaign.scan_key,
         mask_sha256=bandpowers.mask_sha256,
         purify_b=bandpowers.purify_b,
