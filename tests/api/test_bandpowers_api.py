@@ -378,6 +378,45 @@ def test_a_wrong_combination_is_refused_naming_what_differs(api, skies, tmp_path
     assert spectrum(api, data, transfer=ids["transfer"], noise=ids["noise"], covariance=10**9).status_code == 404
 
 
+def test_the_transfer_function_is_f_b_on_the_dashboard_with_unreliable_bins_flagged(api, skies, tmp_path):
+    """A signal-only masked campaign of 12 realisations: the panel shows F_b before the pseudo-C_l ratio F_l,
+    which is labelled a full-sky approximation; the F_b chart flags the bins above 2 nside and those where F_b
+    is poorly determined (BB on a masked sky: E leaks into B, its error is far above 20%), not TT and EE
+    in the judged bins; the bandpowers are on the products page and download from it."""
+    made, folders, _ = skies
+    spec = {**campaign_spec("signal-only"), "name": "F_b chart"}
+    paths = [refolder(spec, path, tmp_path / path.name) for path in folders["signal-only"][1]]
+    for path in paths:  # the pseudo-C_l model too, so the panel has F_l as well
+        result = json.loads((path / "result.json").read_text())
+        result["spectra"]["model"] = {name: [float(v) for v in made.model[row]] for row, name in enumerate(SPECTRA)}
+        (path / "result.json").write_text(json.dumps(result))
+    campaign_id = run_campaign(api, spec, paths)
+    api.client.cookies.clear()
+    login = api.client.post("/login", data={"token": api.alice, "next": "/"}, follow_redirects=False)
+    assert login.status_code == 303, login.text
+    page = api.client.get(f"/campaigns/{campaign_id}").text
+    assert page.index('data-chart="mc-bandpower-transfer"') < page.index('data-chart="mc-transfer"')
+    assert "Transfer function F_b" in page and "full-sky approximation, biased on a masked sky" in page
+
+    chart = api.client.get(f"/ui/campaigns/{campaign_id}/products/bandpower-transfer").json()
+    assert chart["yScale"] == "linear" and chart["scales"] == ["linear", "symlog"] and chart["reference"] == 1.0
+    series = {s["label"]: s for s in chart["series"]}
+    above = ~made.binning.reliable_bins
+    assert above.any() and chart["shade"][0]["from"] == float(made.binning.ell_lo[np.argmax(above)])
+    for name in ("TT", "EE", "BB"):
+        assert np.array(series[name]["flagged"])[above].all(), name
+    for name in ("TT", "EE"):
+        assert not np.array(series[name]["flagged"])[judged(made)].any(), name
+    assert np.array(series["BB"]["flagged"])[made.binning.reliable_bins].any()
+
+    products = api.client.get("/products").text
+    assert f'href="/campaigns/{campaign_id}/downloads/bandpowers.fits"' in products
+    download = api.client.get(f"/campaigns/{campaign_id}/downloads/bandpowers.npz")
+    assert download.status_code == 200
+    with np.load(io.BytesIO(download.content)) as stored:
+        assert int(stored["n"]) == 12 and str(stored["kind"]) == "signal-only"
+
+
 # --------------------------------------------------------------------------- CLI against a live service
 
 

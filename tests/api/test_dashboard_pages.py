@@ -176,10 +176,10 @@ def test_products_page_links_downloads_and_the_panel_appears(api, mapped):
 
     panel = api.client.get(f"/ui/campaigns/{campaign_id}/products-panel").json()
     assert panel["empty"] is False and "2 realisation(s)" in panel["note"]
-    # signal+noise of a CMB sky: the pseudo-spectra and their noise bias, then the decoupled bandpowers
-    # against the input model and the bandpowers' noise bias
+    # the decoupled bandpowers against the input model and their noise bias first, then the pseudo-spectra
+    # and their pseudo-C_l noise
     assert [chart["kind"] for chart in panel["charts"]] == [
-        "mc-spectra", "mc-noise-bias", "mc-bandpowers", "mc-bandpower-noise"
+        "mc-bandpowers", "mc-bandpower-noise", "mc-spectra", "mc-noise-bias"
     ]
     assert [figure["src"].split("?")[0] for figure in panel["figures"]] == [
         f"/campaigns/{campaign_id}/products/mean-{field}.png" for field in "IQU"

@@ -167,8 +167,59 @@ def test_products_arrays_have_nan_where_the_service_reports_null():
     np.testing.assert_array_equal(products.ell_min, [2, 4])
     np.testing.assert_array_equal(products.spectra_mean["TT"], [1.0, 2.0])
     assert products.spectra_std["TT"].shape == (2,) and np.isnan(products.spectra_std["TT"]).all()
-    np.testing.assert_array_equal(products.noise_bias["TT"].value, [0.5, np.nan])
-    assert np.isnan(products.noise_bias["TT"].error).all() and products.transfer_function == {}
+    np.testing.assert_array_equal(products.pseudo_noise_bias["TT"].value, [0.5, np.nan])
+    assert np.isnan(products.pseudo_noise_bias["TT"].error).all() and products.pseudo_transfer_function == {}
+    assert products.noise_bias == {} and products.transfer_function == {}  # no bandpowers yet
+
+
+def signal_only_summary() -> ProductsSummary:
+    """A signal-only campaign of 4 realisations with F_l and F_b that differ, so a test can tell them apart."""
+    estimate = {"value": [0.9, None], "error": [0.05, None]}
+    spectra = ("TT", "EE", "BB", "TE", "EB", "TB")
+    return ProductsSummary.model_validate(
+        {
+            "campaign_id": 7,
+            "kind": "signal-only",
+            "campaign_state": "succeeded",
+            "succeeded": 4,
+            "included": 4,
+            "spectra_realizations": 4,
+            "map_realizations": 4,
+            "ready": True,
+            "generation": 4,
+            "bins": {"ell_min": [2, 4], "ell_max": [3, 5], "ell_center": [2.5, 4.5], "lmax": 5, "ell_bin_width": 2},
+            "spectra": {"TT": {"mean": [1.0, 2.0], "std": [0.1, 0.2]}},
+            "transfer_function": {
+                "beam_fwhm_arcmin": 60.0,
+                "model": {"TT": [1.0, 1.0]},
+                "spectra": {"TT": {"value": [1.9, 1.8], "std": None, "error": None}},
+            },
+            "bandpowers": {
+                "n": 4,
+                "bins": {"ell_lo": [2, 6], "ell_hi": [5, 9], "ell_center": [3.5, 7.5], "lmax": 9, "bin_width": 4,
+                         "reliable": [True, False]},
+                "purify_b": False,
+                "mask_sha256": "0" * 64,
+                "mean": {name: {"value": [1e-12, 2e-12], "error": [1e-13, 1e-13]} for name in spectra},
+                "transfer_function": {name: estimate for name in spectra},
+            },
+            "downloads": ProductDownloads().model_dump(),
+        }
+    )
+
+
+def test_the_transfer_function_is_f_b_and_f_l_is_named_a_pseudo_cl_ratio():
+    products = Products.from_summary(signal_only_summary())
+    np.testing.assert_array_equal(products.transfer_function["TT"].value, [0.9, np.nan])
+    np.testing.assert_allclose(products.transfer_function["TT"].std, [0.1, np.nan])  # error sqrt(n), n = 4
+    np.testing.assert_array_equal(products.pseudo_transfer_function["TT"].value, [1.9, 1.8])
+    assert products.bandpowers is not None and list(products.bandpowers.reliable) == [True, False]
+
+
+def test_the_repr_of_products_is_one_line_naming_what_there_is():
+    shown = repr(Products.from_summary(signal_only_summary()))
+    assert shown.startswith("<Products of campaign 7 (signal-only, succeeded): 4 realisation(s) included;")
+    assert "transfer_function" in shown and "array" not in shown and "\n" not in shown and len(shown) < 200
 
 
 def campaign_detail(state: str, succeeded: int) -> dict:
