@@ -18,6 +18,7 @@ Answers are the models of :mod:`schemas.api`; failures raise :mod:`mapcampaign.e
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -48,6 +49,7 @@ from schemas.api import (
     RealizationPage,
     RetryAnswer,
 )
+from schemas.files import atomic_write
 from schemas.io import SpecError, load_spec, spec_from_data
 from schemas.products import DataSpectrum, ProductsSummary
 from schemas.spec import CampaignKind, CampaignSpec
@@ -116,14 +118,18 @@ class Client:
 
     # ------------------------------------------------------------------ campaigns
 
-    def submit(self, spec: SpecSource, *, idempotency_key: str | None = None) -> CampaignDetail:
+    def submit(self, spec: SpecSource, *, idempotency_key: str | None = None, new: bool = False) -> CampaignDetail:
         """Validate ``spec`` here (a TOML/YAML/JSON file, a mapping or a CampaignSpec), then create its campaign.
 
         A spec that does not validate raises :class:`~mapcampaign.errors.InvalidRequest` with the field paths,
-        before anything is sent. Submitting again with the same ``idempotency_key`` and spec returns the
-        campaign made the first time instead of a second one.
+        before anything is sent; a file that does not exist raises :class:`FileNotFoundError`. Submitting
+        again with the same ``idempotency_key`` and spec returns the campaign made the first time instead of a
+        second one. A file is its own key by default, as for ``mapcampaign submit``: the same file submitted
+        again, from here or from the command line, gives back its campaign; ``new=True`` makes another.
         """
         model = campaign_spec(spec)
+        if idempotency_key is None and not new and isinstance(spec, (str, PathLike)):
+            idempotency_key = spec_file_key(Path(spec).read_bytes())
         headers = {IDEMPOTENCY_KEY_HEADER: idempotency_key} if idempotency_key else None
         answer = self._request("POST", "/campaigns", json=model.model_dump(mode="json"), headers=headers)
         return CampaignDetail.model_validate_json(answer.content)
@@ -370,8 +376,11 @@ class Client:
     def download_products(
         self, campaign_id: int, out_dir: str | PathLike[str], *, format: Literal["fits", "npz"] = "fits"
     ) -> dict[str, Path]:
-        """Save every product file that exists now (spectra, mean and variance maps, mask) into ``out_dir``,
-        in ``format``; returns the path of each by name (``spectra``, ``mean_map``, ``variance_map``, ``mask``)."""
+        """Save every product file the campaign has now into ``out_dir`` in ``format``, with the names
+        ``mapcampaign products`` gives them: ``bandpowers`` (the decoupled bandpowers with the transfer function
+        F_b, the noise bias N_b or the covariance), ``spectra`` (pseudo-spectra), ``mean_map``,
+        ``variance_map`` and ``mask`` (e.g. ``out_dir/mean_map.fits``); returns the path of each by name.
+        Each file is written whole or not at all."""
         folder = Path(out_dir)
         folder.mkdir(parents=True, exist_ok=True)
         downloads = self.products_summary(campaign_id).downloads
@@ -380,14 +389,13 @@ class Client:
             if path is None:
                 continue
             relative = path.removeprefix(_connection.API_PREFIX)
-            target = folder / f"campaign-{campaign_id}-{name.replace('_', '-')}.{format}"
+            target = folder / f"{name}.{format}"
             with self._http.stream("GET", relative, params={"format": format}) as answer:
                 if answer.status_code != 200:
                     answer.read()
                     raise _error(answer)
-                with target.open("wb") as file:
-                    for chunk in answer.iter_bytes():
-                        file.write(chunk)
+                chunks = answer.iter_bytes()
+                atomic_write(target, lambda handle, chunks=chunks: handle.writelines(chunks))
             saved[name] = target
         return saved
 
@@ -453,10 +461,19 @@ def changes_from_assignments(assignments: Iterable[str]) -> dict[str, Any]:
     return changes
 
 
+def spec_file_key(content: bytes) -> str:
+    """The idempotency key of a spec file, derived from its bytes: submitting the same file again (from the
+    client or the command line) replays its campaign instead of making a second one."""
+    return "spec-sha256-" + hashlib.sha256(content).hexdigest()
+
+
 def campaign_spec(spec: SpecSource) -> CampaignSpec:
-    """``spec`` as a validated CampaignSpec; a file or mapping that does not validate raises InvalidRequest."""
+    """``spec`` as a validated CampaignSpec; a file or mapping that does not validate raises InvalidRequest,
+    a file that does not exist FileNotFoundError."""
     if isinstance(spec, CampaignSpec):
         return spec
+    if not isinstance(spec, Mapping) and not Path(spec).is_file():
+        raise FileNotFoundError(f"no spec file {spec}")
     try:
         if isinstance(spec, Mapping):
             return spec_from_data(dict(spec))

@@ -6,7 +6,6 @@ server and the token come from). ``--json`` prints only JSON on stdout.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,12 +50,6 @@ def spec_files(paths: list[Path]) -> tuple[list[Path], list[dict[str, Any]]]:
     return files, missing
 
 
-def idempotency_key(content: bytes) -> str:
-    """Derived from the file's bytes: submitting the same file again replays its campaign instead of making
-    a second one."""
-    return "spec-sha256-" + hashlib.sha256(content).hexdigest()
-
-
 def _outcome(path: Path, outcome: str, **fields: Any) -> dict[str, Any]:
     problems = fields.pop("problems", [])
     return {
@@ -82,7 +75,9 @@ def submit_one(client: ApiClient | None, path: Path, *, dry_run: bool, new: bool
     summary = {"name": spec.name, "kind": spec.kind, "realizations": spec.realizations}
     if dry_run or client is None:
         return _outcome(path, "valid", **summary)
-    key = idempotency_key(path.read_bytes())
+    from mapcampaign.client import spec_file_key
+
+    key = spec_file_key(path.read_bytes())
     if new:
         key += "-" + secrets.token_hex(8)
     try:

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 
 from mapcampaign.cli._client import field_problems
-from mapcampaign.cli.campaigns import describe_outcome, idempotency_key, spec_files
+from mapcampaign.cli.campaigns import describe_outcome, spec_files
+from mapcampaign.client import spec_file_key as idempotency_key
 
 REPO = Path(__file__).resolve().parents[2]
 
