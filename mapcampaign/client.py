@@ -68,6 +68,8 @@ def upload_kind(path: Path) -> InstrumentFileKind:
     if path.suffix.lower() in (".h5", ".hdf5"):
         return "focal-plane"
     raise ValueError(f"{path.name}: say which schedule it is (kind 'ground-schedule' or 'satellite-schedule')")
+
+
 SpecSource = str | PathLike[str] | Mapping[str, Any] | CampaignSpec
 
 PAGE_SIZE = 500  # the service's largest page of campaigns and plans
@@ -340,11 +342,15 @@ class Client:
         params = {"transfer": transfer, "noise": noise}
         if covariance is not None:
             params["covariance"] = covariance
+        payload = Path(map_file).read_bytes()
+        problem = iqu_map_problem(payload, Path(map_file).name)
+        if problem is not None:
+            raise InvalidRequest(None, "map_not_iqu", problem, problems=[("body", problem)], request="POST /spectrum")
         answer = self._request(
             "POST",
             "/spectrum",
             params=params,
-            content=Path(map_file).read_bytes(),
+            content=payload,
             headers={"Content-Type": "application/fits"},
             timeout=timeout,
         )
@@ -401,7 +407,9 @@ class Client:
 
     # ------------------------------------------------------------------ HTTP
 
-    def _request(self, method: str, path: str, *, expected: tuple[int, ...] = (200, 201), **kwargs: Any) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, *, expected: tuple[int, ...] = (200, 201), **kwargs: Any
+    ) -> httpx.Response:
         try:
             answer = shared_transport.send(self._http, method, path, **kwargs)
         except shared_transport.Unreachable as error:
@@ -419,7 +427,11 @@ class Client:
         return model.model_validate_json(self._request("GET", path, params=params).content)
 
     def _pages(
-        self, path: str, params: Mapping[str, Any], page_model: type[CampaignPage | PlanPage | RealizationPage], limit: int | None
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        page_model: type[CampaignPage | PlanPage | RealizationPage],
+        limit: int | None,
     ) -> builtins.list[Any]:
         """Every item of a paged listing (following ``next_cursor``), or the first ``limit``."""
         items: builtins.list[Any] = []
@@ -461,6 +473,29 @@ def changes_from_assignments(assignments: Iterable[str]) -> dict[str, Any]:
     return changes
 
 
+def iqu_map_problem(payload: bytes, name: str) -> str | None:
+    """Why a FITS map cannot give a spectrum before it is sent, or None: the spectrum needs I, Q and U (every
+    spectrum but TT needs Q and U), and an I-only map has one field. Anything else is the service's to judge."""
+    import io
+
+    from astropy.io import fits
+
+    try:
+        with fits.open(io.BytesIO(payload), memmap=False) as hdus:
+            tables = [hdu for hdu in hdus if isinstance(hdu, fits.BinTableHDU)]
+            if not tables:
+                return None
+            names = [column.name for column in tables[0].columns if column.name.upper() != "PIXEL"]
+    except (OSError, ValueError, TypeError):
+        return None
+    if len(names) >= 3:
+        return None
+    return (
+        f"{name} holds {len(names)} field(s) ({', '.join(names) or 'none'}): the spectrum needs a HEALPix map of I, "
+        "Q and U. For TT alone, write Q and U as zeros: healpy.write_map(path, [i, 0 * i, 0 * i])"
+    )
+
+
 def spec_file_key(content: bytes) -> str:
     """The idempotency key of a spec file, derived from its bytes: submitting the same file again (from the
     client or the command line) replays its campaign instead of making a second one."""
@@ -496,4 +531,3 @@ def _value(choice: Any) -> Any:
 def _progress_key(detail: CampaignDetail) -> tuple[str, tuple[tuple[str, int], ...]]:
     """What watch() reports a change of: the state and the count of realisations in each state."""
     return str(detail.state), tuple(sorted((str(state), count) for state, count in detail.progress.counts.items()))
-

@@ -463,6 +463,10 @@ def test_cli_spectrum_prints_the_bandpowers_and_refuses_a_wrong_combination(live
     table = run_spectrum_cli(live_service, str(data_file), *options)
     assert table.returncode == 0, table.stderr
     assert "D_b in uK^2" in table.stdout and "no errors" in table.stdout
+    assert "the beam is not deconvolved" in table.stdout
+    # two realisations cannot determine F_b of BB on a masked sky: starred, and a warning names the bins
+    assert "F_b is poorly determined" in table.stderr and "BB " in table.stderr.split("trusted:")[1], table.stderr
+    assert "*" in table.stdout
     first = answer["bins"]["ell_center"][0]
     d_tt = first * (first + 1) * answer["cb"]["TT"][0] / (2 * math.pi) * 1e12
     assert f"{d_tt:.4g}" in table.stdout
@@ -471,3 +475,16 @@ def test_cli_spectrum_prints_the_bandpowers_and_refuses_a_wrong_combination(live
     assert wrong.returncode == 2 and "query.transfer" in wrong.stderr and "noise-only" in wrong.stderr, wrong.stderr
     missing = run_spectrum_cli(live_service, str(tmp_path / "absent.fits"), *options)
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+    i_only = tmp_path / "i-only.fits"
+    hp.write_map(str(i_only), hp.read_map(str(data_file), field=0), dtype=np.float64)
+    refused = run_spectrum_cli(live_service, str(i_only), *options)
+    assert refused.returncode == 2 and "1 field(s)" in refused.stderr and "I, Q and U" in refused.stderr
+
+    products = subprocess.run(
+        mapcampaign_command("products", str(ids["signal-only"]), "--out", str(tmp_path / "fb")),
+        env={**live_service.env, "MAPCAMPAIGN_TOKEN": live_service.user_token},
+        capture_output=True, check=False, text=True, timeout=600,
+    )  # fmt: skip
+    assert products.returncode == 0, products.stderr
+    assert "transfer function F_b" in products.stdout and "F_l" not in products.stdout
+    assert (tmp_path / "fb" / "bandpowers.fits").is_file()
