@@ -21,6 +21,7 @@ import builtins
 import hashlib
 import json
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from os import PathLike
 from pathlib import Path
@@ -130,6 +131,8 @@ class Client:
         again, from here or from the command line, gives back its campaign; ``new=True`` makes another.
         """
         model = campaign_spec(spec)
+        for note in spec_notes(model):
+            warnings.warn(note, UserWarning, stacklevel=2)
         if idempotency_key is None and not new and isinstance(spec, (str, PathLike)):
             idempotency_key = spec_file_key(Path(spec).read_bytes())
         headers = {IDEMPOTENCY_KEY_HEADER: idempotency_key} if idempotency_key else None
@@ -494,6 +497,14 @@ def iqu_map_problem(payload: bytes, name: str) -> str | None:
         f"{name} holds {len(names)} field(s) ({', '.join(names) or 'none'}): the spectrum needs a HEALPix map of I, "
         "Q and U. For TT alone, write Q and U as zeros: healpy.write_map(path, [i, 0 * i, 0 * i])"
     )
+
+
+def spec_notes(spec: CampaignSpec) -> builtins.list[str]:
+    """What a valid spec holds that the campaign will not use, said before it is submitted."""
+    notes = []
+    if spec.kind == "noise-only" and "sky" in spec.model_fields_set and spec.sky.kind != "none":
+        notes.append(f"sky: a noise-only campaign simulates no sky; the [sky] section ({spec.sky.kind}) is ignored")
+    return notes
 
 
 def spec_file_key(content: bytes) -> str:

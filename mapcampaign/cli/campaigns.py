@@ -72,10 +72,14 @@ def submit_one(client: ApiClient | None, path: Path, *, dry_run: bool, new: bool
         spec = load_spec(path)
     except SpecError as error:
         return _outcome(path, "invalid", problems=error.problems)
-    summary = {"name": spec.name, "kind": spec.kind, "realizations": spec.realizations}
+    from mapcampaign.client import spec_file_key, spec_notes
+
+    summary: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "realizations": spec.realizations}
+    notes = spec_notes(spec)
+    if notes:
+        summary["notes"] = notes
     if dry_run or client is None:
         return _outcome(path, "valid", **summary)
-    from mapcampaign.client import spec_file_key
 
     key = spec_file_key(path.read_bytes())
     if new:
@@ -103,6 +107,10 @@ def submit_one(client: ApiClient | None, path: Path, *, dry_run: bool, new: bool
 
 
 def describe_outcome(record: dict[str, Any]) -> str:
+    return _outcome_line(record) + "".join(f"\n  note: {note}" for note in record.get("notes", []))
+
+
+def _outcome_line(record: dict[str, Any]) -> str:
     file, outcome = record["file"], record["outcome"]
     if outcome == "invalid":
         reasons = "; ".join(

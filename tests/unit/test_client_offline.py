@@ -251,3 +251,33 @@ def test_watch_polls_when_the_event_stream_is_unavailable_and_reports_only_chang
         seen = [(str(detail.state), detail.progress.counts["succeeded"]) for detail in client.watch(1, poll_s=0.01)]
     assert seen == [("queued", 0), ("running", 1), ("succeeded", 2)]
     assert streams_tried and set(streams_tried) == {"1"}
+
+
+def test_a_validator_s_message_comes_without_pydantic_s_prefix():
+    from mapcampaign.client import campaign_spec
+
+    with pytest.raises(InvalidRequest) as refused:
+        campaign_spec(spec_data(kind="signal-only", sky={"kind": "none"}))
+    (problem,) = refused.value.problems
+    assert "needs a sky" in problem[1] and not problem[1].startswith("Value error"), problem
+
+
+def test_a_noise_only_spec_with_a_sky_is_told_the_sky_is_ignored(tmp_path):
+    from mapcampaign.cli.campaigns import describe_outcome, submit_one
+    from mapcampaign.client import campaign_spec, spec_notes
+
+    assert spec_notes(campaign_spec(spec_data(kind="noise-only", sky={"kind": "none"}))) == []
+    without_section = {key: value for key, value in spec_data(kind="noise-only").items() if key != "sky"}
+    assert spec_notes(campaign_spec(without_section)) == []
+    (note,) = spec_notes(campaign_spec(spec_data(kind="noise-only", sky={"kind": "cmb"})))
+    assert "ignored" in note and note.startswith("sky:")
+    with (
+        mapcampaign.Client(server="http://127.0.0.1:9", token="t") as client,
+        pytest.warns(UserWarning, match="ignored"),
+        pytest.raises(ServiceUnavailable),
+    ):
+        client.submit(spec_data(kind="noise-only", sky={"kind": "cmb"}))
+    spec_file = tmp_path / "noise-with-sky.json"
+    spec_file.write_text(json.dumps(spec_data(kind="noise-only", sky={"kind": "cmb"})))
+    line = describe_outcome(submit_one(None, spec_file, dry_run=True, new=False))
+    assert "valid" in line and "note: sky: a noise-only campaign simulates no sky" in line
