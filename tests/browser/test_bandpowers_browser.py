@@ -69,6 +69,12 @@ def test_bandpower_charts_draw_error_bars_the_model_and_toggle_the_axis(dash: Da
     assert not any(t.startswith("1e") for t in tick_labels()), tick_labels()
     assert page.locator(f"{chart} polyline.model").count() == 3  # redrawn with everything
     check_the_transfer_chart(page, campaign_id)
+    # the PCG chart of these 3-entry residual histories: iterations are whole numbers, and so are its x ticks
+    page.wait_for_selector("#convergence-chart polyline", state="attached")
+    x_ticks = page.eval_on_selector_all(
+        "#convergence-chart g.axis text[text-anchor='middle']", "all => all.map(t => t.textContent)"
+    )
+    assert x_ticks and all(tick.lstrip("-").isdigit() for tick in x_ticks), x_ticks
     dash.screenshot(page, "campaign-bandpowers")
     worker.close()
 
