@@ -41,6 +41,7 @@ DOWNLOADS = {
     "variance-map.fits": ("variance-map", "fits"),
     "variance-map.npz": ("variance-map", "npz"),
     "mask.fits": ("mask", "fits"),
+    "mask.npz": ("mask", "npz"),
 }
 PAGE_CAMPAIGNS = 200  # the newest campaigns of the user looked at (one small state file read each)
 
@@ -63,7 +64,7 @@ def products_page_context(*, session: Any, owner_id: int, settings: Settings) ->
         if state.n_maps >= 2:
             offered += ["variance-map.fits", "variance-map.npz"]
         if state.mask is not None:
-            offered.append("mask.fits")
+            offered += ["mask.fits", "mask.npz"]
         items.append(
             {
                 "campaign": campaign,
