@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -404,7 +404,11 @@ class Client:
                     answer.read()
                     raise _error(answer)
                 chunks = answer.iter_bytes()
-                atomic_write(target, lambda handle, chunks=chunks: handle.writelines(chunks))
+
+                def write(handle: IO[bytes], chunks: Iterator[bytes] = chunks) -> None:
+                    handle.writelines(chunks)
+
+                atomic_write(target, write)
             saved[name] = target
         return saved
 

@@ -107,7 +107,7 @@ def _estimates(
     if estimates is None:
         return {}
     n_bins = len(block.bins.ell_lo)
-    out = {}
+    out: dict[str, BinnedEstimate] = {}
     for name in SPECTRA:
         error = as_array(estimates[name].error, n_bins)
         out[name] = BinnedEstimate(

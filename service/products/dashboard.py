@@ -207,7 +207,12 @@ def bandpower_chart_data(bandpowers: BandpowerAggregates, chart: str) -> dict[st
             series.append({"label": name, **_bars(x, bandpowers.mean[row] * d_ell, error, above)})
             if bandpowers.model is not None:
                 series.append({"label": name, "model": True, **_bars(x, bandpowers.model[row] * d_ell, None, above)})
-        options = {"yScale": "log", "scales": ["log", "linear"], "yLabel": "D_b (uK^2)", "reference": None}
+        options: dict[str, Any] = {
+            "yScale": "log",
+            "scales": ["log", "linear"],
+            "yLabel": "D_b (uK^2)",
+            "reference": None,
+        }
     elif chart == "bandpower-transfer" and bandpowers.transfer_available:
         value, sigma = bandpowers.transfer_function()
         flagged = montecarlo.transfer_unreliable(value, sigma, bandpowers.reliable)
@@ -286,7 +291,7 @@ def chart_data(state: AggregateState, chart: str, files: CampaignProducts | None
         values: dict[str, tuple[np.ndarray, np.ndarray | None]] = {
             name: (aggregates.mean[name], aggregates.std[name] if aggregates.std else None) for name in names
         }
-        options = {
+        options: dict[str, Any] = {
             "yScale": "log",
             "scales": ["log", "linear"],
             "yLabel": "pseudo-C_l (uK^2)",
