@@ -191,7 +191,8 @@ def _corrections(bandpowers: dict[str, Any]) -> list[str]:
 
     bins = bandpowers["bins"]
     names = ("TT", "EE", "BB")
-    if bandpowers.get("transfer_function"):
+    transfer = bool(bandpowers.get("transfer_function"))
+    if transfer:
         block, label, scale = bandpowers["transfer_function"], "transfer function F_b (<C_b> = F_b B_b^2 C_b^in)", 1.0
     elif bandpowers.get("noise_bias"):
         block, label, scale = bandpowers["noise_bias"], "noise bias N_b (C_b, uK^2)", 1e12
@@ -204,13 +205,13 @@ def _corrections(bandpowers: dict[str, Any]) -> list[str]:
 
     above = ~np.array(bins["reliable"], dtype=bool)
     flags = {name: above.copy() for name in names}
-    if "transfer_function" in label:
+    if transfer:
         flags = {
             name: transfer_unreliable(column(name, "value"), column(name, "error"), bins["reliable"]) for name in names
         }
     lines = [
         f"{label} over {bandpowers['n']} realisation(s), value ± Monte Carlo error; * unreliable "
-        + ("(above 2 nside, or poorly determined: error > 20%)" if "transfer_function" in label else "(above 2 nside)")
+        + ("(above 2 nside, or poorly determined: error > 20%)" if transfer else "(above 2 nside)")
     ]
     lines.append(f"{'ell':>11}  " + "  ".join(f"{name:>20}" for name in names))
     for b, (lo, hi) in enumerate(zip(bins["ell_lo"], bins["ell_hi"], strict=True)):
