@@ -2,7 +2,10 @@
 
 The service computes the map's decoupled bandpowers on the campaigns' mask and returns
 ``(C_b - N_b) / F_b`` (``POST /api/v1/spectrum``), with errors from the covariance campaign. Printed as
-D_b = l(l + 1) C_b / 2 pi in uK^2 at the bin centres; ``--json`` prints the service's answer (C_b in K^2).
+D_b = l(l + 1) C_b / 2 pi in uK^2 at the bin centres, of the sky through the beam (the beam is not
+deconvolved); ``*`` marks the bins where F_b is not to be trusted (above 2 nside, or poorly determined:
+``schemas.montecarlo.transfer_unreliable``), and a warning on stderr lists them. ``--json`` prints the
+service's answer (C_b in K^2). A map of fewer than three fields (I only) is refused before it is sent.
 
 Exit status: 0 done; 2 bad usage or a refused combination (a campaign of the wrong kind, another scan key,
 mask or binning than the others, a map of another nside: the message names what differs), an unknown
@@ -49,10 +52,15 @@ def spectrum(
 ) -> None:
     """Unbiased bandpowers (C_b - N_b) / F_b of a data map, from a transfer, a noise and (for errors) a
     covariance campaign that share the map's pointing, mask and binning."""
+    from mapcampaign.client import iqu_map_problem
+
     try:
         payload = map_file.read_bytes()
     except OSError as unreadable:
         fail(f"cannot read {map_file}: {unreadable.strerror or unreadable}", code=2)
+    problem = iqu_map_problem(payload, str(map_file))
+    if problem is not None:
+        fail(problem, code=2)
     params: dict[str, Any] = {"transfer": transfer, "noise": noise}
     if covariance is not None:
         params["covariance"] = covariance
@@ -69,15 +77,51 @@ def spectrum(
         f"spectrum of {map_file.name}: transfer campaign {transfer}, noise campaign {noise}, "
         + (f"covariance campaign {covariance} (n = {answer['covariance_n']})" if covariance else "no errors")
     )
-    typer.echo(f"removed: monopole {answer['monopole_k'] * 1e6:.4g} uK; D_b in uK^2 (C_b in K^2 with --json)")
+    typer.echo(
+        f"removed: monopole {answer['monopole_k'] * 1e6:.4g} uK; D_b in uK^2 of the sky through the beam "
+        "(the beam is not deconvolved: divide by B_b^2); C_b in K^2 with --json"
+    )
     bins = answer["bins"]
-    header = f"{'ell':>11}  " + "  ".join(f"{name:>20}" for name in SHOWN)
-    typer.echo(header)
+    unreliable = {name: _unreliable(answer["transfer_function"][name], bins["reliable"]) for name in SHOWN}
+    typer.echo(f"{'ell':>11}  " + "  ".join(f"{name:>21}" for name in SHOWN))
     for b, (lo, hi) in enumerate(zip(bins["ell_lo"], bins["ell_hi"], strict=True)):
         ell = bins["ell_center"][b]
         cells = []
         for name in SHOWN:
             error = errors.get(name)
-            cells.append(_cell(_d_ell(ell, answer["cb"][name][b]), None if not error else _d_ell(ell, error[b])))
+            cell = _cell(_d_ell(ell, answer["cb"][name][b]), None if not error else _d_ell(ell, error[b]))
+            cells.append(cell + ("*" if unreliable[name][b] else " "))
         flag = "" if bins["reliable"][b] else "  (above 2 nside)"
-        typer.echo(f"{lo:>5}-{hi:<5}  " + "  ".join(f"{cell:>20}" for cell in cells) + flag)
+        typer.echo(f"{lo:>5}-{hi:<5}  " + "  ".join(f"{cell:>21}" for cell in cells) + flag)
+    poorly = [
+        f"{name} {bins['ell_lo'][b]}-{bins['ell_hi'][b]}"
+        for name in SHOWN
+        for b in range(len(bins["ell_lo"]))
+        if unreliable[name][b] and bins["reliable"][b]
+    ]
+    if poorly:
+        from schemas.montecarlo import POORLY_DETERMINED
+
+        typer.echo(
+            f"warning: * marks bins where F_b is poorly determined (Monte Carlo error above "
+            f"{POORLY_DETERMINED:.0%} of F_b) or above 2 nside; dividing by it is not to be trusted: "
+            + ", ".join(poorly)
+            + f" (more realisations of campaign {transfer} narrow F_b)",
+            err=True,
+        )
+
+
+def _unreliable(transfer: dict[str, Any], reliable: list[bool]) -> list[bool]:
+    """The bins where the answer's F_b is not to be trusted (``schemas.montecarlo.transfer_unreliable``)."""
+    import numpy as np
+
+    from schemas.montecarlo import transfer_unreliable
+
+    def column(values: list[float | None] | None) -> np.ndarray:
+        values = values or [None] * len(reliable)
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+    value = column(transfer["value"])
+    flagged = transfer_unreliable(value, column(transfer.get("error")), np.array(reliable, dtype=bool))
+    # TE, EB, TB: F_b is undefined where the model is zero, which the table shows as "-" already
+    return [bool(f) and bool(np.isfinite(v)) or not r for f, v, r in zip(flagged, value, reliable, strict=True)]
