@@ -3,8 +3,8 @@
 site deploy/sites/slurm-multinode.toml (two nodes per block, ranks started with srun), a live service and
 a real ``mapcampaign worker``.
 
-* a 4-rank realisation runs 2 ranks on each of two nodes, says so in its result, and gives the map a
-  single-node run gives (to 1e-10);
+* a campaign through Slurm: a 4-rank realisation runs 2 ranks on each of two nodes of a block Parsl
+  submitted, says so in its result, and gives the map a single-node run gives (to 1e-10);
 * a node of the block dies mid-solve (``deploy/slurm/local-slurm-node fail``): Slurm marks it down, the
   attempt fails ``node_failure``, the realisation succeeds in a new block on the two nodes left;
 * Slurm requeues the block (``scontrol requeue``): the attempt fails ``lost_worker`` and is retried;
@@ -86,8 +86,13 @@ def wait_running_with_job(api: Api, campaign_id: int, worker, timeout: float = 3
 
 
 def ranks_on(node: str) -> list[int]:
-    """The map-maker's rank processes on a node."""
-    return node_processes(node, "mapmaker realize")
+    """The map-maker's rank processes on a node: Pythons running ``-m mapmaker realize`` (not srun, not the runner)."""
+    return sorted(
+        pid
+        for pid, arguments in node_processes(node).items()
+        if Path(arguments[0]).name.startswith("python") and "worker.runner" not in arguments
+        and "mapmaker" in arguments and "realize" in arguments
+    )
 
 
 def assert_one_success(api: Api, campaign_id: int) -> dict:
@@ -121,7 +126,10 @@ def test_a_realisation_spans_two_nodes_and_gives_the_single_node_map(
         assert result["ranks"] == 4 and len(hosts) == 4, result
         per_node = collections.Counter(hosts)
         assert len(per_node) == 2 and set(per_node.values()) == {2}, hosts  # 2 ranks on each of 2 nodes
-        assert set(hosts) == set(job_nodes(attempt["scheduler_job_id"])), (hosts, attempt)
+        job_id = attempt["scheduler_job_id"]
+        assert job_id and job_id.isdigit(), attempt
+        assert scontrol_job(job_id).get("JobName", "").startswith("parsl."), job_id  # the block Parsl submitted
+        assert set(hosts) == set(job_nodes(job_id)), (hosts, attempt)
         assert worker.stop() == 0, worker.log_tail()
     finally:
         worker.stop()
@@ -162,6 +170,10 @@ def test_slurm_requeueing_the_block_retries_the_realisation(cluster, make_live_s
         wait_for(lambda: all(ranks_on(node) for node in nodes), 120, "ranks running on both nodes", worker=worker)
         fault = time.monotonic()
         scontrol("requeue", job_id)
+        # Slurm holds a requeued batch job for about two minutes (Reason=BeginTime) before it may start
+        # again; an operator releases it at once, which keeps the test short.
+        wait_for(lambda: scontrol_job(job_id).get("JobState") == "PENDING", 60, "the requeued job pending", worker=worker)
+        scontrol("update", f"JobId={job_id}", "StartTime=now")
         done = api.wait_state(campaign["id"], {"succeeded", "failed"}, timeout=400, worker=worker)
         print(f"\nrequeue of block {job_id} to success: {time.monotonic() - fault:.1f} s")
         assert done["state"] == "succeeded", worker.log_tail()
@@ -179,13 +191,14 @@ def test_slurm_requeueing_the_block_retries_the_realisation(cluster, make_live_s
 def write_sleeping_python(path: Path) -> Path:
     """A stand-in for the nodes' Python whose map-maker ranks sleep: a realisation that outlives its block.
 
-    The ranks keep "mapmaker realize" in their command line (``sleep`` ignores the extra arguments'
-    meaning but keeps them), so they can be found on the nodes. Everything else runs the real Python.
+    The ranks keep "mapmaker realize" in their command line (as arguments of a Python that only sleeps),
+    so they can be found on the nodes. Everything else runs the real Python.
     """
+    python = VENV_BIN / "python"
     path.write_text(
         "#!/bin/sh\n"
-        '[ "$1 $2 $3 $4 $5" = "-m mpi4py -m mapmaker realize" ] && exec -a "sleep mapmaker realize" sleep 900\n'
-        f'exec {VENV_BIN / "python"} "$@"\n'
+        f'[ "$1 $2 $3 $4 $5" = "-m mpi4py -m mapmaker realize" ] && exec {python} -c "import time; time.sleep(900)" "$@"\n'
+        f'exec {python} "$@"\n'
     )
     path.chmod(0o755)
     return path

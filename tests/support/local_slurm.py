@@ -129,17 +129,16 @@ def restore_node(node: str) -> None:
         raise RuntimeError(f"local-slurm-node restore {node}: {done.stderr}")
 
 
-def node_processes(node: str, needle: str) -> list[int]:
-    """Processes in NODE's network namespace whose command line contains ``needle``."""
+def node_processes(node: str) -> dict[int, list[str]]:
+    """The processes in NODE's network namespace: pid -> argument list."""
     done = _run(["ip", "netns", "pids", NAMESPACE_PREFIX + node], timeout=30)
-    found = []
+    found = {}
     for pid in done.stdout.split():
         try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue  # ended meanwhile
-        if needle in command:
-            found.append(int(pid))
+        found[int(pid)] = arguments
     return found
 
 
