@@ -96,13 +96,19 @@ def ranks_on(node: str) -> list[int]:
 
 
 def assert_one_success(api: Api, campaign_id: int) -> dict:
-    """The realisation succeeded exactly once: one successful attempt, counted once by the campaign."""
+    """The realisation succeeded exactly once: one successful attempt, counted once by the campaign, the plan
+    and the coupling."""
     campaign = api.campaign(campaign_id)
     assert campaign["state"] == "succeeded", campaign
     assert campaign["progress"]["counts"]["succeeded"] == 1 and campaign["progress"]["done"] == 1, campaign
     realization = api.realization(campaign_id, 0)
     successes = [a for a in realization["attempt_history"] if a["ended_at"] and a["failure_class"] is None]
     assert len(successes) == 1, realization["attempt_history"]
+    # The site's overlap plan was built once and the coupling file once, and each counts one use.
+    [plan] = api.plans()
+    assert plan["state"] == "ready" and plan["build_attempts"] == 1 and plan["uses"] == 1, plan
+    [coupling] = api.client.get("/couplings").json()["items"]
+    assert coupling["uses"] == 1, coupling
     return realization
 
 
