@@ -25,10 +25,6 @@ def on_sqlite() -> pytest.MarkDecorator:
     return pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
 
 
-def job_ids(realization: dict) -> list[str | None]:
-    return [attempt["scheduler_job_id"] for attempt in realization["attempt_history"]]
-
-
 def wait_running_with_job(api: Api, campaign_id: int, worker, timeout: float = 300) -> str:
     """The Slurm job id of realisation 0's running attempt, once the worker reported it started."""
 
