@@ -27,7 +27,7 @@ from schemas import montecarlo
 from schemas.products import BandpowerBins, BandpowerEstimate, DataSpectrum, SpectrumCampaigns
 from schemas.programs import MapmakerExit, mapmaker_bandpowers_args
 from schemas.result import SPECTRA, MapBandpowers
-from service.campaigns import service as campaigns
+from service.campaigns import reads as campaigns
 from service.campaigns.models import Campaign
 from service.errors import InvalidField
 from service.products.aggregates import AggregateState, BandpowerAggregates, bandpower_aggregates
