@@ -20,6 +20,8 @@ from worker.agent.claims import PASS_WAIT_S
 from worker.settings import WorkerSettings
 from worker.tasks import TaskRun
 
+PASSES_DURING_THE_PAUSE = 4  # loop passes while claims are paused; each would claim but for the pause
+
 
 def step(clock: FakeClock, thread_name: str, seconds: float) -> None:
     """Move the clock while the named thread waits on it; return once that thread came round to waiting again."""
@@ -79,8 +81,8 @@ def test_a_site_that_cannot_launch_anything_stops_claiming_instead_of_failing_th
         claims_before_the_pause = len(calls("claim"))
         # With a slot free and the queue endless, every pass would claim (a full claim is followed at once by
         # the next), so passes without a claim are the pause's doing.
-        for _ in range(int(FIRST_LAUNCH_PAUSE_S) - 1):
-            step(clock, "loop", 1.0)
+        for _ in range(PASSES_DURING_THE_PAUSE):  # up to 1 s before the pause ends
+            step(clock, "loop", (FIRST_LAUNCH_PAUSE_S - 1.0) / PASSES_DURING_THE_PAUSE)
         assert len(calls("claim")) == claims_before_the_pause
         clock.advance(1.0)  # the pause is over: the next task is claimed, fails, and the pause doubles
         wait_for(lambda: len(calls("failed")) > LAUNCH_FAILURES_BEFORE_PAUSE, 30, "a claim after the pause")
