@@ -1,17 +1,34 @@
 """One rank's share of the observation, held for the length of one solve.
 
 A rank computes the pointing of *its own* chunks on the fly (never the
-whole campaign's) and caches, for the duration of the solve, the local
-pixel index and the IQU weights of each of its samples: 28 bytes per
-sample (``local_index`` int32, 4 bytes; ``weights`` 3 x float64, 24
-bytes). Every PCG iteration applies P and P^T, and the cache pays: reading
-28 bytes costs ~2 ns per sample at this machine's ~15 GB/s, recomputing
-the pointing (quaternions, atan2, vec2pix) ~40 ns with the fast kernels
-and ~110 ns with numpy (``python -m mapmaker bench`` prints both rates).
-Weights stay float64 so that P is exact to round-off; float32 weights or
-a float32 psi would save 12-20 bytes per sample but change the model at
-1e-7. The cut pixels' samples are marked by zero weights, and whether a
-sample is cut is looked up from the per-pixel ``cut`` mask, not stored per
+whole campaign's). What it keeps for the solve depends on
+``solver.pointing``:
+
+``"cached"`` (the default)
+    the local pixel index and the IQU weights of each sample: 16 bytes per
+    sample (``local_index`` int32, 4 bytes; ``weights`` 3 x float32, 12
+    bytes). Every PCG iteration applies P and P^T, and the cache pays:
+    reading 16 bytes costs ~1 ns per sample at this machine's ~15 GB/s,
+    recomputing the pointing (quaternions, atan2, vec2pix) ~40 ns with the
+    fast kernels and ~110 ns with numpy (``python -m mapmaker bench`` prints
+    both rates). The weights ``(1, cos 2psi, sin 2psi)`` are rounded to
+    float32 (relative error <= 2^-24 = 6e-8 each); every product with them
+    is formed in float64, and P and P^T read the same rounded weights, so
+    the system stays symmetric positive definite and its solution moves by
+    ~1e-7 relative, under any solver tolerance the spec allows to matter
+    (docs/explanation/numerics.md states the budget).
+``"recomputed"``
+    the local pixel index only (4 bytes per sample); the weights are
+    computed again from the boresight, one chunk at a time, at every
+    application of P, P^T and the operator, as MADmap computed its pointing
+    on the fly. The pixel index stays cached: turning a recomputed RING
+    pixel into the rank's local row would need a full-sky lookup table
+    (4 bytes per sky pixel) or a binary search per sample. Each iteration
+    costs the pointing's ~40 ns per sample on top of the operator.
+
+The cut pixels' samples are marked by zero weights (cached) or by the
+per-pixel ``cut`` mask (recomputed; looked up when the weights are made),
+and whether a sample is cut is looked up from ``cut``, not stored per
 sample.
 
 The TOD is never cached: it is simulated chunk by chunk to form
@@ -19,9 +36,12 @@ The TOD is never cached: it is simulated chunk by chunk to form
 (:mod:`mapmaker.kernels.operator_fast`) applies ``P^T N^-1 P`` in batches
 of intervals through a per-thread buffer, so no TOD-sized scratch exists
 during the solve either (the numpy reference makes one per application,
-8 bytes per sample). Peak memory per rank is therefore about 28 bytes per local
-sample plus a few full-map arrays, whatever the total number of samples
-(per-sample weights for the preconditioner are made per slab of intervals).
+8 bytes per sample; the overlapped operator, used with the overlap
+reductions and cached pointing only, makes two and a mask, 17 bytes per
+sample). Peak memory per rank is therefore about 16 (cached) or 4
+(recomputed) bytes per local sample plus a few full-map arrays and one
+chunk's pointing, whatever the total number of samples (per-sample
+weights for the preconditioner are made per slab of intervals).
 
 Map rows. Pixel vectors leave and enter this class in the order of
 ``local_pixels`` (sorted global ids: what the reductions, dot products
@@ -53,7 +73,7 @@ from mapmaker.kernels.pixels import index_dtype, observed_pixels
 from mapmaker.model.decomposition import Chunk, ChunkLayout
 from mapmaker.model.noise import NoiseModel
 from mapmaker.model.scan import ChunkPointing
-from schemas.spec import CampaignSpec
+from schemas.spec import CampaignSpec, PointingMode
 
 SLAB_SAMPLES = 1 << 22  # samples whose per-sample N^-1 diagonal exists at once (32 MiB)
 
@@ -67,8 +87,9 @@ class LocalData:
     unique global pixel ids; local_index [n_samp] int32 (int64 beyond 2^31
     local pixels): each sample's row in *compute order*, the sorted order
     permuted by ``order`` [n_local] int64 (compute row -> sorted row; None:
-    the identity) whose inverse is ``position``; weights [n_samp, 3] float64
-    (rows of cut samples are zero); cut [n_local] bool, compute order
+    the identity) whose inverse is ``position``; weights [n_samp, 3] float32
+    (rows of cut samples are zero), or None when ``pointer`` recomputes them
+    chunk by chunk (``solver.pointing = "recomputed"``); cut [n_local] bool, compute order
     (pixels left out of the solve); kernels: the implementation
     (:mod:`mapmaker.kernels.implementation`) of P, P^T, the blocks, N^-1
     and the PCG operator; intervals: starts / lengths /
@@ -83,7 +104,7 @@ class LocalData:
     chunk_offsets: np.ndarray
     local_pixels: np.ndarray
     local_index: np.ndarray
-    weights: np.ndarray
+    weights: np.ndarray | None
     interval_starts: np.ndarray
     interval_lengths: np.ndarray
     interval_detector: np.ndarray
@@ -100,6 +121,7 @@ class LocalData:
     kernels: Kernels = field(default_factory=implementation.get)
     half_widths: list[int | None] | None = None  # finite N^-1: kernel half-width per filter (None: exact)
     filter_error: float = 0.0  # finite N^-1: largest relative spectral error delta of any filter (0: exact)
+    pointer: ChunkPointing | None = field(default=None, repr=False)  # recomputes the weights (weights None)
     _filters: list | None = field(default=None, repr=False)
 
     @property
@@ -130,6 +152,16 @@ class LocalData:
         one slab at a time (8 bytes per slab sample, not per rank sample).
         """
         accumulate = self.kernels.blocks.accumulate_blocks
+        if self.weights is None:  # a chunk at a time, its weights recomputed
+            blocks = np.zeros((self.n_local, 6))
+            for i in range(len(self.chunks)):
+                samples = self.chunk_samples(i)
+                sample_weight = None
+                if noise_weighted:
+                    intervals = slice(int(self.interval_offsets[i]), int(self.interval_offsets[i + 1]))
+                    sample_weight = np.repeat(self.noise_diagonal[intervals], self.interval_lengths[intervals])
+                blocks += accumulate(self.local_index[samples], self.chunk_weights(i), self.n_local, sample_weight)
+            return self.to_sorted(blocks)
         if not noise_weighted:
             return self.to_sorted(accumulate(self.local_index, self.weights, self.n_local))
         blocks = np.zeros((self.n_local, 6))
@@ -151,16 +183,36 @@ class LocalData:
                 first = i
         return slabs
 
-    def project(self, local_map: np.ndarray, samples: slice, out: np.ndarray) -> np.ndarray:
-        """P on the samples ``samples``: local_map [n_local, 3] in *compute* order -> out [n]."""
-        return self.kernels.projection.project_map_to_tod(
-            local_map, self.local_index[samples], self.weights[samples], out=out
-        )
+    def chunk_samples(self, i: int) -> slice:
+        """The flat samples of the rank's i-th chunk."""
+        return slice(int(self.chunk_offsets[i]), int(self.chunk_offsets[i + 1]))
 
-    def accumulate(self, tod: np.ndarray, samples: slice, out: np.ndarray) -> np.ndarray:
-        """P^T of the samples ``samples`` added into out [n_local, 3], *compute* order."""
+    def chunk_weights(self, i: int) -> np.ndarray:
+        """IQU weights [n, 3] of the rank's i-th chunk (zero for cut samples): the cache's float32 rows, or
+        float64 weights recomputed from the boresight (``pointer``)."""
+        samples = self.chunk_samples(i)
+        if self.weights is not None:
+            return self.weights[samples]
+        chunk = self.chunks[i]
+        _, weights = self.pointer(chunk.time_chunk, chunk.detector)
+        if self.cut is not None:
+            weights[self.cut[self.local_index[samples]]] = 0.0
+        return weights
+
+    def project(self, local_map: np.ndarray, i: int, out: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """P on the rank's i-th chunk: local_map [n_local, 3] in *compute* order -> out [n].
+
+        ``weights``: the chunk's :meth:`chunk_weights`, when the caller has them already.
+        """
+        weights = self.chunk_weights(i) if weights is None else weights
+        return self.kernels.projection.project_map_to_tod(local_map, self.local_index[self.chunk_samples(i)], weights, out=out)
+
+    def accumulate(self, tod: np.ndarray, i: int, out: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """P^T of the rank's i-th chunk's TOD [n] added into out [n_local, 3], *compute* order (``weights`` as in
+        :meth:`project`)."""
+        weights = self.chunk_weights(i) if weights is None else weights
         return self.kernels.projection.accumulate_tod_to_map(
-            tod, self.local_index[samples], self.weights[samples], self.n_local, out=out
+            tod, self.local_index[self.chunk_samples(i)], weights, self.n_local, out=out
         )
 
     def exclude_pixels(self, cut: np.ndarray) -> int:
@@ -171,6 +223,9 @@ class LocalData:
         are zeroed before N^-1.
         """
         self.cut = self.to_compute(np.asarray(cut, dtype=bool))
+        if self.weights is None:  # chunk_weights zeroes them as it makes them
+            return sum(int(np.count_nonzero(self.cut[self.local_index[self.chunk_samples(i)]]))
+                       for i in range(len(self.chunks)))
         excluded = self.cut[self.local_index]
         self.weights[excluded] = 0.0
         return int(excluded.sum())
@@ -230,17 +285,12 @@ class LocalData:
         """
         compute_map = self.to_compute(local_map)
         straight_into_out = out if self.position is None else None  # no permutation after: write out directly
-        chosen = slice(None) if intervals is None else intervals
-        starts, lengths = self.interval_starts[chosen], self.interval_lengths[chosen]
-        if self.white:
-            product = self.kernels.operator.apply_white_operator(
-                compute_map, self.local_index, self.weights, starts, lengths,
-                self.inverse_variance[chosen], out=straight_into_out,
-            )
+        if self.weights is None:
+            product = self._apply_operator_recomputed(compute_map, workers, straight_into_out, intervals)
         else:
-            product = self.kernels.operator.apply_inverse_noise_operator(
-                compute_map, self.local_index, self.weights, starts, lengths,
-                self.filter_index[chosen], self.noise_filters, threads=workers, out=straight_into_out,
+            chosen = slice(None) if intervals is None else intervals
+            product = self._operator_kernel(
+                compute_map, self.local_index, self.weights, chosen, 0, workers, straight_into_out, False
             )
         if out is None:
             return self.to_sorted(product)
@@ -248,6 +298,40 @@ class LocalData:
             out[:] = self.to_sorted(product)
         return out
 
+    def _operator_kernel(self, compute_map: np.ndarray, local_index: np.ndarray, weights: np.ndarray,
+                         chosen: slice | np.ndarray, offset: int, workers: int, out: np.ndarray | None,
+                         accumulate: bool) -> np.ndarray:
+        """The kernels' operator on the intervals ``chosen`` of samples held from flat sample ``offset`` on."""
+        starts, lengths = self.interval_starts[chosen] - offset, self.interval_lengths[chosen]
+        if self.white:
+            return self.kernels.operator.apply_white_operator(
+                compute_map, local_index, weights, starts, lengths, self.inverse_variance[chosen], out=out,
+                accumulate=accumulate,
+            )
+        return self.kernels.operator.apply_inverse_noise_operator(
+            compute_map, local_index, weights, starts, lengths, self.filter_index[chosen], self.noise_filters,
+            threads=workers, out=out, accumulate=accumulate,
+        )
+
+    def _apply_operator_recomputed(self, compute_map: np.ndarray, workers: int, out: np.ndarray | None,
+                                   intervals: np.ndarray | None) -> np.ndarray:
+        """The operator a chunk at a time, each chunk's weights recomputed (compute order in and out)."""
+        if out is None:
+            out = np.zeros((self.n_local, 3))
+        else:
+            out.fill(0.0)
+        if intervals is None:
+            per_chunk = [np.arange(self.interval_offsets[i], self.interval_offsets[i + 1]) for i in range(len(self.chunks))]
+        else:
+            owner = np.searchsorted(self.interval_offsets, intervals, side="right") - 1
+            per_chunk = [intervals[owner == i] for i in range(len(self.chunks))]
+        for i, chosen in enumerate(per_chunk):
+            if len(chosen) == 0:
+                continue
+            samples = self.chunk_samples(i)
+            self._operator_kernel(compute_map, self.local_index[samples], self.chunk_weights(i), chosen,
+                                  samples.start, workers, out, True)
+        return out
 
     def intervals_visiting(self, parent: np.ndarray, n_parents: int) -> list[np.ndarray]:
         """For each of ``n_parents`` groups of pixels, the stationary intervals [m] int64 with a sample in it.
@@ -326,6 +410,7 @@ def build_local_data(
     noise: NoiseModel,
     kernels: str = implementation.DEFAULT,
     pixel_order: str = "auto",
+    pointing: PointingMode = "cached",
 ) -> LocalData:
     """Pointing of ``chunks`` (computed here, chunk by chunk, with ``kernels``) and their stationary intervals.
 
@@ -333,22 +418,28 @@ def build_local_data(
     ``pixel_order``: ``"sorted"``, ``"visit"`` or ``"auto"`` (visit order
     above VISIT_ORDER_SAMPLES_PER_PIXEL samples per local pixel with compiled
     kernels; the numpy reference's gathers gain nothing from it).
+    ``pointing``: ``"cached"`` keeps float32 weights, ``"recomputed"`` none
+    (``solver.pointing``; see the module docstring).
 
     Memory: the global pixel of each sample is written as int32 (nside <= 8192)
     and turned into the local index in place, so the build peaks at the
-    cache's 28 bytes per sample plus one chunk's pointing.
+    cache's 16 (cached) or 4 (recomputed) bytes per sample plus one chunk's pointing.
     """
     sizes = np.array([c.n_samples for c in chunks], dtype=np.int64)
     chunk_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     n_samples = int(chunk_offsets[-1])
+    if pointing not in ("cached", "recomputed"):
+        raise ValueError(f"unknown pointing mode {pointing!r}")
     pixels = np.empty(n_samples, dtype=index_dtype(spec.pixelization.npix))
-    weights = np.empty((n_samples, 3), dtype=np.float64)
+    weights = np.empty((n_samples, 3), dtype=np.float32) if pointing == "cached" else None
     kernel_set = implementation.get(kernels)
     pointer = ChunkPointing(spec, layout, kernel_set)
     for chunk, start in zip(chunks, chunk_offsets[:-1].tolist(), strict=True):
-        pixels[start : start + chunk.n_samples], weights[start : start + chunk.n_samples] = pointer(
-            chunk.time_chunk, chunk.detector
-        )
+        chunk_pixels, chunk_weights = pointer(chunk.time_chunk, chunk.detector)
+        pixels[start : start + chunk.n_samples] = chunk_pixels
+        if weights is not None:
+            weights[start : start + chunk.n_samples] = chunk_weights
+        del chunk_pixels, chunk_weights
     local_pixels, local_index = observed_pixels(pixels, spec.pixelization.npix)
     del pixels
     order = position = None
@@ -418,4 +509,5 @@ def build_local_data(
         kernels=kernel_set,
         half_widths=half_widths if any(half_widths) else None,
         filter_error=filter_error,
+        pointer=pointer if weights is None else None,
     )

@@ -1,4 +1,4 @@
-"""Wall-clock accounting of one rank, split into calc, comm and io."""
+"""Wall-clock accounting of one rank: split into calc, comm and io, and into the realisation's stages."""
 from __future__ import annotations
 
 import resource
@@ -8,12 +8,24 @@ from contextlib import contextmanager
 
 KINDS = ("calc", "comm", "io")
 
+# The stages of a realisation, in the order they run (schemas.result.RealizationResult.stages):
+# sky synthesis (or the user map read), pointing (each rank's cache), distribution (pixel owners, the
+# reduction, the 3x3 blocks and the cut, the sky's broadcast), simulate (d simulated and b = P^T N^-1 d),
+# coarse (the two-level preconditioner's set-up), solve (PCG), gather (the maps on root), products
+# (mask, coupling, spectra and bandpowers) and write (the product files).
+STAGES = ("sky", "pointing", "distribution", "simulate", "coarse", "solve", "gather", "products", "write")
+
 
 class Timers:
-    """Seconds spent per kind; ``with timers("comm"): ...`` adds the block's wall time."""
+    """Seconds spent per kind; ``with timers("comm"): ...`` adds the block's wall time.
+
+    ``with timers.stage("solve"): ...`` adds the block's wall time to that stage as well (stages do not
+    nest; kinds nest inside stages).
+    """
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(KINDS, 0.0)
+        self.stages: dict[str, float] = {}
         self.started = time.perf_counter()
 
     @contextmanager
@@ -23,6 +35,16 @@ class Timers:
             yield
         finally:
             self.seconds[kind] += time.perf_counter() - start
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        if name not in STAGES:
+            raise ValueError(f"unknown stage {name!r}")
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - start
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
