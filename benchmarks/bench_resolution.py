@@ -53,6 +53,9 @@ def vm_hwm_mib() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+SPIN_PERIOD_S = 600.0
+
+
 def bench_spec(nside: int, rate_hz: float, detectors: int, hours: float, pointing: str, iterations: int):
     """The satellite example at ``nside`` and ``rate_hz`` with ``detectors`` detectors, ``hours`` long."""
     data = load_spec(example_spec_path("satellite")).model_dump(mode="json", exclude_none=True)
@@ -66,7 +69,11 @@ def bench_spec(nside: int, rate_hz: float, detectors: int, hours: float, pointin
     data["focal_plane"].update(sample_rate_hz=rate_hz, detectors=made)
     data["pixelization"]["nside"] = nside
     data["scan"]["duration_s"] = hours * 3600.0
-    data["solver"].update(tol=1e-30, max_iter=iterations, preconditioner="block-diagonal", reduction="allreduce")
+    # A slow spin (0.46 deg/s on the sky): at 5 Hz the samples along the scan are 0.09 deg apart, closer than a
+    # pixel at nside 512 (0.11 deg), so tripling the rate adds samples to the pixels already seen, not pixels
+    # (the example's 60 s spin leaves 0.9 deg between samples at 5 Hz: more rate, more pixels).
+    data["scan"]["spin_period_s"] = SPIN_PERIOD_S
+    data["solver"].update(tol=1e-30, max_iter=iterations, preconditioner="block-diagonal")
     if pointing != "unset":  # "unset": a map-maker without solver.pointing (for a comparison with an older commit)
         data["solver"]["pointing"] = pointing
     return CampaignSpec.model_validate(data)
@@ -96,7 +103,7 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
     result, _ = solve_realization(setup, timers=timers, say=lambda message: None, b=b)
     solve_seconds = time.perf_counter() - started
     peaks["solve"] = vm_hwm_mib()
-    per_rank = comm.gather({"samples": setup.local.n_samples, "peaks": peaks, "stages": dict(timers.stages),
+    per_rank = comm.gather({"samples": setup.local.n_samples, "local_pixels": setup.local.n_local, "peaks": peaks, "stages": dict(timers.stages),
                             "solve_seconds": solve_seconds}, root=0)
     if comm.Get_rank() != 0:
         return {}
@@ -104,8 +111,10 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
     return {
         "nside": args.nside, "rate_hz": args.rate, "ranks": comm.Get_size(), "pointing": args.pointing,
         "samples": spec.total_samples, "samples_per_rank": [r["samples"] for r in per_rank],
+        "local_pixels_per_rank": [r["local_pixels"] for r in per_rank],
         "peak_mib": [r["peaks"] for r in per_rank],
         "stage_seconds_max": {name: max(r["stages"].get(name, 0.0) for r in per_rank) for name in stages},
+        "reduction": setup.reduction.name,
         "iterations": result.iterations,
         "seconds_per_iteration": max(r["solve_seconds"] for r in per_rank) / max(result.iterations, 1),
     }

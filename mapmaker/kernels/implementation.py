@@ -31,7 +31,8 @@ DEFAULT = "fast"
 # family -> module of mapmaker.kernels per implementation. What each family's module provides:
 #   boresight   satellite(times_s, **angles), ground(times_s, **angles) -> quaternions [n, 4]
 #   pointing    detector_pointing(q_boresight, q_detector, nside) -> pixels [n], weights [n, 3]
-#   projection  P: project_map_to_tod; P^T: accumulate_tod_to_map; first_visit_order (pixel rows)
+#   projection  P: project_map_to_tod; P^T: accumulate_tod_to_map, accumulate_tod_to_rows (of some rows' samples);
+#               first_visit_order (pixel rows)
 #   blocks      3x3 blocks: accumulate_blocks, apply (the preconditioner)
 #   noise       N^-1 per stationary interval: inverse_noise_filters, apply_inverse_noise, apply_inverse_white
 #   operator    the PCG operator P^T N^-1 P: apply_inverse_noise_operator, apply_white_operator
@@ -96,6 +97,7 @@ def warm_up(name: str = DEFAULT) -> float:
     for sample_weights in (weights.astype(np.float32), weights):
         tod = kernels.projection.project_map_to_tod(local_map, index, sample_weights)
         kernels.projection.accumulate_tod_to_map(tod, index, sample_weights, 12)
+        kernels.projection.accumulate_tod_to_rows(tod, index, sample_weights, np.ones(12, dtype=bool), True, local_map.copy())
         kernels.blocks.accumulate_blocks(index, sample_weights, 12)
         kernels.blocks.accumulate_blocks(index, sample_weights, 12, np.ones(4))
         kernels.noise.apply_inverse_noise(tod, starts, lengths, np.zeros(1, dtype=np.int64), filters)

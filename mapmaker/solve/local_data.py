@@ -350,53 +350,57 @@ class LocalData:
         return [np.array(v, dtype=np.int64) for v in visits]
 
     def operator_split(self, shared_rows: np.ndarray) -> OperatorSplit:
-        """Which samples fall in shared pixel rows, for :meth:`apply_operator_overlapped`.
+        """Which pixel rows a reduction exchanges, for :meth:`apply_operator_overlapped`.
 
-        shared_rows [n_local] bool, sorted order: the rows a reduction
-        exchanges. Costs 1 byte per sample (a mask).
+        shared_rows [n_local] bool, sorted order. A per-pixel mask in compute order: no per-sample array.
         """
-        return OperatorSplit(self.to_compute(np.asarray(shared_rows, dtype=bool))[self.local_index])
+        return OperatorSplit(self.to_compute(np.asarray(shared_rows, dtype=bool)), self.local_index)
 
     def apply_operator_overlapped(self, local_map: np.ndarray, split: OperatorSplit, start: Callable[[np.ndarray], None],
                                   workers: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         """``P^T N^-1 P`` [n_local, 3] -> [n_local, 3] (sorted order), with ``start(out)`` called in the middle.
 
         P and N^-1 on the whole TOD (8 bytes per sample of scratch: the fused
-        fast operator cannot stop half-way), then P^T of the TOD with the
-        samples of private rows zeroed: the shared rows are final and
-        ``start(out)`` may send them; then P^T of the other samples, added
-        into the rows only this rank observes while the shared rows' messages
-        travel. Both P^T passes stream every sample (a zero adds nothing):
-        gathering the samples of each part would copy 28 bytes per sample
-        each time, a masked pass reads them in order. Equal to
+        fast operator cannot stop half-way), then P^T of the samples in shared
+        rows: the shared rows are final and ``start(out)`` may send them; then
+        P^T of the other samples, added into the rows only this rank observes
+        while the shared rows' messages travel. Both P^T passes stream every
+        sample and skip those of the other part by a per-pixel lookup (no
+        masked copy of the TOD, no per-sample mask). Equal to
         :meth:`apply_operator` to round-off (the sums run in another order).
+        Cached pointing only (``weights`` held).
         """
         if out is None:
             out = np.empty((self.n_local, 3))
         projection = self.kernels.projection
         tod = projection.project_map_to_tod(self.to_compute(local_map), self.local_index, self.weights)
         self.apply_inverse_noise(tod, workers=workers)
-        part = np.where(split.shared_samples, tod, 0.0)
-        partial = projection.accumulate_tod_to_map(part, self.local_index, self.weights, self.n_local)
+        partial = np.zeros((self.n_local, 3))
+        projection.accumulate_tod_to_rows(tod, self.local_index, self.weights, split.shared_rows, True, partial)
         out[:] = self.to_sorted(partial)
         start(out)
-        np.subtract(tod, part, out=part)  # the private rows' samples (exactly: x - x = 0, x - 0 = x)
         partial.fill(0.0)
-        projection.accumulate_tod_to_map(part, self.local_index, self.weights, self.n_local, out=partial)
+        projection.accumulate_tod_to_rows(tod, self.local_index, self.weights, split.shared_rows, False, partial)
         out += self.to_sorted(partial)  # zero on the shared rows: adding it leaves them as sent
         return out
 
 
 @dataclass
 class OperatorSplit:
-    """shared_samples [n_samp] bool: the samples falling in shared rows (compute order of the rank's samples)."""
+    """shared_rows [n_local] bool, compute order: the pixel rows a reduction exchanges; local_index as LocalData's."""
 
-    shared_samples: np.ndarray
+    shared_rows: np.ndarray
+    local_index: np.ndarray = field(repr=False)
 
     @property
     def private_fraction(self) -> float:
-        n = len(self.shared_samples)
-        return float(n - np.count_nonzero(self.shared_samples)) / n if n else 0.0
+        """The fraction of the rank's samples in rows no other rank observes (counted on demand)."""
+        n = len(self.local_index)
+        if n == 0:
+            return 0.0
+        shared = sum(int(np.count_nonzero(self.shared_rows[self.local_index[first : first + (1 << 22)]]))
+                     for first in range(0, n, 1 << 22))
+        return float(n - shared) / n
 
 
 # Samples per local pixel above which the fast path renumbers pixels in visit order (see the module docstring).

@@ -151,6 +151,13 @@ def test_projection_matches_the_reference(impl, index_dtype, weights_dtype, thre
     added = np.ones((5_000, 3))
     kernels.projection.accumulate_tod_to_map(tod, local_index, weights, 5_000, out=added)
     assert_close(added, reference_map + 1)
+    # P^T of the samples of some rows, then of the others: the whole P^T, each part zero on the other's rows
+    rows = rng.random(5_000) < 0.3
+    shared, private = np.zeros((5_000, 3)), np.zeros((5_000, 3))
+    kernels.projection.accumulate_tod_to_rows(tod, local_index, weights, rows, True, shared)
+    kernels.projection.accumulate_tod_to_rows(tod, local_index, weights, rows, False, private)
+    assert np.all(shared[~rows] == 0.0) and np.all(private[rows] == 0.0)
+    assert_close(shared + private, reference_map)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
