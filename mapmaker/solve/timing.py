@@ -5,6 +5,9 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import get_args
+
+from schemas.result import Stage
 
 KINDS = ("calc", "comm", "io")
 
@@ -13,7 +16,7 @@ KINDS = ("calc", "comm", "io")
 # reduction, the 3x3 blocks and the cut, the sky's broadcast), simulate (d simulated and b = P^T N^-1 d),
 # coarse (the two-level preconditioner's set-up), solve (PCG), gather (the maps on root), products
 # (mask, coupling, spectra and bandpowers) and write (the product files).
-STAGES = ("sky", "pointing", "distribution", "simulate", "coarse", "solve", "gather", "products", "write")
+STAGES: tuple[str, ...] = get_args(Stage)
 
 
 class Timers:
