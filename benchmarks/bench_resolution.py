@@ -19,8 +19,9 @@ are reported). Each run is one realisation (the default reduction, ``auto``) und
   solve, gather), the largest over ranks, and seconds per PCG iteration.
 
 ``bytes_per_sample`` is the slope of the peak memory per rank between the two sample rates: (peak at
-the high rate - peak at the low rate) / (samples per rank at the high rate - at the low rate), which
-leaves out what does not grow with the samples (the interpreter, the kernels, the maps). The products
+the high rate - peak at the low rate) / (samples per rank at the high rate - at the low rate), each
+rank's own, the largest over ranks reported. It leaves out what does not grow with the samples (the
+interpreter, the kernels, the maps: rank 0's peak is often its full-sky maps'). The products
 (bandpowers) are not run here; ``--coupling`` times the mode-coupling build of each nside's mask
 (``mapmaker.model.bandpowers.build_coupling``, on one process: it is the campaign's once-only cost).
 
@@ -151,9 +152,12 @@ def slopes(runs: list[dict]) -> list[dict]:
         low, high = group[0], group[-1]
         row = {"nside": nside, "ranks": ranks, "pointing": pointing}
         for phase in ("set_up", "right_hand_side", "solve"):
-            grown = max(p[phase] for p in high["peak_mib"]) - max(p[phase] for p in low["peak_mib"])
-            samples = max(high["samples_per_rank"]) - max(low["samples_per_rank"])
-            row[f"bytes_per_sample_{phase}"] = grown * 2**20 / samples
+            # Each rank's own slope (rank 0's peak also holds the full-sky maps), the largest reported
+            row[f"bytes_per_sample_{phase}"] = max(
+                (h[phase] - l[phase]) * 2**20 / (hs - ls)
+                for h, l, hs, ls in zip(high["peak_mib"], low["peak_mib"], high["samples_per_rank"],
+                                        low["samples_per_rank"], strict=True)
+            )
         row["bytes_per_sample"] = row["bytes_per_sample_solve"]
         row["seconds_per_iteration"] = high["seconds_per_iteration"]
         row["seconds_per_iteration_per_megasample"] = high["seconds_per_iteration"] / (max(high["samples_per_rank"]) / 1e6)
