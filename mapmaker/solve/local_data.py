@@ -171,6 +171,26 @@ class LocalData:
             blocks += accumulate(self.local_index[samples], self.weights[samples], self.n_local, sample_weight)
         return self.to_sorted(blocks)
 
+    def accumulate_both_blocks(self) -> np.ndarray:
+        """The geometric and the N^-1-weighted blocks side by side, [n_local, 12] (sorted order).
+
+        Recomputed pointing makes each chunk's weights once for both (the pointing is most of their cost).
+        """
+        both = np.empty((self.n_local, 12))
+        if self.weights is not None:
+            both[:, :6] = self.accumulate_blocks(noise_weighted=False)
+            both[:, 6:] = self.accumulate_blocks(noise_weighted=True)
+            return both
+        accumulate = self.kernels.blocks.accumulate_blocks
+        both.fill(0.0)
+        for i in range(len(self.chunks)):
+            samples, weights = self.chunk_samples(i), self.chunk_weights(i)
+            intervals = slice(int(self.interval_offsets[i]), int(self.interval_offsets[i + 1]))
+            sample_weight = np.repeat(self.noise_diagonal[intervals], self.interval_lengths[intervals])
+            both[:, :6] += accumulate(self.local_index[samples], weights, self.n_local)
+            both[:, 6:] += accumulate(self.local_index[samples], weights, self.n_local, sample_weight)
+        return self.to_sorted(both)
+
     def _interval_slabs(self) -> list[tuple[int, int]]:
         """Runs ``[first, stop)`` of back-to-back intervals of at most SLAB_SAMPLES samples (or one interval)."""
         slabs, first = [], 0

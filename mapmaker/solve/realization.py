@@ -254,9 +254,7 @@ def set_up_realization(
 
         # 4. hit matrices, rcond cut, preconditioner.
         with timers("calc"):
-            both = np.empty((local.n_local, 12))
-            both[:, :6] = local.accumulate_blocks(noise_weighted=False)
-            both[:, 6:] = local.accumulate_blocks(noise_weighted=True)
+            both = local.accumulate_both_blocks()
         with timers("comm"):
             reduction.reduce(both)
         with timers("calc"):
