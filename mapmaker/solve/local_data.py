@@ -76,6 +76,7 @@ from mapmaker.model.scan import ChunkPointing
 from schemas.spec import CampaignSpec, PointingMode
 
 SLAB_SAMPLES = 1 << 22  # samples whose per-sample N^-1 diagonal exists at once (32 MiB)
+RECOMPUTE_SAMPLES = 1 << 20  # recomputed pointing: samples whose float64 weights exist at once (24 MiB)
 
 
 @dataclass
@@ -152,16 +153,8 @@ class LocalData:
         one slab at a time (8 bytes per slab sample, not per rank sample).
         """
         accumulate = self.kernels.blocks.accumulate_blocks
-        if self.weights is None:  # a chunk at a time, its weights recomputed
-            blocks = np.zeros((self.n_local, 6))
-            for i in range(len(self.chunks)):
-                samples = self.chunk_samples(i)
-                sample_weight = None
-                if noise_weighted:
-                    intervals = slice(int(self.interval_offsets[i]), int(self.interval_offsets[i + 1]))
-                    sample_weight = np.repeat(self.noise_diagonal[intervals], self.interval_lengths[intervals])
-                blocks += accumulate(self.local_index[samples], self.chunk_weights(i), self.n_local, sample_weight)
-            return self.to_sorted(blocks)
+        if self.weights is None:
+            return self.accumulate_both_blocks()[:, 6:] if noise_weighted else self.accumulate_both_blocks()[:, :6]
         if not noise_weighted:
             return self.to_sorted(accumulate(self.local_index, self.weights, self.n_local))
         blocks = np.zeros((self.n_local, 6))
@@ -183,9 +176,9 @@ class LocalData:
             return both
         accumulate = self.kernels.blocks.accumulate_blocks
         both.fill(0.0)
-        for i in range(len(self.chunks)):
-            samples, weights = self.chunk_samples(i), self.chunk_weights(i)
-            intervals = slice(int(self.interval_offsets[i]), int(self.interval_offsets[i + 1]))
+        for first, stop in self.chunk_runs():
+            samples, weights = self.run_samples(first, stop), self.run_weights(first, stop)
+            intervals = slice(int(self.interval_offsets[first]), int(self.interval_offsets[stop]))
             sample_weight = np.repeat(self.noise_diagonal[intervals], self.interval_lengths[intervals])
             both[:, :6] += accumulate(self.local_index[samples], weights, self.n_local)
             both[:, 6:] += accumulate(self.local_index[samples], weights, self.n_local, sample_weight)
@@ -205,19 +198,45 @@ class LocalData:
 
     def chunk_samples(self, i: int) -> slice:
         """The flat samples of the rank's i-th chunk."""
-        return slice(int(self.chunk_offsets[i]), int(self.chunk_offsets[i + 1]))
+        return self.run_samples(i, i + 1)
+
+    def run_samples(self, first: int, stop: int) -> slice:
+        """The flat samples of the rank's chunks ``first`` to ``stop - 1`` (back to back)."""
+        return slice(int(self.chunk_offsets[first]), int(self.chunk_offsets[stop]))
 
     def chunk_weights(self, i: int) -> np.ndarray:
         """IQU weights [n, 3] of the rank's i-th chunk (zero for cut samples): the cache's float32 rows, or
         float64 weights recomputed from the boresight (``pointer``)."""
-        samples = self.chunk_samples(i)
+        return self.run_weights(i, i + 1)
+
+    def run_weights(self, first: int, stop: int) -> np.ndarray:
+        """IQU weights [n, 3] of the chunks ``first`` to ``stop - 1``, as :meth:`chunk_weights`."""
+        samples = self.run_samples(first, stop)
         if self.weights is not None:
             return self.weights[samples]
-        chunk = self.chunks[i]
-        _, weights = self.pointer(chunk.time_chunk, chunk.detector)
+        weights = np.empty((samples.stop - samples.start, 3))
+        for i in range(first, stop):
+            chunk = self.chunks[i]
+            begin = int(self.chunk_offsets[i]) - samples.start
+            weights[begin : begin + chunk.n_samples] = self.pointer(chunk.time_chunk, chunk.detector)[1]
         if self.cut is not None:
             weights[self.cut[self.local_index[samples]]] = 0.0
         return weights
+
+    def chunk_runs(self) -> list[tuple[int, int]]:
+        """Runs ``[first, stop)`` of the rank's chunks of at most RECOMPUTE_SAMPLES samples (or one chunk).
+
+        Recomputed pointing makes the weights of a run at a time: every kernel call costs a pass over the
+        local map (zeroing, adding private maps), so chunks of a few thousand samples each would pay that
+        hundreds of times per iteration; a run's float64 weights are 24 bytes per run sample.
+        """
+        runs, first = [], 0
+        offsets = self.chunk_offsets.tolist()
+        for i in range(1, len(self.chunks) + 1):
+            if i == len(self.chunks) or offsets[i + 1] - offsets[first] > RECOMPUTE_SAMPLES:
+                runs.append((first, i))
+                first = i
+        return runs
 
     def project(self, local_map: np.ndarray, i: int, out: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         """P on the rank's i-th chunk: local_map [n_local, 3] in *compute* order -> out [n].
@@ -335,21 +354,21 @@ class LocalData:
 
     def _apply_operator_recomputed(self, compute_map: np.ndarray, workers: int, out: np.ndarray | None,
                                    intervals: np.ndarray | None) -> np.ndarray:
-        """The operator a chunk at a time, each chunk's weights recomputed (compute order in and out)."""
+        """The operator a run of chunks at a time (:meth:`chunk_runs`), each run's weights recomputed (compute order in and out)."""
         if out is None:
             out = np.zeros((self.n_local, 3))
         else:
             out.fill(0.0)
-        if intervals is None:
-            per_chunk = [np.arange(self.interval_offsets[i], self.interval_offsets[i + 1]) for i in range(len(self.chunks))]
-        else:
-            owner = np.searchsorted(self.interval_offsets, intervals, side="right") - 1
-            per_chunk = [intervals[owner == i] for i in range(len(self.chunks))]
-        for i, chosen in enumerate(per_chunk):
+        owner = None if intervals is None else np.searchsorted(self.interval_offsets, intervals, side="right") - 1
+        for first, stop in self.chunk_runs():
+            if owner is None:
+                chosen = np.arange(self.interval_offsets[first], self.interval_offsets[stop])
+            else:
+                chosen = intervals[(owner >= first) & (owner < stop)]
             if len(chosen) == 0:
                 continue
-            samples = self.chunk_samples(i)
-            self._operator_kernel(compute_map, self.local_index[samples], self.chunk_weights(i), chosen,
+            samples = self.run_samples(first, stop)
+            self._operator_kernel(compute_map, self.local_index[samples], self.run_weights(first, stop), chosen,
                                   samples.start, workers, out, True)
         return out
 
