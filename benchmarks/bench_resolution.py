@@ -21,7 +21,10 @@ are reported). Each run is one realisation (the default reduction, ``auto``) und
 ``bytes_per_sample`` is the slope of the peak memory per rank between the two sample rates: (peak at
 the high rate - peak at the low rate) / (samples per rank at the high rate - at the low rate), each
 rank's own, the largest over ranks reported. It leaves out what does not grow with the samples (the
-interpreter, the kernels, the maps: rank 0's peak is often its full-sky maps'). The products
+interpreter, the kernels, the maps: rank 0's peak is often its full-sky maps', which on one rank at
+nside 1024 hide the samples' share altogether). At nside 1024 the samples along the scan (0.09 deg
+apart at 5 Hz) are farther apart than a pixel (0.06 deg), so the local pixel count grows by some 10%
+from 10 to 30 Hz and the slope includes those pixels' map rows; compare ``local_pixels_per_rank``. The products
 (bandpowers) are not run here; ``--coupling`` times the mode-coupling build of each nside's mask
 (``mapmaker.model.bandpowers.build_coupling``, on one process: it is the campaign's once-only cost).
 
