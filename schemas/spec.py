@@ -497,6 +497,7 @@ STRATEGY_NAMES: tuple[str, ...] = get_args(ReductionStrategy)
 Reduction = Literal["auto", ReductionStrategy]
 Preconditioner = Literal["block-diagonal", "two-level", "two-level-additive"]
 NoiseFilter = Literal["exact", "finite"]
+PointingMode = Literal["cached", "recomputed"]
 
 
 class SolverSpec(StrictModel):
@@ -528,6 +529,13 @@ class SolverSpec(StrictModel):
     noise_filter_tolerance: Float = Field(
         1e-3, gt=0, le=0.1, description="finite filter: largest relative error of its spectrum against 1/PSD; the "
         "map's noise grows by at most a factor sqrt((1 + t) / (1 - t))"
+    )
+
+    pointing: PointingMode = Field(
+        "cached", description="cached: each sample's local pixel (int32) and IQU weights (3 x float32, relative "
+        "rounding 6e-8) held for the solve, 16 bytes per sample; recomputed: the weights computed again from the "
+        "boresight, a chunk at a time, at every application of P and P^T (as MADmap did), 4 bytes per sample held "
+        "(the local pixel) for more time per iteration. Maps agree to the solver's tolerance"
     )
 
     @field_validator("coarse_nside")
