@@ -438,8 +438,9 @@ class CmbSky(StrictModel):
     TE as usual), "B-only" draws E = 0 (T and B; TE = 0). A pure-E and a pure-B signal-only campaign of the
     same scan, rank count, mask settings (``solver.rcond_min``, ``products``) and binning, that is with the
     same coupling key (:func:`coupling_key`), give the E/B transfer matrix of the pipeline. ``power_law``
-    replaces the kept polarisation's spectrum (EE for E-only, BB for B-only) by a power law, so that the
-    matrix is measured with the same power in every bin.
+    replaces the kept polarisation's spectrum (EE for E-only, BB for B-only) by a power law: the matrix
+    treats the power inside a bin as a scale factor of the input's, so a shape close to the data's (or a
+    smooth one) is the better input where the fiducial spectrum is steep or has a zero.
     """
 
     kind: Literal["cmb"] = "cmb"
