@@ -1,8 +1,10 @@
 """Focal planes from TOAST files: read, check and select the detectors of a ``Focalplane.save_hdf5`` file.
 
 TOAST 3 writes a focal plane as an astropy table in the HDF5 dataset ``focalplane`` (astropy's own
-HDF5 table format, with the column units in its metadata). This module reads it with astropy, so units
-are converted by astropy, not by hand, and turns each selected row into a :class:`schemas.spec.Detector`:
+HDF5 table format, with the column units in its metadata). This module checks the file's layout, storage
+and types from its HDF5 metadata first (a user's file is data, never a reference to other data), reads the
+rows it needs with h5py in bounded slices, gives them their units from astropy's header, so units are
+converted by astropy, not by hand, and turns each selected row into a :class:`schemas.spec.Detector`:
 
 ==============  ===========================  ============================================
 TOAST column    unit in the file             detector field
@@ -31,11 +33,12 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.files import sha256_file
+from schemas.files import CHUNK_BYTES, sha256_file
 from schemas.spec import (
     MAX_DETECTORS,
     CampaignSpec,
@@ -96,6 +99,244 @@ def resolve_instrument_path(instrument_root: str | Path | None, relative: str) -
     return path
 
 
+# What a focal-plane file may hold. A user's file is data, never a reference: its layout, storage and types
+# are checked from the HDF5 metadata before a byte of the table is read, and the table is read in bounded
+# slices (see :func:`_focal_plane_dataset`).
+META_DATASET = f"{DATASET}.__table_column_meta__"  # astropy's YAML header: the columns' units, the table's meta
+MAX_FILE_DETECTORS = 1_000_000  # rows a focal-plane file may declare (a large experiment has a few 10^5)
+MAX_ROW_BYTES = 16_384  # bytes of one detector's row
+MAX_COLUMNS = 256  # columns of the table
+MAX_CELL_VALUES = 64  # numbers in one cell of an array column (TOAST's ``quat``: 4)
+MAX_TEXT_BYTES = 256  # a text column the campaign reads (``name``: 64 characters at most; ``wafer``, ``band``)
+MAX_CHUNK_BYTES = 16 << 20  # one chunk, decompressed: what a read of one row may cost at most
+MAX_HEADER_BYTES = 64 << 10  # a table's YAML header (the HDF5 metadata dataset, an ECSV file's '#' lines)
+READ_BLOCK_BYTES = 4 << 20  # rows read at a time when a selection looks through the file
+# HDF5 filters h5py ships (deflate, shuffle, fletcher32, lzf): a file asking for another, which HDF5 would
+# look for as a plug-in library, is refused.
+ALLOWED_FILTERS = {1: "deflate", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
+
+
+def _quoted(text: str) -> str:
+    """``repr`` of a name read from a file's metadata when it is short and printable, else a placeholder."""
+    return repr(text) if len(text) <= 64 and text.isprintable() else "(a name too long or not printable)"
+
+
+def _check_storage(dataset: Any, file: str, what: str) -> None:
+    """Refuse a dataset whose data live outside the file or would cost more than a bounded read to decode.
+
+    Checked from the dataset's creation properties, before any of its data are read: external raw storage
+    (``external=`` in h5py) and virtual datasets (``h5py.VirtualLayout``) name other files; a filter h5py does
+    not ship would be loaded as a plug-in; a chunk larger than :data:`MAX_CHUNK_BYTES` is decompressed whole
+    to read one row of it.
+    """
+    import h5py
+
+    plist = dataset.id.get_create_plist()
+    layout = plist.get_layout()
+    if layout == h5py.h5d.VIRTUAL:
+        raise FocalPlaneFileError(file, "", f"{what} is a virtual dataset (its data are in other files); it is not read")
+    if plist.get_external_count() > 0:
+        raise FocalPlaneFileError(file, "", f"{what} keeps its data in an external file; it is not read")
+    if layout not in (h5py.h5d.CONTIGUOUS, h5py.h5d.CHUNKED, h5py.h5d.COMPACT):
+        raise FocalPlaneFileError(file, "", f"{what} has an HDF5 storage layout ({layout}) this reader does not take")
+    for index in range(plist.get_nfilters()):
+        code = plist.get_filter(index)[0]
+        if code not in ALLOWED_FILTERS:
+            raise FocalPlaneFileError(
+                file, "", f"{what} uses HDF5 filter {code}; only {', '.join(sorted(ALLOWED_FILTERS.values()))} are read"
+            )
+    if layout == h5py.h5d.CHUNKED:
+        chunk_bytes = math.prod(plist.get_chunk()) * dataset.dtype.itemsize
+        if chunk_bytes > MAX_CHUNK_BYTES:
+            raise FocalPlaneFileError(file, "", f"{what} has chunks of {chunk_bytes} bytes, more than {MAX_CHUNK_BYTES}")
+
+
+def _check_table_dtype(dtype: Any, file: str) -> None:
+    """Refuse a table whose row type is not a flat record of fixed-size numbers and byte strings.
+
+    Variable-length strings, references, nested records, opaque and complex types are refused: a TOAST
+    focal plane holds fixed-width byte strings (``name``, ``wafer``, ...), numbers, and the float array ``quat``.
+    """
+    if dtype.names is None:
+        raise FocalPlaneFileError(file, "", f"the {DATASET!r} dataset is not a table (a compound HDF5 type)")
+    if len(dtype.names) > MAX_COLUMNS:
+        raise FocalPlaneFileError(file, "", f"the table has {len(dtype.names)} columns, more than {MAX_COLUMNS}")
+    if dtype.itemsize > MAX_ROW_BYTES:
+        raise FocalPlaneFileError(file, "", f"a row of the table takes {dtype.itemsize} bytes, more than {MAX_ROW_BYTES}")
+    for name in dtype.names:
+        field = dtype.fields[name][0]
+        base, shape = field.base, field.shape
+        column = name if len(name) <= 64 and name.isprintable() else ""
+        if base.names is not None or base.kind not in "biufS" or base.hasobject:
+            kind = "variable-length or object values" if base.kind == "O" else f"values of type {base.str!r}"
+            raise FocalPlaneFileError(file, column, f"the column {_quoted(name)} holds {kind}; only numbers and fixed-width text are read")
+        if base.kind == "S" and shape:
+            raise FocalPlaneFileError(file, column, "an array of text per detector is not read")
+        if math.prod(shape) > MAX_CELL_VALUES or len(shape) > 2:
+            raise FocalPlaneFileError(file, column, f"holds {shape} values per detector, more than {MAX_CELL_VALUES}")
+
+
+def _focal_plane_dataset(handle: Any, file: str) -> tuple[Any, Any]:
+    """The table dataset of an open TOAST focal-plane file and its astropy header (None: the file has none).
+
+    The root may hold only :data:`DATASET` and :data:`META_DATASET`, both hard links to datasets: an external,
+    soft or user-defined link, a group, or any other object is refused without being followed or opened.
+    """
+    import h5py
+    import numpy as np
+
+    from schemas.io import YamlAliasError, check_yaml_aliases
+
+    expected = (DATASET, META_DATASET)
+    if len(handle) > len(expected):
+        raise FocalPlaneFileError(file, "", f"holds {len(handle)} objects at its root; a TOAST focal plane holds {DATASET!r} and its metadata")
+    names = list(handle)  # the root's link names, listed without resolving them
+    if DATASET not in names:
+        raise FocalPlaneFileError(file, "", f"has no {DATASET!r} dataset (write it with toast.instrument.Focalplane.save_hdf5)")
+    for name in names:
+        if name not in expected:
+            raise FocalPlaneFileError(file, "", f"holds an object other than {DATASET!r} and its metadata; it is not read")
+        link = handle.get(name, getlink=True)
+        if not isinstance(link, h5py.HardLink):
+            kind = {h5py.SoftLink: "a soft link", h5py.ExternalLink: "an external link"}.get(type(link), "a user-defined link")
+            raise FocalPlaneFileError(file, "", f"{name!r} is {kind}; links are not followed")
+        if handle.get(name, getclass=True) is not h5py.Dataset:
+            raise FocalPlaneFileError(file, "", f"{name!r} is not a dataset")
+
+    table = handle[DATASET]
+    _check_storage(table, file, f"the {DATASET!r} dataset")
+    _check_table_dtype(table.dtype, file)
+    if table.ndim != 1:
+        raise FocalPlaneFileError(file, "", f"the {DATASET!r} table must be one row per detector, has shape {table.shape}")
+    if table.shape[0] > MAX_FILE_DETECTORS:
+        raise FocalPlaneFileError(file, "", f"declares {table.shape[0]} detectors, more than {MAX_FILE_DETECTORS}")
+
+    if META_DATASET not in names:
+        return table, None
+    meta = handle[META_DATASET]
+    _check_storage(meta, file, "the table's metadata")
+    if meta.ndim != 1 or meta.dtype.kind != "S" or meta.size * meta.dtype.itemsize > MAX_HEADER_BYTES:
+        raise FocalPlaneFileError(file, "", f"the table's metadata are not lines of text of at most {MAX_HEADER_BYTES} bytes")
+    try:
+        lines = [bytes(line).decode("utf-8") for line in np.asarray(meta[()])]
+    except UnicodeDecodeError:
+        raise FocalPlaneFileError(file, "", "the table's metadata are not UTF-8 text") from None
+    try:
+        check_yaml_aliases("\n".join(lines))
+    except YamlAliasError as error:
+        raise FocalPlaneFileError(file, "", f"the table's metadata: {error}") from None
+    from astropy.table import meta as table_meta
+
+    return table, table_meta.get_header_from_yaml(lines)
+
+
+def _text_values(rows: Any, column: str, file: str) -> list[str]:
+    """A fixed-width text column of a block of rows as str (UTF-8; a column of numbers is refused)."""
+    values = rows[column]
+    if values.dtype.kind != "S":
+        raise FocalPlaneFileError(file, column, "must hold text")
+    try:
+        return [bytes(value).decode("utf-8") for value in values]
+    except UnicodeDecodeError:
+        raise FocalPlaneFileError(file, column, "is not UTF-8 text") from None
+
+
+def _selected_rows(dataset: Any, selection: DetectorSelection, file: str) -> Any:
+    """The rows of ``dataset`` the selection keeps (a structured array of the columns the campaign reads), read
+    a block of :data:`READ_BLOCK_BYTES` at a time.
+
+    Only the columns the map-maker uses (and the selection's) are read, not the whole row. Reading stops as
+    soon as ``selection.first`` rows are kept (without a name, wafer or band condition, exactly the first
+    ``first`` rows are read), or once more than :data:`MAX_DETECTORS` are.
+    """
+    import numpy as np
+
+    columns = set(dataset.dtype.names)
+    wafer_column = next((c for c in WAFER_COLUMNS if c in columns), None)
+    if selection.wafer is not None and wafer_column is None:
+        raise FocalPlaneFileError(file, WAFER_COLUMNS[0], "select.wafer needs this column (or 'wafer_slot'); it is missing")
+    if selection.band is not None and BAND_COLUMN not in columns:
+        raise FocalPlaneFileError(file, BAND_COLUMN, "select.band needs this column; it is missing")
+    pol_column = next((c for c in POL_ANGLE_COLUMNS if c in columns), None)
+    used = ["name", QUATERNION_COLUMN, *(c for c in NOISE_COLUMNS if c in columns), *([pol_column] if pol_column else [])]
+    if selection.wafer is not None and wafer_column is not None:
+        used.append(wafer_column)
+    if selection.band is not None:
+        used.append(BAND_COLUMN)
+    for column in used:
+        field = dataset.dtype.fields[column][0]
+        if field.kind == "S" and field.itemsize > MAX_TEXT_BYTES:
+            raise FocalPlaneFileError(file, column, f"holds text of {field.itemsize} bytes, more than {MAX_TEXT_BYTES}")
+    view = dataset.fields(used)
+    row_bytes = sum(dataset.dtype.fields[column][0].itemsize for column in used)
+    filtered = selection.names is not None or selection.wafer is not None or selection.band is not None
+    name_pattern = re.compile(fnmatch.translate(selection.names or "*"))  # fnmatchcase, compiled once
+    wanted = MAX_DETECTORS + 1 if selection.first is None else min(selection.first, MAX_DETECTORS + 1)
+    block_rows = max(1, READ_BLOCK_BYTES // row_bytes)
+    total = dataset.shape[0]
+    kept: list[Any] = []
+    count = 0
+    start = 0
+    while start < total and count < wanted:
+        stop = min(total, start + (block_rows if filtered else min(block_rows, wanted - count)))
+        block = view[start:stop]
+        keep = np.ones(len(block), dtype=bool)
+        if selection.names is not None:
+            keep &= np.array([name_pattern.match(name) is not None for name in _text_values(block, "name", file)], dtype=bool)
+        if selection.wafer is not None and wafer_column is not None:
+            keep &= np.array([value == selection.wafer for value in _text_values(block, wafer_column, file)], dtype=bool)
+        if selection.band is not None:
+            keep &= np.array([value == selection.band for value in _text_values(block, BAND_COLUMN, file)], dtype=bool)
+        chosen = block[np.flatnonzero(keep)[: wanted - count]]
+        kept.append(chosen)
+        count += len(chosen)
+        start = stop
+    if count == 0:
+        raise FocalPlaneFileError(file, "", f"the selection {selection.model_dump(exclude_none=True)} keeps no detector")
+    if count > MAX_DETECTORS:
+        raise FocalPlaneFileError(file, "", f"the selection keeps more than {MAX_DETECTORS} detectors")
+    return np.concatenate(kept)
+
+
+def _table_of_rows(rows: Any, header: dict[str, Any] | None, file: str) -> Any:
+    """An astropy QTable of checked rows, with the units and the table meta of the file's header."""
+    from astropy.table import QTable, Table
+
+    table = Table(rows, copy=False)
+    if header is not None:
+        described = {item.get("name"): item for item in header.get("datatype", []) if isinstance(item, dict)}
+        for column in table.colnames:
+            unit = described.get(column, {}).get("unit")
+            if unit is not None and table[column].dtype.kind in "iuf":  # a unit on text is left out
+                try:
+                    table[column].unit = unit
+                except (TypeError, ValueError) as error:
+                    raise FocalPlaneFileError(file, column, f"its unit in the metadata does not parse ({type(error).__name__})") from None
+        meta = header.get("meta")
+        if isinstance(meta, dict):
+            table.meta.update({key: value for key, value in meta.items() if key != "__serialized_columns__"})
+    return QTable(table)
+
+
+def _meta_quantity(value: Any, unit: str, error: type[FocalPlaneFileError], file: str, key: str) -> float:
+    """A table header's value ``key`` (a number, or a quantity astropy converts) in ``unit``, finite.
+
+    A list, a text or a mapping, which a hostile header may put where a number belongs, is an ``error``
+    naming ``key``; the message quotes the value's type, not the value.
+    """
+    import astropy.units as u
+
+    if isinstance(value, bool) or not isinstance(value, int | float | u.Quantity):
+        raise error(file, key, f"must be a number in {unit} (a quantity), is {type(value).__name__}")
+    try:
+        number = u.Quantity(value, unit).to_value(unit) if isinstance(value, u.Quantity) else float(value)
+    except (u.UnitsError, TypeError, ValueError):
+        raise error(file, key, f"must be in a unit that converts to {unit}") from None
+    if getattr(number, "ndim", 0) != 0 or not math.isfinite(float(number)):
+        raise error(file, key, f"must be one finite number in {unit}")
+    return float(number)
+
+
 def _column_values(table: Any, column: str, unit: str, file: str) -> Any:
     """The float64 values [n] of ``column`` in ``unit`` (astropy converts); a missing or odd column is an error."""
     import astropy.units as u
@@ -104,6 +345,8 @@ def _column_values(table: Any, column: str, unit: str, file: str) -> Any:
     if column not in table.colnames:
         raise FocalPlaneFileError(file, column, "the column is missing")
     values = table[column]
+    if values.dtype.kind not in "biuf":
+        raise FocalPlaneFileError(file, column, "must hold numbers")
     try:
         if isinstance(values, u.Quantity):
             array = values.to_value(u.Unit(unit)) if unit else values.to_value(u.dimensionless_unscaled)
@@ -117,66 +360,53 @@ def _column_values(table: Any, column: str, unit: str, file: str) -> Any:
     return array
 
 
-def _text_column(table: Any, column: str) -> list[str]:
-    """A text column as str (HDF5 keeps fixed-width bytes)."""
-    return [value.decode() if isinstance(value, bytes) else str(value) for value in table[column]]
-
-
 def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection) -> FocalPlaneTable:
     """Read, check and select the detectors of a TOAST focal-plane file.
 
-    ``path``: where the file is; ``file``: its name in the spec (for messages). Every selected detector must
-    have a finite unit quaternion and noise parameters (``psd_net`` > 0, ``psd_fknee`` >= 0, ``psd_fmin`` > 0,
-    ``psd_alpha`` > 0, and ``psd_fmin < psd_fknee`` when the knee is not 0).
+    ``path``: where the file is; ``file``: its name in the spec (for messages). The file's layout, storage
+    and column types are checked before its table is read (:func:`_focal_plane_dataset`), and only the rows
+    the selection needs are read (:func:`_selected_rows`). Every selected detector must have a finite unit
+    quaternion and noise parameters (``psd_net`` > 0, ``psd_fknee`` >= 0, ``psd_fmin`` > 0, ``psd_alpha`` > 0,
+    and ``psd_fmin < psd_fknee`` when the knee is not 0).
     """
     import h5py
     import numpy as np
-    from astropy.table import QTable
+    import yaml
+    from astropy.table.meta import YamlParseError
 
     try:
         with h5py.File(path, "r") as handle:
-            if DATASET not in handle:
-                raise FocalPlaneFileError(file, "", f"has no {DATASET!r} dataset (write it with toast.instrument.Focalplane.save_hdf5)")
-        table = QTable.read(path, path=DATASET, format="hdf5")
+            dataset, header = _focal_plane_dataset(handle, file)
+            columns = set(dataset.dtype.names)
+            for column in ("name", QUATERNION_COLUMN):
+                if column not in columns:
+                    raise FocalPlaneFileError(file, column, "the column is missing")
+            if dataset.dtype.fields["name"][0].kind != "S":
+                raise FocalPlaneFileError(file, "name", "must hold text")
+            quat_type = dataset.dtype.fields[QUATERNION_COLUMN][0]
+            if quat_type.shape != (4,) or quat_type.base.kind != "f":
+                raise FocalPlaneFileError(file, QUATERNION_COLUMN, f"must hold 4 numbers [x, y, z, w] per detector, holds {quat_type.shape or 1} of type {quat_type.base.str!r}")
+            for column in (*NOISE_COLUMNS, *POL_ANGLE_COLUMNS):
+                field = dataset.dtype.fields.get(column)
+                if field is not None and (field[0].kind not in "iuf" or field[0].shape):
+                    raise FocalPlaneFileError(file, column, "must hold numbers, one per detector")
+            file_detectors = int(dataset.shape[0])
+            rows = _selected_rows(dataset, selection, file)
+        table = _table_of_rows(rows, header, file)
     except FocalPlaneFileError:
         raise
-    except (OSError, KeyError, ValueError, TypeError) as error:  # h5py and astropy on a damaged file
-        raise FocalPlaneFileError(file, "", f"is not a readable HDF5 focal-plane table ({type(error).__name__}: {error})") from None
+    except (OSError, RuntimeError, LookupError, ArithmeticError, ValueError, TypeError, AttributeError, yaml.YAMLError, YamlParseError) as error:
+        # a damaged file (h5py raises RuntimeError for much of HDF5's metadata), or a header astropy does not take
+        raise FocalPlaneFileError(file, "", f"is not a readable HDF5 focal-plane table ({type(error).__name__})") from None
 
-    for column in ("name", QUATERNION_COLUMN):
-        if column not in table.colnames:
-            raise FocalPlaneFileError(file, column, "the column is missing")
-    names = _text_column(table, "name")
+    names = _text_values(rows, "name", file)
     quats = np.asarray(table[QUATERNION_COLUMN], dtype=np.float64)
-    if quats.ndim != 2 or quats.shape[1] != 4:
-        raise FocalPlaneFileError(file, QUATERNION_COLUMN, f"must hold 4 numbers [x, y, z, w] per detector, has shape {quats.shape}")
-
-    keep = np.ones(len(table), dtype=bool)
-    if selection.names is not None:
-        keep &= np.array([fnmatch.fnmatchcase(name, selection.names) for name in names], dtype=bool)
-    if selection.wafer is not None:
-        wafer_column = next((c for c in WAFER_COLUMNS if c in table.colnames), None)
-        if wafer_column is None:
-            raise FocalPlaneFileError(file, WAFER_COLUMNS[0], "select.wafer needs this column (or 'wafer_slot'); it is missing")
-        keep &= np.array([value == selection.wafer for value in _text_column(table, wafer_column)], dtype=bool)
-    if selection.band is not None:
-        if BAND_COLUMN not in table.colnames:
-            raise FocalPlaneFileError(file, BAND_COLUMN, "select.band needs this column; it is missing")
-        keep &= np.array([value == selection.band for value in _text_column(table, BAND_COLUMN)], dtype=bool)
-    rows = np.flatnonzero(keep)
-    if selection.first is not None:
-        rows = rows[: selection.first]
-    if len(rows) == 0:
-        raise FocalPlaneFileError(file, "", f"the selection {selection.model_dump(exclude_none=True)} keeps no detector")
-    if len(rows) > MAX_DETECTORS:
-        raise FocalPlaneFileError(file, "", f"the selection keeps {len(rows)} detectors, more than {MAX_DETECTORS}")
-
     noise = {field: _column_values(table, column, unit, file) for column, (field, unit) in NOISE_COLUMNS.items()}
     pol_column = next((c for c in POL_ANGLE_COLUMNS if c in table.colnames), None)
     pol_angle = _column_values(table, pol_column, "deg", file) if pol_column else np.zeros(len(table))
 
     detectors = []
-    for row in rows.tolist():
+    for row in range(len(table)):
         name = names[row]
         q = quats[row]
         if not np.all(np.isfinite(q)) or abs(np.linalg.norm(q) - 1.0) > 1e-6:
@@ -208,12 +438,8 @@ def read_focal_plane_file(path: Path, *, file: str, selection: DetectorSelection
         seen.add(detector.name)
 
     rate = table.meta.get("sample_rate")
-    rate_hz = None
-    if rate is not None:
-        import astropy.units as u
-
-        rate_hz = float(rate.to_value(u.Hz)) if isinstance(rate, u.Quantity) else float(rate)
-    return FocalPlaneTable(detectors=tuple(detectors), file_detectors=len(table), file_sample_rate_hz=rate_hz)
+    rate_hz = None if rate is None else _meta_quantity(rate, "Hz", FocalPlaneFileError, file, "sample_rate")
+    return FocalPlaneTable(detectors=tuple(detectors), file_detectors=file_detectors, file_sample_rate_hz=rate_hz)
 
 
 _FIELD_COLUMNS = {
@@ -290,7 +516,9 @@ def resolve_focal_plane(spec: CampaignSpec, instrument_root: str | Path | None) 
 
 # --------------------------------------------------------------------------- ground schedules
 
-SCHEDULE_COLUMNS = ("start_time", "stop_time", "name", "azmin", "azmax", "el")
+SCHEDULE_TEXT_COLUMNS = ("start_time", "stop_time", "name")
+SCHEDULE_NUMBER_COLUMNS = ("azmin", "azmax", "el")
+SCHEDULE_COLUMNS = SCHEDULE_TEXT_COLUMNS + SCHEDULE_NUMBER_COLUMNS
 
 
 class ScheduleFileError(FocalPlaneFileError):
@@ -313,17 +541,111 @@ def local_sidereal_time_deg(unix_s: float, longitude_deg: float) -> float:
     return float((gmst + longitude_deg) % 360.0)
 
 
-def _read_schedule_table(path: Path, *, file: str, columns: tuple[str, ...]) -> Any:
-    """A TOAST ECSV schedule as astropy reads it, with ``columns`` present; errors name ``file`` and the column."""
+# What a schedule file may hold: a TOAST ECSV table is read only after its size, its header (YAML, its
+# aliases bounded) and its column types are checked; astropy then reads the lines that were checked.
+MAX_SCHEDULE_BYTES = 32 << 20  # a schedule file (a year of 10-minute scans takes about 6 MB)
+MAX_SCHEDULE_ROWS = 200_000  # scans in a schedule file
+ECSV_NUMBER_TYPES = {"float64", "float32", "int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8"}
+ECSV_TYPES = ECSV_NUMBER_TYPES | {"string", "bool"}
+SERIALIZED_CLASSES = {"astropy.units.quantity.Quantity"}  # the mixin columns TOAST writes (a unit on a number)
+
+
+def _schedule_header(lines: list[str], file: str, texts: tuple[str, ...], numbers: tuple[str, ...]) -> None:
+    """Check an ECSV file's header lines (the '#' lines, prefix kept) before astropy reads the table.
+
+    Refused: a header larger than :data:`MAX_HEADER_BYTES`, YAML whose aliases expand beyond
+    :data:`schemas.io.MAX_YAML_ALIAS_NODES`, a column of a type other than fixed-size numbers, text and
+    booleans (no ``subtype``: no JSON or array cells), a mixin column other than a quantity, and a column
+    the schedule needs declared with the wrong type (the error names it).
+    """
+    from astropy.table import meta as table_meta
+
+    from schemas.io import YamlAliasError, check_yaml_aliases
+
+    if sum(len(line) + 1 for line in lines) > MAX_HEADER_BYTES:
+        raise ScheduleFileError(file, "", f"its header is larger than {MAX_HEADER_BYTES} bytes")
+    body = [line[2:] if line.startswith("# ") else line[1:] for line in lines]
+    if not body or not body[0].startswith("%ECSV"):
+        raise ScheduleFileError(file, "", "is not a TOAST ECSV schedule (no '# %ECSV' first line)")
+    try:
+        check_yaml_aliases("\n".join(body[1:]))
+        header = table_meta.get_header_from_yaml(body[1:])
+    except YamlAliasError as error:
+        raise ScheduleFileError(file, "", f"its header: {error}") from None
+    except Exception as error:  # noqa: BLE001 - astropy's YAML constructors on untrusted text raise many kinds: all mean a bad header
+        raise ScheduleFileError(file, "", f"its header is not an ECSV header ({type(error).__name__})") from None
+    declared = header.get("datatype") if isinstance(header, dict) else None
+    if not isinstance(declared, list):
+        raise ScheduleFileError(file, "", "its header has no list of columns ('datatype')")
+    types: dict[str, str] = {}
+    for item in declared:
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str):
+            raise ScheduleFileError(file, "", "a column of its header has no name")
+        column = name if len(name) <= 64 and name.isprintable() else ""
+        datatype = item.get("datatype")
+        if datatype not in ECSV_TYPES or "subtype" in item:
+            raise ScheduleFileError(file, column, f"the column {_quoted(name)} has a type that is not read (numbers, text and booleans are)")
+        types[name] = datatype
+    for name in texts:
+        if name in types and types[name] != "string":
+            raise ScheduleFileError(file, name, f"must hold text, the header says {types[name]}")
+    for name in numbers:
+        if name in types and types[name] not in ECSV_NUMBER_TYPES:
+            raise ScheduleFileError(file, name, f"must hold numbers, the header says {types[name]}")
+    meta = header.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise ScheduleFileError(file, "", "its header's meta is not a mapping")
+    serialized = meta.get("__serialized_columns__", {})
+    if not isinstance(serialized, dict) or any(
+        not isinstance(item, dict) or item.get("__class__") not in SERIALIZED_CLASSES for item in serialized.values()
+    ):
+        raise ScheduleFileError(file, "", "its header describes columns of a kind other than quantities")
+
+
+def _read_schedule_table(path: Path, *, file: str, texts: tuple[str, ...], numbers: tuple[str, ...]) -> Any:
+    """A TOAST ECSV schedule as astropy reads it, with the ``texts`` and ``numbers`` columns present and of
+    their types; errors name ``file`` and the column.
+
+    At most :data:`MAX_SCHEDULE_BYTES` are read; the header is checked first (:func:`_schedule_header`) and a
+    file of more than :data:`MAX_SCHEDULE_ROWS` rows is refused before astropy parses it.
+    """
     from astropy.io import ascii as astropy_ascii
 
     try:
-        table = astropy_ascii.read(path, format="ecsv", guess=False)
-    except (OSError, KeyError, ValueError, TypeError) as error:
-        raise ScheduleFileError(file, "", f"is not a TOAST ECSV schedule ({type(error).__name__}: {error})") from None
-    for column in columns:
+        with open(path, "rb") as stream:  # in pieces: read(n) would set n bytes aside first
+            pieces: list[bytes] = []
+            size = 0
+            while size <= MAX_SCHEDULE_BYTES and (piece := stream.read(CHUNK_BYTES)):
+                pieces.append(piece)
+                size += len(piece)
+        raw = b"".join(pieces)
+    except OSError as error:
+        raise ScheduleFileError(file, "", f"cannot be read ({error.strerror or type(error).__name__})") from None
+    if len(raw) > MAX_SCHEDULE_BYTES:
+        raise ScheduleFileError(file, "", f"is larger than {MAX_SCHEDULE_BYTES} bytes")
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ScheduleFileError(file, "", "is not UTF-8 text") from None
+    header_end = next((index for index, line in enumerate(lines) if not line.startswith("#")), len(lines))
+    _schedule_header(lines[:header_end], file, texts, numbers)
+    rows = sum(1 for line in lines[header_end:] if line.strip() and not line.startswith("#")) - 1  # less the names
+    if rows > MAX_SCHEDULE_ROWS:
+        raise ScheduleFileError(file, "", f"holds {rows} rows, more than {MAX_SCHEDULE_ROWS}")
+    try:
+        table = astropy_ascii.read(lines, format="ecsv", guess=False)
+    except Exception as error:  # noqa: BLE001 - astropy's reader on untrusted text raises many kinds (IndexError, ...): all mean a bad file
+        raise ScheduleFileError(file, "", f"is not a TOAST ECSV schedule ({type(error).__name__})") from None
+    for column in texts + numbers:
         if column not in table.colnames:
             raise ScheduleFileError(file, column, "the column is missing")
+    for column in texts:
+        if table[column].dtype.kind not in "US":
+            raise ScheduleFileError(file, column, "must hold text")
+    for column in numbers:
+        if table[column].dtype.kind not in "iuf":
+            raise ScheduleFileError(file, column, "must hold numbers")
     return table
 
 
@@ -339,18 +661,23 @@ def read_ground_schedule(
 
     import astropy.units as u
 
-    table = _read_schedule_table(path, file=file, columns=SCHEDULE_COLUMNS)
+    table = _read_schedule_table(path, file=file, texts=SCHEDULE_TEXT_COLUMNS, numbers=SCHEDULE_NUMBER_COLUMNS)
     site: dict[str, float] = {}
-    for key in ("site_lat", "site_lon"):
+    for key, bound in (("site_lat", 90.0), ("site_lon", 360.0)):
         value = table.meta.get(key)
         if value is None:
             raise ScheduleFileError(file, key, "the site's coordinate is missing from the header")
-        site[key] = float(u.Quantity(value, u.deg).to_value(u.deg))
+        site[key] = _meta_quantity(value, "deg", ScheduleFileError, file, key)
+        if abs(site[key]) > bound:
+            raise ScheduleFileError(file, key, f"must be within +-{bound:g} degrees, is {site[key]:g}")
 
     def degrees(column: str) -> Any:
         values = table[column]
         unit = getattr(values, "unit", None)
-        return u.Quantity(values, unit or u.deg).to_value(u.deg)
+        try:
+            return u.Quantity(values, unit or u.deg).to_value(u.deg)
+        except (u.UnitConversionError, u.UnitsError, TypeError, ValueError):
+            raise ScheduleFileError(file, column, f"cannot be read as an angle (its unit is {str(unit)[:32]!r})") from None
 
     azmin, azmax, elevation = degrees("azmin"), degrees("azmax"), degrees("el")
     rows = range(len(table)) if first_scans is None else range(min(first_scans, len(table)))
@@ -394,7 +721,9 @@ def read_ground_schedule(
 
 # --------------------------------------------------------------------------- satellite schedules
 
-SATELLITE_SCHEDULE_COLUMNS = ("name", "start", "stop", "prec_period", "spin_period")
+SATELLITE_SCHEDULE_TEXT_COLUMNS = ("name", "start", "stop")
+SATELLITE_SCHEDULE_NUMBER_COLUMNS = ("prec_period", "spin_period")
+SATELLITE_SCHEDULE_COLUMNS = SATELLITE_SCHEDULE_TEXT_COLUMNS + SATELLITE_SCHEDULE_NUMBER_COLUMNS
 
 
 def read_satellite_schedule(
@@ -413,7 +742,9 @@ def read_satellite_schedule(
 
     import astropy.units as u
 
-    table = _read_schedule_table(path, file=file, columns=SATELLITE_SCHEDULE_COLUMNS)
+    table = _read_schedule_table(
+        path, file=file, texts=SATELLITE_SCHEDULE_TEXT_COLUMNS, numbers=SATELLITE_SCHEDULE_NUMBER_COLUMNS
+    )
 
     def seconds(column: str) -> Any:
         values = table[column]

@@ -14,6 +14,101 @@ from schemas.spec import CampaignSpec
 
 SPEC_SUFFIXES = (".toml", ".yaml", ".yml", ".json")
 MAX_SPEC_BYTES = 1 << 20
+# YAML nodes that aliases may add to a document beyond its own: TOAST's table headers alias a unit a few
+# dozen times; a "billion laughs" (aliases of lists of aliases) would add billions and is refused unbuilt.
+MAX_YAML_ALIAS_NODES = 10_000
+
+
+class YamlAliasError(ValueError):
+    """YAML whose aliases would expand the document beyond :data:`MAX_YAML_ALIAS_NODES`, or refer to themselves."""
+
+
+def _alias_nodes_added(root: Any) -> int:
+    """How many nodes the aliases of a composed YAML graph add when it is built into Python objects.
+
+    PyYAML composes an alias as a second reference to the anchored node, so the graph stays as small as
+    the text; the objects built from it are shared too, but a reader that walks them (a copy, a
+    validation, a JSON dump) visits every reference. Counted with a memo per node (linear in the graph)
+    and capped just above the limit. A node that contains itself is refused.
+    """
+    import yaml
+
+    cap = MAX_YAML_ALIAS_NODES + 1
+    expanded: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: Any) -> int:  # nodes of the subtree with every alias expanded, at most ``cap`` beyond one
+        key = id(node)
+        if key in expanded:
+            return expanded[key]
+        if key in open_nodes:
+            raise YamlAliasError("an alias refers to a node that contains it")
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children: list[Any] = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = []
+        for child in children:
+            total = min(total + size(child), 1 << 62)
+        open_nodes.discard(key)
+        expanded[key] = total
+        return total
+
+    distinct: set[int] = set()
+    stack = [root]
+    while stack:  # the graph's own nodes, each once
+        node = stack.pop()
+        if id(node) in distinct:
+            continue
+        distinct.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(part for pair in node.value for part in pair)
+    return max(0, min(size(root) - len(distinct), cap))
+
+
+def compose_yaml(text: str) -> tuple[Any, Any]:
+    """The loader and the composed node of one YAML document (None: empty), its aliases bounded.
+
+    Raises :class:`YamlAliasError` when aliases would add more than :data:`MAX_YAML_ALIAS_NODES` nodes or
+    refer to themselves, ``yaml.YAMLError`` on bad text, before any Python object is built. The caller
+    disposes of the loader.
+    """
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            try:
+                added = _alias_nodes_added(node)
+            except RecursionError:
+                raise YamlAliasError("the document nests too deeply") from None
+            if added > MAX_YAML_ALIAS_NODES:
+                raise YamlAliasError(f"its aliases would add more than {MAX_YAML_ALIAS_NODES} nodes to the document")
+    except BaseException:
+        loader.dispose()
+        raise
+    return loader, node
+
+
+def check_yaml_aliases(text: str) -> None:
+    """Refuse YAML text whose aliases expand beyond the bound (:func:`compose_yaml`) without building it."""
+    loader, _node = compose_yaml(text)
+    loader.dispose()
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` of one document, its aliases bounded first (:func:`compose_yaml`)."""
+    loader, node = compose_yaml(text)
+    try:
+        return None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 class SpecError(ValueError):
@@ -119,12 +214,10 @@ def _parse(text: str, suffix: str, source: str) -> Any:
         if suffix == ".toml":
             return tomllib.loads(text)
         if suffix in (".yaml", ".yml"):
-            import yaml
-
-            return yaml.safe_load(text)
+            return load_yaml(text)
         if suffix == ".json":
             return json.loads(text)
-    except Exception as error:  # noqa: BLE001 - TOMLDecodeError, JSONDecodeError, yaml.YAMLError: all mean bad text
+    except Exception as error:  # noqa: BLE001 - TOMLDecodeError, JSONDecodeError, yaml.YAMLError, YamlAliasError: all mean bad text
         raise SpecError(source, [("", f"not valid {suffix.lstrip('.').upper()}: {error}")]) from None
     raise SpecError(source, [("", f"unknown spec format {suffix!r}")])
 
