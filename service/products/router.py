@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query
 from fastapi.responses import FileResponse, Response
 
 from schemas.api import ErrorBody
-from schemas.products import DataSpectrum, DownloadFormat, MapFormat, ProductsSummary, RealizationSpectra
+from schemas.products import (
+    DataSpectrum,
+    DownloadFormat,
+    MapFormat,
+    ProductsSummary,
+    RealizationSpectra,
+    TransferMatrix,
+)
 from service.deps import MAX_ROW_ID, CurrentUser, ReadSessionDep, RealizationIndex, RowId, SettingsDep
 from service.products import service, spectrum
 from service.products.formats import MEDIA_TYPES
@@ -205,15 +212,25 @@ def data_spectrum(
     session: ReadSessionDep,
     settings: SettingsDep,
     map_fits: Annotated[bytes, Body(media_type="application/fits", description="HEALPix FITS map: I, Q, U in K")],
-    transfer: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign giving F_b")],
     noise: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Noise-only campaign giving N_b")],
+    transfer: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign giving F_b (or transfer_e + transfer_b)")
+    ] = None,
+    transfer_e: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Pure-E campaign of the E/B transfer matrix (with transfer_b)")
+    ] = None,
+    transfer_b: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Pure-B campaign of the E/B transfer matrix (with transfer_e)")
+    ] = None,
     covariance: Annotated[
         int | None, Query(ge=1, le=MAX_ROW_ID, description="Signal+noise campaign giving the errors")
     ] = None,
 ) -> DataSpectrum:
     """Unbiased bandpowers (C_b - N_b) / F_b of the uploaded map (the request body, a HEALPix FITS file),
-    with errors from the covariance campaign. The campaigns must share the map's pointing (scan key), mask
-    and binning, and be of the kind their role needs: else 422 naming the query field and what differs."""
+    with errors from the covariance campaign; with a transfer_e and transfer_b pair instead of transfer,
+    EE, EB, BB are T_b^-1 (C_b - N_b) with their E/B transfer matrix (TT, TE by the pure-E campaign's F_b),
+    and error_matrix gives the matrix's own error. The campaigns must share the map's pointing (scan key),
+    mask and binning, and be of the kind their role needs: else 422 naming the query field and what differs."""
     return spectrum.data_spectrum(
         session=session,
         owner_id=user.user_id,
@@ -223,4 +240,41 @@ def data_spectrum(
         transfer_id=transfer,
         noise_id=noise,
         covariance_id=covariance,
+        transfer_e_id=transfer_e,
+        transfer_b_id=transfer_b,
+    )
+
+
+@spectrum_router.get(
+    "/transfer-matrix",
+    response_model=TransferMatrix,
+    responses={200: {"content": {MEDIA_TYPES["npz"]: {}}}, 422: {"model": ErrorBody}},
+)
+def transfer_matrix(
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    pure_e: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign with sky.polarization E-only")],
+    pure_b: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign with sky.polarization B-only")],
+    format: Annotated[Literal["json", "npz"], Query(description="json (this model) or npz (arrays)")] = "json",
+) -> Response | TransferMatrix:
+    """The E/B transfer matrix per bin, (EE, EB, BB) out over (EE, EB, BB) in, with Monte Carlo errors, from the
+    current aggregates of a pure-E and a pure-B campaign with the same coupling key (it follows their
+    realisations as they arrive). 422 naming the query field when a campaign has another kind or sky
+    polarisation, or the two differ in scan key, mask, binning or estimator."""
+    pair = spectrum.transfer_matrix_pair(
+        session=session, owner_id=user.user_id, products_dir=settings.products_dir, pure_e_id=pure_e,
+        pure_b_id=pure_b, roles=("pure_e", "pure_b"),
+    )
+    product = spectrum.transfer_matrix_product(pair)
+    if format == "json":
+        return product
+    return Response(
+        content=spectrum.transfer_matrix_npz(pair),
+        media_type=MEDIA_TYPES["npz"],
+        headers={
+            "Content-Disposition": f'attachment; filename="transfer-matrix-{pure_e}-{pure_b}.npz"',
+            "Cache-Control": "private, no-cache",
+            "X-Content-Type-Options": "nosniff",
+        },
     )
