@@ -230,8 +230,8 @@ class TransferMatrix(ProductsModel):
     purify_b: bool
     bins: BandpowerBins
     spectra: list[str] = Field(description="Order of the rows (out) and columns (in): EE, EB, BB")
-    matrix: list[list[list[float | None]]] = Field(description="[n_bins][out][in]; null where the model is not positive")
-    error: list[list[list[float | None]]] = Field(description="[n_bins][out][in] Monte Carlo errors; null below 2")
+    matrix: list[list[list[float | None]]] = Field(description="Per bin, out (rows) by in (columns); null where the model is not positive")
+    error: list[list[list[float | None]]] = Field(description="Monte Carlo errors, laid out as matrix; null below 2 realisations")
 
 
 class SpectrumCampaigns(ProductsModel):
