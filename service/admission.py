@@ -12,9 +12,12 @@ two sessions at once), an admitted request always finds a connection, so it
 always finishes and hands both back. A request that waits longer than the
 admission timeout is answered 503 busy with Retry-After, which clients retry.
 
-Event streams (long-lived, their own brief sessions), product uploads (up to GiBs
-streamed with no session held: they check the token and the attempt in brief
-sessions of their own) and static files are not counted.
+Event streams (long-lived, their own brief sessions), the streamed uploads (product
+files, instrument files, the map of ``POST /spectrum``: up to GiBs streamed with no
+session held; they check the token and the caller's right in brief sessions of their
+own, and their costly work has its own limits) and static files are not counted. Every
+other request's body has been read whole before it reaches this middleware
+(``service.limits``): a slow body waits there, holding no permit.
 """
 
 from __future__ import annotations
@@ -24,17 +27,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.api import API_PREFIX
 from service.errors import error_response
-from service.limits import ARTIFACT_UPLOAD
+from service.limits import streamed
 
 _UNCOUNTED_PATHS = frozenset({f"{API_PREFIX}/events", "/ui/events", "/healthz"})
 _UNCOUNTED_PREFIXES = ("/static/", "/apidocs/")
 
 
-def counted(path: str) -> bool:
-    """Whether a request to ``path`` takes a permit (it may use the database)."""
-    return (
-        path not in _UNCOUNTED_PATHS and not path.startswith(_UNCOUNTED_PREFIXES) and not ARTIFACT_UPLOAD.match(path)
-    )
+def counted(path: str, method: str = "GET") -> bool:
+    """Whether a ``method`` request to ``path`` takes a permit (it may use the database)."""
+    if method in ("POST", "PUT") and streamed(path):
+        return False
+    return path not in _UNCOUNTED_PATHS and not path.startswith(_UNCOUNTED_PREFIXES)
 
 
 class AdmissionMiddleware:
@@ -45,7 +48,7 @@ class AdmissionMiddleware:
         self._semaphore: anyio.Semaphore | None = None  # made on first use, inside the server's event loop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not counted(scope["path"]):
+        if scope["type"] != "http" or not counted(scope["path"], scope["method"]):
             await self.app(scope, receive, send)
             return
         if self._semaphore is None:

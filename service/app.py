@@ -133,12 +133,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.closing = threading.Event()  # set on SIGINT/SIGTERM: open event streams end (service.events)
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, settings=settings)
     app.add_middleware(
         AdmissionMiddleware,
         permits=settings.max_concurrent_requests or settings.db_pool_size,
         timeout_s=settings.admission_timeout_s,
     )
+    # Added after (so outside) admission: a body is read, within its size and time limits, before its
+    # request waits for a permit (service.limits).
+    app.add_middleware(BodyLimitMiddleware, settings=settings)
     app.add_middleware(LatencyMiddleware, metrics=metrics)
 
     api = APIRouter(prefix=API_PREFIX)

@@ -45,6 +45,38 @@ class Settings(BaseSettings):
     max_json_body_bytes: int = Field(1 * MIB, ge=1_024, le=1 << 30)
     max_result_body_bytes: int = Field(16 * MIB, ge=1_024, le=1 << 31, description="Body of a succeeded report")
     max_artifact_bytes: int = Field(4 << 30, ge=1_024, le=1 << 40, description="One uploaded product file")
+    max_upload_bytes: int = Field(
+        256 * MIB, ge=1_024, le=1 << 40, description="One uploaded instrument file (a TOAST focal plane or schedule)"
+    )
+    max_spectrum_bytes: int = Field(
+        1_280 * MIB,
+        ge=1_024,
+        le=1 << 40,
+        description="The map of one POST /spectrum (an nside 2048 I, Q, U map in float64 is 1,152 MiB)",
+    )
+    upload_quota_bytes: int = Field(
+        1 << 30, ge=1_024, le=1 << 50, description="Instrument-file bytes one user may keep uploaded, all files"
+    )
+    upload_file_mode: str = Field(
+        "0640",
+        pattern=r"^0?[0-7]{3}$",
+        description="Permissions of an uploaded instrument file, octal (0640: the site group can read it)",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        ge=0.1,
+        le=3_600,
+        description="A JSON request body must arrive whole within this (else 408), before the request takes a turn",
+    )
+    upload_idle_timeout_s: float = Field(
+        60.0,
+        ge=0.1,
+        le=3_600,
+        description="An upload (instrument file, spectrum map, product file) that sends nothing for this long: 408",
+    )
+    spectrum_per_user: int = Field(
+        1, ge=1, le=64, description="POST /spectrum requests one user may have running at once in one API process (more: 429)"
+    )
     sqlite_busy_timeout_ms: int = Field(30_000, ge=100, le=600_000)
     db_pool_size: int = Field(10, ge=1, le=200)
     max_concurrent_requests: int | None = Field(
@@ -148,6 +180,21 @@ class Settings(BaseSettings):
     @property
     def products_dir(self) -> Path:
         return self.data_dir / "campaigns"
+
+    @property
+    def upload_file_permissions(self) -> int:
+        """``upload_file_mode`` as the number ``os.chmod`` takes."""
+        return int(self.upload_file_mode, 8)
+
+    @property
+    def spectrum_work_dir(self) -> Path:
+        """Where ``POST /spectrum`` writes a request's map and bandpowers while it runs."""
+        return self.data_dir / "spectrum-work"
+
+    @property
+    def coupling_cache_dir(self) -> Path:
+        """Mode couplings the service built for ``POST /spectrum``, one file per coupling key and mask."""
+        return self.data_dir / "couplings"
 
     @property
     def tokens_dir(self) -> Path:

@@ -25,6 +25,7 @@ log = logging.getLogger("mapcampaign.service")
 class DomainError(Exception):
     status_code = 400
     code = "bad_request"
+    headers: dict[str, str] | None = None  # sent with the answer (Retry-After, Connection)
 
     def __init__(self, detail: str):
         super().__init__(detail)
@@ -67,9 +68,36 @@ class InvalidField(Invalid):
         self.message = message
 
 
+class UnsupportedMediaType(DomainError):
+    status_code = 415
+    code = "unsupported_media_type"
+
+
 class TooLarge(DomainError):
     status_code = 413
     code = "too_large"
+
+
+class RequestTimeout(DomainError):
+    """The request's body did not arrive in time; the connection is closed (its unread rest is not waited for)."""
+
+    status_code = 408
+    code = "request_timeout"
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.headers = {"Connection": "close"}
+
+
+class TooManyRequests(DomainError):
+    """The caller already runs as many of this expensive request as it may; another user is not affected."""
+
+    status_code = 429
+    code = "too_many_requests"
+
+    def __init__(self, detail: str, retry_after_s: int):
+        super().__init__(detail)
+        self.headers = {"Retry-After": str(retry_after_s)}
 
 
 class InsufficientStorage(DomainError):
@@ -153,7 +181,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _domain(_request: Request, error: DomainError) -> JSONResponse:
         if isinstance(error, InvalidField):
             return invalid_request_response([{"loc": error.loc, "msg": error.message, "type": "value_error"}])
-        headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else error.headers
         return error_response(error.status_code, error.detail, type(error).code, headers)
 
     @app.exception_handler(RequestValidationError)

@@ -4,6 +4,7 @@ from service.auth.models import ApiToken, LoginLink, User
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.db import Base
 from service.events.models import Event
+from service.instruments.models import InstrumentUpload
 from service.queue.models import PreprocessingPlan
 from service.workers.models import Worker
 
@@ -14,6 +15,7 @@ __all__ = [
     "Attempt",
     "Campaign",
     "Event",
+    "InstrumentUpload",
     "LoginLink",
     "PreprocessingPlan",
     "Realization",

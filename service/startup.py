@@ -13,7 +13,9 @@ from service.auth.models import ApiToken, User
 from service.auth.service import create_token
 from service.config import Settings
 from service.db import Database
+from service.instruments.service import sweep_stale_uploads
 from service.migrate import check_schema, upgrade
+from service.products.spectrum import sweep_spectrum_work
 
 log = logging.getLogger("mapcampaign.service")
 
@@ -30,6 +32,10 @@ class LocalTokens:
 def prepare_data_dir(settings: Settings) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     settings.products_dir.mkdir(parents=True, exist_ok=True)
+    # Uploads cut short by a stop leave their temporary files: the instrument folder's, and the spectra's
+    # work folders (each request's map and bandpowers, removed when the request ends).
+    sweep_stale_uploads(settings.instrument_root)
+    sweep_spectrum_work(settings.spectrum_work_dir)
 
 
 def prepare_database(database: Database, settings: Settings) -> str:

@@ -243,8 +243,9 @@ def _add_bandpowers(commands: argparse._SubParsersAction) -> None:
         help="decoupled bandpowers of one HEALPix I/Q/U map on a campaign's mask",
         description=(
             "Remove the I map's monopole and dipole over the mask, then compute its decoupled (MASTER) "
-            "bandpowers TT EE BB TE EB TB with the mask's coupling (read from --coupling, or built), and write "
-            "them as JSON (schemas.result.MapBandpowers) to --out. Exit 2: the map cannot be used; exit 4: the "
+            "bandpowers TT EE BB TE EB TB with the mask's coupling (read from --coupling, or built and written "
+            "there), and write them as JSON (schemas.result.MapBandpowers) to --out. Exit 2: the map cannot be "
+            "used; exit 4: the "
             "mask or coupling is not the one --mask-sha256 names."
         ),
     )
@@ -254,7 +255,10 @@ def _add_bandpowers(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--bin-width", required=True, type=_positive_int, metavar="W", help="multipoles per bin")
     parser.add_argument("--lmax", required=True, type=_positive_int, metavar="L", help="band limit (3 nside - 1)")
     parser.add_argument("--purify-b", action=argparse.BooleanOptionalAction, default=True, help="pure-B estimator")
-    parser.add_argument("--coupling", type=Path, default=None, metavar="NPZ", help="a coupling to reuse")
+    parser.add_argument(
+        "--coupling", type=Path, default=None, metavar="NPZ",
+        help="coupling file: read if it exists, else built and written there for the next map",
+    )  # fmt: skip
     parser.add_argument("--out", required=True, type=Path, metavar="JSON", help="where to write the bandpowers")
 
 

@@ -4,7 +4,8 @@ The service asks for these when a user wants the spectrum of a data map (it may 
 map-maker; it starts this program, as the worker starts ``realize``). The map is treated exactly
 as a realisation's: the I map's monopole and dipole over the mask removed, then
 :func:`mapmaker.model.bandpowers.decoupled_bandpowers` with the coupling of the mask the campaigns
-were made with (read from a coupling file when one is given, else built).
+were made with (read from the coupling file when one is named and exists, else built, and written to
+the named file for the next map: the service keeps one per coupling key and mask).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from mapmaker.model import bandpowers
+from schemas.files import atomic_write
 from schemas.result import SPECTRA, MapBandpowers
 
 
@@ -48,6 +50,7 @@ def map_bandpowers(
 ) -> MapBandpowers:
     """Decoupled bandpowers of the I/Q/U map in ``map_path`` (K) on the mask in ``mask_path``.
 
+    With ``coupling_path`` the coupling is read from that file when it exists, else built and written there.
     Raises :class:`MapUnusable` for a map that cannot be used and
     :class:`mapmaker.model.bandpowers.CouplingMismatch` when the mask (or the coupling file) is not
     the one ``mask_sha256`` names, or the coupling file was built for another binning.
@@ -74,14 +77,16 @@ def map_bandpowers(
     # One OpenMP thread: pspy's threads spin-wait, and this runs beside the service (module doc of bandpowers).
     with threadpool_limits(limits=1, user_api="openmp"):
         build_s = None
-        if coupling_path is not None:
+        if coupling_path is not None and coupling_path.exists():
             coupling = bandpowers.Coupling.read_npz(
-                coupling_path, mask_sha256=mask_sha256, binning=binning, purify_b=purify_b
+                str(coupling_path), mask_sha256=mask_sha256, binning=binning, purify_b=purify_b
             )
         else:
             started = time.perf_counter()
             coupling = bandpowers.build_coupling(mask, binning, purify_b=purify_b)
             build_s = time.perf_counter() - started
+            if coupling_path is not None:  # kept for the next map on this mask (written whole, or not at all)
+                atomic_write(coupling_path, coupling.write_npz)
         cleaned = iqu.copy()
         cleaned[0], monopole, dipole = bandpowers.remove_monopole_dipole(iqu[0], mask)
         started = time.perf_counter()
@@ -98,7 +103,7 @@ def map_bandpowers(
         cb={name: [float(v) for v in measured.cb[row]] for row, name in enumerate(SPECTRA)},
         monopole_k=monopole,
         dipole_k=[float(v) for v in dipole],
-        coupling_source="file" if coupling_path is not None else "built",
+        coupling_source="built" if build_s is not None else "file",
         coupling_build_s=build_s,
         bandpowers_s=bandpowers_s,
     )

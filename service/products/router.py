@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Query
+import anyio
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse, Response
 
 from schemas.api import ErrorBody
@@ -16,7 +17,10 @@ from schemas.products import (
     RealizationSpectra,
     TransferMatrix,
 )
+from service.db import get_database
 from service.deps import MAX_ROW_ID, CurrentUser, ReadSessionDep, RealizationIndex, RowId, SettingsDep
+from service.errors import InvalidField, UnsupportedMediaType
+from service.limits import receive_to_file, stream_body
 from service.products import service, spectrum
 from service.products.formats import MEDIA_TYPES
 
@@ -206,12 +210,39 @@ spectrum_router = APIRouter(
     responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody}},
 )
 
-@spectrum_router.post("/spectrum", response_model=DataSpectrum, responses={422: {"model": ErrorBody}})
-def data_spectrum(
+SPECTRUM_MEDIA_TYPE = MEDIA_TYPES["fits"]
+
+
+def _spectrum_slots(request: Request) -> spectrum.PerUserSlots:
+    """The app's count of running spectrum requests per user (one per app, made on first use)."""
+    slots = getattr(request.app.state, "spectrum_slots", None)
+    if slots is None:
+        slots = request.app.state.spectrum_slots = spectrum.PerUserSlots()
+    return slots
+
+
+@spectrum_router.post(
+    "/spectrum",
+    response_model=DataSpectrum,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "HEALPix FITS map: I, Q, U in K",
+            "content": {SPECTRUM_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+    responses={
+        408: {"model": ErrorBody, "description": "The body stopped arriving (MAPCAMPAIGN_UPLOAD_IDLE_TIMEOUT_S)"},
+        413: {"model": ErrorBody, "description": "Over MAPCAMPAIGN_MAX_SPECTRUM_BYTES"},
+        415: {"model": ErrorBody},
+        422: {"model": ErrorBody},
+        429: {"model": ErrorBody, "description": "You run MAPCAMPAIGN_SPECTRUM_PER_USER already (Retry-After)"},
+    },
+)
+async def data_spectrum(
+    request: Request,
     user: CurrentUser,
-    session: ReadSessionDep,
     settings: SettingsDep,
-    map_fits: Annotated[bytes, Body(media_type="application/fits", description="HEALPix FITS map: I, Q, U in K")],
     noise: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Noise-only campaign giving N_b")],
     transfer: Annotated[
         int | None, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign giving F_b (or transfer_e + transfer_b)")
@@ -225,24 +256,56 @@ def data_spectrum(
     covariance: Annotated[
         int | None, Query(ge=1, le=MAX_ROW_ID, description="Signal+noise campaign giving the errors")
     ] = None,
+    content_type: Annotated[str | None, Header()] = None,
 ) -> DataSpectrum:
-    """Unbiased bandpowers (C_b - N_b) / F_b of the uploaded map (the request body, a HEALPix FITS file),
-    with errors from the covariance campaign; with a transfer_e and transfer_b pair instead of transfer,
-    EE, EB, BB are T_b^-1 (C_b - N_b) with their E/B transfer matrix (TT, TE by the pure-E campaign's F_b),
-    and error_matrix gives the matrix's own error. The campaigns must share the map's pointing (scan key),
-    mask and binning, and be of the kind their role needs: else 422 naming the query field and what differs."""
-    return spectrum.data_spectrum(
-        session=session,
-        owner_id=user.user_id,
-        products_dir=settings.products_dir,
-        work_dir=settings.data_dir / "spectrum-work",
-        map_bytes=map_fits,
-        transfer_id=transfer,
-        noise_id=noise,
-        covariance_id=covariance,
-        transfer_e_id=transfer_e,
-        transfer_b_id=transfer_b,
-    )
+    """Unbiased bandpowers (C_b - N_b) / F_b of the uploaded map (the request body, a HEALPix FITS file,
+    ``application/fits``), with errors from the covariance campaign; with a transfer_e and transfer_b pair
+    instead of transfer, EE, EB, BB are T_b^-1 (C_b - N_b) with their E/B transfer matrix (TT, TE by the
+    pure-E campaign's F_b), and error_matrix gives the matrix's own error. The campaigns must share the
+    map's pointing (scan key), mask and binning, and be of the kind their role needs: else 422 naming the
+    query field and what differs.
+
+    The token, the media type (415), the campaigns and the caller's limit of running spectra
+    (``MAPCAMPAIGN_SPECTRUM_PER_USER``; 429 with Retry-After) are checked before the body is read; the
+    body may be ``MAPCAMPAIGN_MAX_SPECTRUM_BYTES`` long. The mask's mode coupling is built once per
+    coupling key and mask and kept by the service."""
+    given = (content_type or "").split(";")[0].strip().lower()
+    if given != SPECTRUM_MEDIA_TYPE:
+        raise UnsupportedMediaType(f"the map is sent as {SPECTRUM_MEDIA_TYPE}, not {given or 'no media type'}")
+    database = get_database(request)
+
+    def campaigns_by_role() -> dict[str, spectrum.RoleCampaign]:
+        with database.session(write=False) as session:
+            return spectrum.resolve_campaigns(
+                session=session,
+                owner_id=user.user_id,
+                products_dir=settings.products_dir,
+                transfer_id=transfer,
+                noise_id=noise,
+                covariance_id=covariance,
+                transfer_e_id=transfer_e,
+                transfer_b_id=transfer_b,
+            )
+
+    with _spectrum_slots(request).hold(user.user_id, settings.spectrum_per_user):
+        roles = await anyio.to_thread.run_sync(campaigns_by_role)
+        received = await receive_to_file(
+            stream_body(request, max_bytes=settings.max_spectrum_bytes, idle_timeout_s=settings.upload_idle_timeout_s),
+            folder=settings.spectrum_work_dir,
+        )
+        try:
+            with open(received.path, "rb") as handle:  # noqa: ASYNC230 -- nine bytes of a local file
+                start = handle.read(9)
+            if not spectrum.is_fits(start):  # refused before starting the program
+                raise InvalidField(
+                    ("body",), "the map is not a HEALPix FITS map: a FITS file starts with 'SIMPLE  ='"
+                )
+            measured = await spectrum.map_bandpowers(
+                roles["transfer"], received.path, coupling_dir=settings.coupling_cache_dir
+            )
+        finally:
+            received.path.unlink(missing_ok=True)
+    return spectrum.data_spectrum(roles, measured)
 
 
 @spectrum_router.get(
@@ -264,11 +327,10 @@ def transfer_matrix(
     polarisation, or the two differ in scan key, mask, binning or estimator."""
     pair = spectrum.transfer_matrix_pair(
         session=session, owner_id=user.user_id, products_dir=settings.products_dir, pure_e_id=pure_e,
-        pure_b_id=pure_b, roles=("pure_e", "pure_b"),
+        pure_b_id=pure_b, fields=("pure_e", "pure_b"),
     )
-    product = spectrum.transfer_matrix_product(pair)
     if format == "json":
-        return product
+        return spectrum.transfer_matrix_product(pair)
     return Response(
         content=spectrum.transfer_matrix_npz(pair),
         media_type=MEDIA_TYPES["npz"],

@@ -1,8 +1,6 @@
 """The spectrum of a user's data map from three campaigns: ``(C_b - N_b) / F_b`` with Monte Carlo errors.
 
-Or, with a pure-E and a pure-B campaign in place of the transfer campaign, ``T_b^-1 (C_b - N_b)`` for EE, EB,
-BB with their E/B transfer matrix (:func:`transfer_matrix_pair`, also served as a product of its own). The
-transfer function comes from a signal-only campaign, the noise bias from a noise-only one, and
+The transfer function comes from a signal-only campaign, the noise bias from a noise-only one, and
 the errors from the bandpower covariance of a signal+noise one; all must share the data's pointing
 (scan key), mask and binning, else the request is refused naming what differs (422). The data
 map's own bandpowers need the harmonic transforms and the mode coupling of ``mapmaker``, which the
@@ -10,19 +8,36 @@ service may not import (``tests/unit/test_architecture.py``): they come from the
 program ``python -m mapmaker bandpowers``, started here as the worker starts ``realize``. Running it
 as a program also keeps pspy's spin-waiting OpenMP threads and healpy's import out of the API
 process. The debiasing itself is :func:`schemas.montecarlo.debiased_bandpowers`.
+
+Or, with a pure-E and a pure-B campaign in place of the transfer campaign, ``T_b^-1 (C_b - N_b)`` for EE, EB,
+BB with their E/B transfer matrix (:func:`transfer_matrix_pair`, also served as a product of its own,
+``GET /api/v1/transfer-matrix``) and :func:`schemas.montecarlo.matrix_debiased_bandpowers`; the pure-E
+campaign then plays the transfer campaign's part (its mask, its F_b for TT and TE).
+
+The costly part is the map's bandpowers, and in them the mode coupling of the campaigns' mask. The
+coupling lives at the sites (their coupling files, ``service.queue.couplings``), not at the service: the
+service keeps its own, one file per coupling key and mask under ``<data_dir>/couplings`` (written by the
+first request that needs it, read by the next ones). A request runs in three steps, none holding a
+database session across the next: the campaigns are looked up and compared in one brief read session
+(before the body is read), the body is streamed to a file, the program runs. Each user runs at most
+``spectrum_per_user`` requests at once (:class:`PerUserSlots`; more: 429 with ``Retry-After``).
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import math
 import os
-import subprocess
+import shutil
 import sys
-import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import numpy as np
 from sqlalchemy.orm import Session
 
@@ -38,14 +53,19 @@ from schemas.products import (
 )
 from schemas.programs import MapmakerExit, mapmaker_bandpowers_args
 from schemas.result import SPECTRA, MapBandpowers
+from schemas.spec import CampaignSpec, coupling_key
 from service.campaigns import service as campaigns
-from service.campaigns.models import Campaign
-from service.errors import InvalidField
+from service.errors import InvalidField, TooManyRequests
 from service.products.aggregates import AggregateState, BandpowerAggregates, bandpower_aggregates
 from service.products.service import ProductsNotReady, snapshot
 from service.storage import CampaignProducts
 
+log = logging.getLogger("mapcampaign.service")
+
 BANDPOWERS_TIMEOUT_S = 600.0  # the map-maker's bandpowers of one map: seconds at nside 256 (pure B, one thread)
+RETRY_AFTER_S = 10  # a spectrum takes seconds to minutes: a client over its limit asks again after this
+WORK_PATTERNS = (".upload-*", "spectrum-*")  # a request's map (service.limits.receive_to_file), older folders
+STALE_WORK_AGE_S = 2 * 3_600.0  # older than any running request's folder (BANDPOWERS_TIMEOUT_S + the upload)
 
 # What each role needs: the campaign kind, and what it gives.
 ROLES = {
@@ -57,12 +77,24 @@ ROLES = {
 }
 # The sky option (spec sky.polarization) each role needs.
 POLARIZATION_OF_ROLE = {"transfer_e": "E-only", "transfer_b": "B-only"}
+# Roles whose campaign's mask the data map's bandpowers are computed on.
+MASK_ROLES = ("transfer", "transfer_e")
+
+
+@dataclass(frozen=True)
+class CampaignRef:
+    """What a request needs of a campaign's row, read in its brief session."""
+
+    id: int
+    kind: str
+    scan_key: str
+    coupling_key: str
 
 
 @dataclass(frozen=True)
 class RoleCampaign:
     role: str
-    campaign: Campaign
+    campaign: CampaignRef
     files: CampaignProducts
     state: AggregateState
     bandpowers: BandpowerAggregates
@@ -72,22 +104,28 @@ def _role_campaign(
     *, session: Session, owner_id: int, products_dir: Path, role: str, campaign_id: int, field: str | None = None
 ) -> RoleCampaign:
     """The campaign ``campaign_id`` checked for ``role``; a refusal names the query ``field`` (default: the role)."""
-    campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
-    kind, gives = ROLES[role]
     field = field or role
+    row = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
+    campaign = CampaignRef(
+        id=row.id,
+        kind=row.kind,
+        scan_key=row.scan_key,
+        coupling_key=coupling_key(CampaignSpec.model_validate(row.spec)),
+    )
+    kind, gives = ROLES[role]
     if campaign.kind != kind:
         raise InvalidField(
             ("query", field), f"campaign {campaign_id} is {campaign.kind}: {gives} comes from a {kind} campaign"
         )
-    wanted = POLARIZATION_OF_ROLE.get(role)
-    if wanted is not None:
-        sky = (campaign.spec or {}).get("sky") or {}
+    wanted_polarization = POLARIZATION_OF_ROLE.get(role)
+    if wanted_polarization is not None:
+        sky = (row.spec or {}).get("sky") or {}
         polarization = sky.get("polarization", "both") if sky.get("kind", "cmb") == "cmb" else None
-        if polarization != wanted:
+        if polarization != wanted_polarization:
             raise InvalidField(
                 ("query", field),
                 f"campaign {campaign_id} has sky.polarization {polarization!r}: {gives} comes from a signal-only "
-                f"campaign with sky.polarization = {wanted!r}",
+                f"campaign with sky.polarization = {wanted_polarization!r}",
             )
     files = CampaignProducts(products_dir, campaign.id)
 
@@ -101,6 +139,8 @@ def _role_campaign(
         raise InvalidField(("query", field), f"campaign {campaign_id} simulated no CMB sky: it has no input model")
     if role != "noise" and bandpowers.n < 2:
         raise ProductsNotReady(f"campaign {campaign_id} has {bandpowers.n} realisation: {gives} needs two")
+    if role in MASK_ROLES and state.mask is None:
+        raise ProductsNotReady(f"campaign {campaign.id} has no stored mask yet")
     return RoleCampaign(role, campaign, files, state, bandpowers)
 
 
@@ -130,30 +170,15 @@ class MatrixPair:
     matrix: montecarlo.TransferMatrix
 
 
-def transfer_matrix_pair(
-    *, session: Session, owner_id: int, products_dir: Path, pure_e_id: int, pure_b_id: int,
-    roles: tuple[str, str] = ("transfer_e", "transfer_b"),
-) -> MatrixPair:
-    """The E/B transfer matrix (:func:`schemas.montecarlo.transfer_matrix`) of the two campaigns' current aggregates.
-
-    Refused (422 on the pure-B campaign's query field, ``roles[1]``) when they differ in scan key, mask, binning or
-    estimator: the matrix needs one coupling. Each must be signal-only with its ``sky.polarization``, with two
-    realisations (404 ``products_not_ready`` before).
-    """
-    pure_e = _role_campaign(
-        session=session, owner_id=owner_id, products_dir=products_dir, role="transfer_e", campaign_id=pure_e_id,
-        field=roles[0],
-    )
-    pure_b = _role_campaign(
-        session=session, owner_id=owner_id, products_dir=products_dir, role="transfer_b", campaign_id=pure_b_id,
-        field=roles[1],
-    )
+def _pair(pure_e: RoleCampaign, pure_b: RoleCampaign, field: str) -> MatrixPair:
+    """The matrix of two checked campaigns; 422 on ``field`` when they differ in what the matrix needs alike."""
     differences = _differences(pure_e, pure_b)
     if differences:
         raise InvalidField(
-            ("query", roles[1]),
-            f"campaign {pure_b_id} differs from the pure-E campaign {pure_e_id} in {'; '.join(differences)}: "
-            "the two need the same coupling key (scan, ranks, solver.rcond_min, products settings)",
+            ("query", field),
+            f"campaign {pure_b.campaign.id} differs from the pure-E campaign {pure_e.campaign.id} in "
+            f"{'; '.join(differences)}: the two need the same coupling key (scan, ranks, solver.rcond_min, "
+            "products settings)",
         )
     e, b = pure_e.bandpowers, pure_b.bandpowers
     assert e.model is not None and b.model is not None  # transfer_available, checked by _role_campaign
@@ -162,6 +187,27 @@ def transfer_matrix_pair(
         b_mean=b.mean, b_covariance=b.covariance, b_n=b.n, b_model=b.model,
     )
     return MatrixPair(pure_e, pure_b, matrix)
+
+
+def transfer_matrix_pair(
+    *, session: Session, owner_id: int, products_dir: Path, pure_e_id: int, pure_b_id: int,
+    fields: tuple[str, str] = ("transfer_e", "transfer_b"),
+) -> MatrixPair:
+    """The E/B transfer matrix (:func:`schemas.montecarlo.transfer_matrix`) of the two campaigns' current aggregates.
+
+    Each must be the caller's (else 404), signal-only with its ``sky.polarization`` (else 422 on its query
+    field, ``fields``), with two realisations (404 ``products_not_ready`` before); the two must agree in scan
+    key, mask, binning and estimator (422 on the pure-B field): the matrix needs one coupling.
+    """
+    pure_e = _role_campaign(
+        session=session, owner_id=owner_id, products_dir=products_dir, role="transfer_e", campaign_id=pure_e_id,
+        field=fields[0],
+    )
+    pure_b = _role_campaign(
+        session=session, owner_id=owner_id, products_dir=products_dir, role="transfer_b", campaign_id=pure_b_id,
+        field=fields[1],
+    )
+    return _pair(pure_e, pure_b, fields[1])
 
 
 def _matrix_values(values: np.ndarray) -> list[list[list[float | None]]]:
@@ -231,68 +277,122 @@ def _finite(values: np.ndarray) -> list[float | None]:
     return [float(v) if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64)]
 
 
-def _map_bandpowers(transfer: RoleCampaign, map_bytes: bytes, work_dir: Path) -> MapBandpowers:
-    """The data map's decoupled bandpowers on the transfer campaign's mask, from ``python -m mapmaker bandpowers``."""
-    if transfer.state.mask is None:
-        raise ProductsNotReady(f"campaign {transfer.campaign.id} has no stored mask yet")
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=work_dir, prefix="spectrum-") as folder:
-        map_file, out = Path(folder) / "map.fits", Path(folder) / "bandpowers.json"
-        map_file.write_bytes(map_bytes)
-        bandpowers = transfer.bandpowers
-        command = mapmaker_bandpowers_args(
-            sys.executable,
-            map_file=map_file,
-            mask_file=transfer.files.mask_path,
-            mask_sha256=bandpowers.mask_sha256,
-            bin_width=bandpowers.bin_width,
-            lmax=bandpowers.lmax,
-            purify_b=bandpowers.purify_b,
-            out=out,
-        )
-        environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=BANDPOWERS_TIMEOUT_S, env=environment, check=False
-        )
-        reason = (done.stderr.strip().splitlines() or ["no message"])[-1].removeprefix("mapmaker bandpowers: ")
+class PerUserSlots:
+    """How many spectrum requests each user runs in this process; one more than allowed is a 429.
+
+    Used from the event loop only (the endpoint is async), so a plain dict is enough.
+    """
+
+    def __init__(self) -> None:
+        self._running: dict[int, int] = {}
+
+    @contextmanager
+    def hold(self, user_id: int, limit: int) -> Iterator[None]:
+        running = self._running.get(user_id, 0)
+        if running >= limit:
+            raise TooManyRequests(
+                f"you already have {running} spectrum request(s) running, the most one user may "
+                f"(MAPCAMPAIGN_SPECTRUM_PER_USER = {limit}); try again when one has finished",
+                RETRY_AFTER_S,
+            )
+        self._running[user_id] = running + 1
+        try:
+            yield
+        finally:
+            left = self._running[user_id] - 1
+            if left:
+                self._running[user_id] = left
+            else:
+                del self._running[user_id]
+
+
+def is_fits(start: bytes) -> bool:
+    """Whether a file's first bytes are a FITS file's: every one starts with ``SIMPLE  =``."""
+    return start.startswith(b"SIMPLE  =")
+
+
+def coupling_file(coupling_dir: Path, transfer: RoleCampaign) -> Path:
+    """The service's coupling file for the transfer campaign's coupling key and mask."""
+    return coupling_dir / f"{transfer.campaign.coupling_key}-{transfer.bandpowers.mask_sha256}.npz"
+
+
+async def map_bandpowers(transfer: RoleCampaign, map_file: Path, *, coupling_dir: Path) -> MapBandpowers:
+    """The data map's decoupled bandpowers on the transfer campaign's mask, from ``python -m mapmaker bandpowers``
+    with the service's coupling file of that mask (built and written by the program when missing). Holds no
+    database session and no thread while the program runs."""
+    coupling_dir.mkdir(parents=True, exist_ok=True)
+    out = map_file.with_name(map_file.name + ".bandpowers.json")
+    bandpowers = transfer.bandpowers
+    command = mapmaker_bandpowers_args(
+        sys.executable,
+        map_file=map_file,
+        mask_file=transfer.files.mask_path,
+        mask_sha256=bandpowers.mask_sha256,
+        bin_width=bandpowers.bin_width,
+        lmax=bandpowers.lmax,
+        purify_b=bandpowers.purify_b,
+        out=out,
+        coupling_file=coupling_file(coupling_dir, transfer),
+    )
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        with anyio.fail_after(BANDPOWERS_TIMEOUT_S):  # the program is killed when the request ends first
+            done = await anyio.run_process(command, env=environment, check=False)
+        stderr = done.stderr.decode(errors="replace")
+        reason = (stderr.strip().splitlines() or ["no message"])[-1].removeprefix("mapmaker bandpowers: ")
         if done.returncode == MapmakerExit.BAD_INPUT:
             raise InvalidField(("body",), reason)
         if done.returncode == MapmakerExit.COUPLING_REFUSED:
             raise InvalidField(("query", "transfer"), f"campaign {transfer.campaign.id}'s stored mask: {reason}")
         if done.returncode != 0:
-            raise RuntimeError(f"mapmaker bandpowers exited {done.returncode}: {done.stderr[-2000:]}")
+            raise RuntimeError(f"mapmaker bandpowers exited {done.returncode}: {stderr[-2000:]}")
         return MapBandpowers.model_validate_json(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
 
 
-def data_spectrum(
+def sweep_spectrum_work(work_dir: Path, *, now: float | None = None) -> int:
+    """Remove maps and folders no running request uses (older than :data:`STALE_WORK_AGE_S`); return how many."""
+    if not work_dir.is_dir():
+        return 0
+    now = time.time() if now is None else now
+    removed = 0
+    for path in (path for pattern in WORK_PATTERNS for path in work_dir.glob(pattern)):
+        try:
+            if now - path.stat().st_mtime > STALE_WORK_AGE_S:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                removed += 1
+        except OSError:
+            continue
+    if removed:
+        log.info("removed %d stale spectrum work folder(s) from %s", removed, work_dir)
+    return removed
+
+
+def resolve_campaigns(
     *,
     session: Session,
     owner_id: int,
     products_dir: Path,
-    work_dir: Path,
-    map_bytes: bytes,
     transfer_id: int | None,
     noise_id: int,
     covariance_id: int | None,
     transfer_e_id: int | None = None,
     transfer_b_id: int | None = None,
-) -> DataSpectrum:
-    """Unbiased bandpowers of the map in ``map_bytes`` (HEALPix FITS, I Q U in K) with Monte Carlo errors.
+) -> dict[str, RoleCampaign]:
+    """The request's campaigns by role, checked: the caller's (else 404), of the kind each role needs, with
+    bandpowers, and agreeing with the transfer campaign in scan key, mask, binning and estimator (else 422
+    naming the query field and what differs).
 
-    The correction is the per-bin F_b of the ``transfer`` campaign, or the E/B transfer matrix of the
-    ``transfer_e`` (pure-E) and ``transfer_b`` (pure-B) pair for EE, EB, BB with F_b of the pure-E campaign
-    for TT, TE, TB: one or the other, else 422. Refused (422, naming the query field) when a campaign is of
-    a kind (or sky polarisation) that cannot give its part, or differs from the transfer (pure-E) campaign
-    in scan key, mask, binning or estimator; the map is refused (422 on the body) when it is not an I/Q/U
-    map of the campaigns' nside with values inside the mask. Another user's campaign is 404; a campaign
-    without bandpowers yet is 404 ``products_not_ready``.
+    The correction comes from a ``transfer`` campaign (F_b) or a ``transfer_e`` and ``transfer_b`` pair (the
+    E/B transfer matrix), one or the other (else 422). With the pair, the pure-E campaign is the answer's
+    ``"transfer"`` (its mask, its F_b for TT and TE) and the pure-B one its ``"transfer_b"``.
     """
-    if not map_bytes.startswith(b"SIMPLE  ="):  # every FITS file starts so: refused before starting the program
-        raise InvalidField(("body",), "the map is not a HEALPix FITS map: a FITS file starts with 'SIMPLE  ='")
     pair_given = (transfer_e_id is not None, transfer_b_id is not None)
     if transfer_id is not None and any(pair_given):
         raise InvalidField(
-            ("query", "transfer"), "give a transfer campaign (F_b) or a transfer_e and transfer_b pair (the matrix), not both"
+            ("query", "transfer"),
+            "give a transfer campaign (F_b) or a transfer_e and transfer_b pair (the matrix), not both",
         )
     if transfer_id is None and not all(pair_given):
         missing = "transfer_b" if pair_given[0] else "transfer_e" if pair_given[1] else "transfer"
@@ -300,26 +400,30 @@ def data_spectrum(
             ("query", missing),
             "a transfer campaign (F_b) or a transfer_e and transfer_b pair (the E/B transfer matrix) is required",
         )
-    pair = None
     if transfer_id is None:
         assert transfer_e_id is not None and transfer_b_id is not None
         pair = transfer_matrix_pair(
             session=session, owner_id=owner_id, products_dir=products_dir, pure_e_id=transfer_e_id,
             pure_b_id=transfer_b_id,
         )
-        transfer = pair.pure_e
+        roles = {"transfer": pair.pure_e, "transfer_b": pair.pure_b}
     else:
-        transfer = _role_campaign(
-            session=session, owner_id=owner_id, products_dir=products_dir, role="transfer", campaign_id=transfer_id
-        )
+        roles = {
+            "transfer": _role_campaign(
+                session=session, owner_id=owner_id, products_dir=products_dir, role="transfer", campaign_id=transfer_id
+            )
+        }
     wanted = {"noise": noise_id, "covariance": covariance_id}
-    roles = {
-        role: _role_campaign(
-            session=session, owner_id=owner_id, products_dir=products_dir, role=role, campaign_id=campaign_id
-        )
-        for role, campaign_id in wanted.items()
-        if campaign_id is not None
-    }
+    roles.update(
+        {
+            role: _role_campaign(
+                session=session, owner_id=owner_id, products_dir=products_dir, role=role, campaign_id=campaign_id
+            )
+            for role, campaign_id in wanted.items()
+            if campaign_id is not None
+        }
+    )
+    transfer = roles["transfer"]
     for role in ("noise", "covariance"):
         if role in roles:
             differences = _differences(transfer, roles[role])
@@ -329,7 +433,15 @@ def data_spectrum(
                     f"campaign {roles[role].campaign.id} differs from the transfer campaign {transfer.campaign.id} "
                     f"in {'; '.join(differences)}",
                 )
-    measured = _map_bandpowers(transfer, map_bytes, work_dir)
+    return roles
+
+
+def data_spectrum(roles: dict[str, RoleCampaign], measured: MapBandpowers) -> DataSpectrum:
+    """Unbiased bandpowers of a map whose bandpowers are ``measured``, with Monte Carlo errors from the covariance
+    campaign when there is one (``roles`` from :func:`resolve_campaigns`): ``(C_b - N_b) / F_b``, or with a
+    pure-B campaign among the roles ``T_b^-1 (C_b - N_b)`` for EE, EB, BB and the matrix's own error apart."""
+    transfer = roles["transfer"]
+    pair = _pair(transfer, roles["transfer_b"], "transfer_b") if "transfer_b" in roles else None
     data_cb = np.array([measured.cb[name] for name in SPECTRA])
     transfer_b, transfer_error = transfer.bandpowers.transfer_function()
     noise_b, noise_error = roles["noise"].bandpowers.noise_bias()
@@ -350,8 +462,11 @@ def data_spectrum(
     hartlap = None if covariance is None else covariance.hartlap
     return DataSpectrum(
         campaigns=SpectrumCampaigns(
-            transfer=transfer_id, transfer_e=transfer_e_id, transfer_b=transfer_b_id, noise=noise_id,
-            covariance=covariance_id,
+            transfer=transfer.campaign.id if pair is None else None,
+            transfer_e=None if pair is None else pair.pure_e.campaign.id,
+            transfer_b=None if pair is None else pair.pure_b.campaign.id,
+            noise=roles["noise"].campaign.id,
+            covariance=roles["covariance"].campaign.id if "covariance" in roles else None,
         ),
         scan_key=transfer.campaign.scan_key,
         mask_sha256=bandpowers.mask_sha256,

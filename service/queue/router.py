@@ -39,6 +39,7 @@ from service.config import Settings
 from service.db import get_database, utcnow
 from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, RowId, SessionDep, SettingsDep
 from service.errors import DomainError, InsufficientStorage
+from service.limits import stream_body
 from service.pagination import decode_cursor, encode_cursor
 from service.queue import couplings, plans, tasks
 from service.queue.claim import claim_tasks
@@ -302,7 +303,7 @@ async def upload_artifact(
 
     try:
         size = await store.receive(
-            request.stream(),
+            stream_body(request, max_bytes=settings.max_artifact_bytes, idle_timeout_s=settings.upload_idle_timeout_s),
             campaign_id=campaign_id,
             attempt_id=attempt_id,
             name=name,

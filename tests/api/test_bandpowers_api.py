@@ -333,12 +333,19 @@ def check_the_spectrum_of_an_independent_map(api, skies, campaigns):
         inside.extend(np.abs(value - made.model[row]) < 3 * error)
     assert np.mean(inside) >= 0.95, f"{np.mean(inside):.2%} of the bins within 3 sigma"
     assert result["error"]["EB"] == [None] * made.binning.n_bins  # F_b is undefined where the model is 0
+    # The mask's coupling was built once and kept by the service, named by the coupling key and the mask.
+    (kept,) = api.settings.coupling_cache_dir.glob("*.npz")
+    assert kept.name.endswith(f"-{result['mask_sha256']}.npz")
+    built = kept.stat()
 
     # The same through the Python client, without a covariance campaign: the same values, no errors.
     data_file = made.folder / "data.fits"
     with user_client(api) as client:
         without = client.spectrum(data_file, transfer=campaigns["signal-only"], noise=campaigns["noise-only"])
     assert without.error is None and without.cb["TT"] == result["cb"]["TT"]
+    reread = kept.stat()  # read, not built again: a rebuild writes a new file (atomic rename: a new inode)
+    assert (reread.st_ino, reread.st_mtime_ns) == (built.st_ino, built.st_mtime_ns)
+    assert list(api.settings.spectrum_work_dir.iterdir()) == []  # each request's map removed
 
 
 def problem(answer) -> tuple[str, str]:
@@ -373,8 +380,10 @@ def test_a_wrong_combination_is_refused_naming_what_differs(api, skies, tmp_path
     assert field == "body" and "nside 32" in message and "nside 64" in message
     field, message = problem(spectrum(api, b"not a FITS file", **ids))
     assert field == "body" and "not a HEALPix FITS map" in message
-    field, message = problem(api.post("/spectrum", params=ids))
+    field, message = problem(spectrum(api, b"", **ids))
     assert field == "body"
+    unlabelled = api.post("/spectrum", params=ids, content=data, headers={"Content-Type": "application/octet-stream"})
+    assert unlabelled.status_code == 415 and "application/fits" in unlabelled.json()["detail"]
     assert spectrum(api, data, transfer=ids["transfer"], noise=ids["noise"], covariance=10**9).status_code == 404
 
 

@@ -116,3 +116,121 @@ def test_a_worker_fetches_an_upload_by_its_checksum(make_api, instruments, tmp_p
     assert api.get(f"/instrument-files/{sha}").status_code == 403  # a user token: uploads go one way
     assert api.get(f"/instrument-files/{'0' * 64}", api.alice_worker).status_code == 404
     assert api.get("/instrument-files/..%2F..%2Fetc%2Fpasswd", api.alice_worker).status_code in (404, 422)
+
+
+def upload(api, content: bytes, token: str | None = None):
+    return api.post("/instrument-files", token, params={"kind": "focal-plane"}, content=content, headers=HDF5)
+
+
+def upload_rows(api) -> list[tuple[str, str]]:
+    """(owner name, sha256) of every instrument_uploads row."""
+    from sqlalchemy import select
+
+    from service.auth.models import User
+    from service.instruments.models import InstrumentUpload
+
+    with api.database.session(write=False) as session:
+        rows = session.execute(
+            select(User.name, InstrumentUpload.sha256).join(User, User.id == InstrumentUpload.owner_id)
+        ).all()
+    return sorted((name, sha) for name, sha in rows)
+
+
+def test_an_upload_is_new_for_each_uploader_and_reveals_nobody_elses(make_api, instruments, tmp_path):
+    api = make_api(instrument_root=instruments)
+    content = quad_bytes(tmp_path)
+    sha = hashlib.sha256(content).hexdigest()
+    first = upload(api, content)
+    assert first.status_code == 201, first.text
+    # Bob sends the same bytes: new for him (201), the same record; he learns nothing about alice's upload.
+    theirs = upload(api, content, api.bob)
+    assert theirs.status_code == 201 and theirs.json() == first.json()
+    assert upload(api, content).status_code == 200  # alice's own repeat
+    assert upload_rows(api) == [("alice", sha), ("bob", sha)]
+    assert uploads(instruments) == [f"{sha}.h5"]  # one file for both
+    assert [record["sha256"] for record in api.get("/instrument-files").json()] == [sha]
+    other = quad_bytes(tmp_path, fknee=0.2)
+    assert upload(api, other, api.bob).status_code == 201
+    listed = api.get("/instrument-files", api.bob).json()
+    assert [record["sha256"] for record in listed] == [hashlib.sha256(other).hexdigest(), sha]  # newest first
+    assert [record["sha256"] for record in api.get("/instrument-files").json()] == [sha]  # alice: only hers
+    # The site group reads the file (the docs' shared instrument folder), nobody else does.
+    assert ((instruments / "uploads" / f"{sha}.h5").stat().st_mode & 0o777) == 0o640
+    assert (instruments / "uploads").stat().st_mode & 0o050 == 0o050  # and the group lists the folder
+
+
+def test_the_upload_file_mode_is_a_setting_read_as_octal(make_api, instruments, tmp_path, monkeypatch):
+    from pydantic import ValidationError
+
+    from service.config import Settings
+
+    monkeypatch.setenv("MAPCAMPAIGN_UPLOAD_FILE_MODE", "644")
+    assert Settings().upload_file_permissions == 0o644
+    monkeypatch.setenv("MAPCAMPAIGN_UPLOAD_FILE_MODE", "0648")
+    with pytest.raises(ValidationError, match="upload_file_mode"):
+        Settings()
+    monkeypatch.delenv("MAPCAMPAIGN_UPLOAD_FILE_MODE")
+    api = make_api(instrument_root=instruments, upload_file_mode="0600")
+    sha = upload(api, quad_bytes(tmp_path)).json()["sha256"]
+    assert ((instruments / "uploads" / f"{sha}.h5").stat().st_mode & 0o777) == 0o600
+
+
+def test_a_users_uploads_are_held_to_their_quota(make_api, instruments, tmp_path):
+    content = quad_bytes(tmp_path)
+    api = make_api(instrument_root=instruments, upload_quota_bytes=len(content) + 1_024)
+    sha = upload(api, content).json()["sha256"]
+    assert upload(api, content).status_code == 200  # a file already kept costs nothing more
+    other = quad_bytes(tmp_path, fknee=0.2)
+    refused = upload(api, other)
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["code"] == "quota_exceeded" and "quota" in refused.json()["detail"]
+    assert upload_rows(api) == [("alice", sha)] and uploads(instruments) == [f"{sha}.h5"]  # nothing stored
+    assert upload(api, other, api.bob).status_code == 201  # another user's quota is their own
+    # A declared body larger than the whole quota is refused before it is read.
+    declared = api.client.post(
+        "/api/v1/instrument-files",
+        params={"kind": "focal-plane"},
+        headers={**HDF5, "Authorization": f"Bearer {api.alice}", "Content-Length": str(10 * len(content))},
+        content=content * 10,
+    )
+    assert declared.status_code == 413 and declared.json()["code"] == "quota_exceeded"
+
+
+def test_the_owner_deletes_an_upload_not_while_a_campaign_uses_it(make_api, instruments, tmp_path):
+    api = make_api(instrument_root=instruments)
+    content = quad_bytes(tmp_path)
+    sha = upload(api, content).json()["sha256"]
+    assert upload(api, content, api.bob).status_code == 201
+    data = spec_data()
+    data["focal_plane"] = {"sample_rate_hz": 5.0, "file": f"uploads/{sha}.h5", "sha256": sha}
+    campaign = api.post("/campaigns", json=data)
+    assert campaign.status_code == 201, campaign.text
+
+    refused = api.request("DELETE", f"/instrument-files/{sha}", api.alice)
+    assert refused.status_code == 409 and str(campaign.json()["id"]) in refused.json()["detail"]
+    assert api.request("DELETE", f"/instrument-files/{sha}", api.bob).status_code == 204  # bob's campaigns: none
+    assert upload_rows(api) == [("alice", sha)] and uploads(instruments) == [f"{sha}.h5"]  # alice's file stays
+    assert api.request("DELETE", f"/instrument-files/{sha}", api.bob).status_code == 404  # his is gone
+
+    assert api.post(f"/campaigns/{campaign.json()['id']}/cancel").status_code == 200
+    assert api.request("DELETE", f"/instrument-files/{sha}", api.alice).status_code == 204
+    assert upload_rows(api) == [] and uploads(instruments) == []  # the last holder: the bytes go too
+    assert api.get(f"/instrument-files/{sha}", api.alice_worker).status_code == 404
+
+
+def test_stale_temporary_uploads_are_swept_at_start_up(make_api, instruments, tmp_path):
+    import os
+    import time
+
+    from service.instruments.service import STALE_UPLOAD_AGE_S
+
+    folder = instruments / "uploads"
+    folder.mkdir()
+    stale, running, kept = folder / ".upload-stale", folder / ".upload-running", folder / f"{'a' * 64}.h5"
+    for path in (stale, running, kept):
+        path.write_bytes(b"partial")
+    long_ago = time.time() - STALE_UPLOAD_AGE_S - 60  # the file's clock moved back, not the test's
+    os.utime(stale, (long_ago, long_ago))
+    os.utime(kept, (long_ago, long_ago))
+    make_api(instrument_root=instruments)
+    assert uploads(instruments) == [".upload-running", f"{'a' * 64}.h5"]

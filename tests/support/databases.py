@@ -25,6 +25,7 @@ TABLES = (
     "campaigns",
     "preprocessing_plans",
     "couplings",
+    "instrument_uploads",
     "workers",
     "api_tokens",
     "users",
