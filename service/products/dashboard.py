@@ -16,7 +16,10 @@ aggregates it shows:
   bars of one realisation's scatter, the input model through the windows overlaid (dashed) when the
   campaign simulated a CMB sky; and ``mc-bandpower-transfer`` (F_b, signal-only) or
   ``mc-bandpower-noise`` (N_b as D_b, noise-only) with their Monte Carlo errors. Each of these has a
-  log/linear toggle (``static/products.js``).
+  log/linear toggle (``static/products.js``);
+* ``mc-transfer-matrix`` (a pure-E or pure-B signal-only campaign with a partner of the other polarisation
+  and the same coupling key, :func:`service.products.spectrum.matrix_partner`): the E/B transfer matrix's
+  elements per bin on a symlog y axis, error bars = MC error, bins above 2 nside dashed (not reliable).
 
 The charts are drawn by the renderers that ``static/products.js`` registers
 with ``MapCampaign.charts.register``; the campaign page re-fetches them after
@@ -41,7 +44,7 @@ from service.campaigns import service as campaigns
 from service.dashboard.panels import ChartRef, FigureRef, ProductsPanel
 from service.dashboard.session import DashboardUser
 from service.deps import ReadSessionDep, SettingsDep
-from service.errors import NotFound
+from service.errors import InvalidField, NotFound
 from service.products import formats
 from service.products.aggregates import (
     AggregateState,
@@ -52,11 +55,17 @@ from service.products.aggregates import (
     spectra_aggregates,
 )
 from service.products.service import ProductsNotReady, snapshot
+from service.products.spectrum import MatrixPair, matrix_partner, sky_polarization, transfer_matrix_pair
 from service.storage import CampaignProducts
 
 FIELDS = ("I", "Q", "U")
 UK2 = 1e12  # K^2 -> uK^2
-CHARTS = ("spectra", "noise-bias", "transfer", "bandpowers", "bandpower-transfer", "bandpower-noise")
+CHARTS = ("spectra", "noise-bias", "transfer", "bandpowers", "bandpower-transfer", "bandpower-noise", "transfer-matrix")
+# The transfer matrix's elements drawn (out, in) over (EE, EB, BB), with their labels.
+MATRIX_ELEMENTS = {
+    (0, 0): "EE<-EE", (2, 2): "BB<-BB", (2, 0): "BB<-EE", (0, 2): "EE<-BB", (1, 0): "EB<-EE", (1, 2): "EB<-BB"
+}
+MATRIX_LINEAR_THRESHOLD = 1e-4  # symlog: linear within +-1e-4, log beyond (leakage is 1e-4..1e-2 of the input)
 
 _render_lock = threading.Lock()  # one render at a time per process: the CPU is shared with the workers
 
@@ -110,6 +119,19 @@ def mc_products_panel(*, session: Any, campaign: Any, settings: Any) -> Products
                 )
             )
     charts.extend(bandpower_charts(CampaignProducts(settings.products_dir, campaign.id), state, campaign.id))
+    partner = matrix_partner(session=session, owner_id=campaign.owner_id, campaign=campaign)
+    if partner is not None:
+        pure_e, pure_b = (campaign, partner) if sky_polarization(campaign.spec) == "E-only" else (partner, campaign)
+        charts.append(
+            ChartRef(
+                kind="mc-transfer-matrix",
+                src=f"/ui/campaigns/{campaign.id}/products/transfer-matrix",
+                title=f"E/B transfer matrix T_b[out, in] of campaigns {pure_e.id} (pure E) and {pure_b.id} (pure B), "
+                "error bars = MC error",
+                caption=f"symlog y (linear within {MATRIX_LINEAR_THRESHOLD:g}); BB<-EE is the E -> B leakage; "
+                "dashed: bins above 2 nside, not reliable; EB column assumed identity",
+            )
+        )
     return ProductsPanel(figures=figures, charts=charts, note=panel_note(state))
 
 
@@ -204,6 +226,42 @@ def bandpower_chart_data(bandpowers: BandpowerAggregates, chart: str) -> dict[st
     }
 
 
+def matrix_chart_data(pair: MatrixPair) -> dict[str, Any]:
+    """The JSON of the transfer-matrix chart: one series per element with error-bar ends and the reliable bins."""
+    bandpowers = pair.pure_e.bandpowers
+    x = bandpowers.ell_center
+    series = []
+    for (out, into), label in MATRIX_ELEMENTS.items():
+        error = pair.matrix.error[:, out, into] if min(pair.matrix.n_e, pair.matrix.n_b) >= 2 else None
+        series.append({"label": label, **_bars(x, pair.matrix.matrix[:, out, into], error)})
+    return {
+        "n": min(pair.matrix.n_e, pair.matrix.n_b),
+        "xLabel": "multipole ell (bin centre)",
+        "yLabel": "T_b[out, in]",
+        "label": f"E/B transfer matrix from {pair.matrix.n_e} pure-E and {pair.matrix.n_b} pure-B realisations",
+        "symlog": MATRIX_LINEAR_THRESHOLD,
+        "reliable": [bool(v) for v in bandpowers.reliable],
+        "generation": pair.pure_e.state.generation + pair.pure_b.state.generation,
+        "series": series,
+    }
+
+
+def transfer_matrix_chart(session: Any, user: Any, campaign_id: int, products_dir: Path) -> dict[str, Any]:
+    """The matrix chart's JSON for a campaign of a pair; no series (with a note) while the pair cannot give one."""
+    campaign = campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    partner = matrix_partner(session=session, owner_id=user.user_id, campaign=campaign)
+    if partner is None:
+        return {"generation": 0, "series": [], "note": "no campaign of the other pure polarisation shares its coupling"}
+    pure_e, pure_b = (campaign, partner) if sky_polarization(campaign.spec) == "E-only" else (partner, campaign)
+    try:
+        pair = transfer_matrix_pair(
+            session=session, owner_id=user.user_id, products_dir=products_dir, pure_e_id=pure_e.id, pure_b_id=pure_b.id
+        )
+    except (ProductsNotReady, InvalidField) as not_yet:
+        return {"generation": 0, "series": [], "note": str(not_yet)}
+    return matrix_chart_data(pair)
+
+
 def panel_note(state: AggregateState) -> str:
     return (
         f"Monte Carlo aggregates of {state.n_included} realisation(s): "
@@ -283,6 +341,9 @@ def products_chart(
 ) -> JSONResponse:
     if chart not in CHARTS:
         raise NotFound(f"no products chart {chart!r}")
+    if chart == "transfer-matrix":
+        payload = transfer_matrix_chart(session, user, campaign_id, settings.products_dir)
+        return JSONResponse(payload, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
     _owned(session, user, campaign_id)
     files = CampaignProducts(settings.products_dir, campaign_id)
     try:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import anyio
 import numpy as np
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schemas import montecarlo
@@ -55,6 +56,7 @@ from schemas.programs import MapmakerExit, mapmaker_bandpowers_args
 from schemas.result import SPECTRA, MapBandpowers
 from schemas.spec import CampaignSpec, coupling_key
 from service.campaigns import service as campaigns
+from service.campaigns.models import Campaign
 from service.errors import InvalidField, TooManyRequests
 from service.products.aggregates import AggregateState, BandpowerAggregates, bandpower_aggregates
 from service.products.service import ProductsNotReady, snapshot
@@ -119,8 +121,7 @@ def _role_campaign(
         )
     wanted_polarization = POLARIZATION_OF_ROLE.get(role)
     if wanted_polarization is not None:
-        sky = (row.spec or {}).get("sky") or {}
-        polarization = sky.get("polarization", "both") if sky.get("kind", "cmb") == "cmb" else None
+        polarization = sky_polarization(row.spec)
         if polarization != wanted_polarization:
             raise InvalidField(
                 ("query", field),
@@ -208,6 +209,36 @@ def transfer_matrix_pair(
         field=fields[1],
     )
     return _pair(pure_e, pure_b, fields[1])
+
+
+def sky_polarization(spec: dict) -> str | None:
+    """A stored spec's ``sky.polarization`` ("both" when left out), None for a sky that is not a CMB draw."""
+    sky = (spec or {}).get("sky") or {}
+    return sky.get("polarization", "both") if sky.get("kind", "cmb") == "cmb" else None
+
+
+def matrix_partner(*, session: Session, owner_id: int, campaign: Campaign) -> Campaign | None:
+    """The owner's latest signal-only campaign of the other pure polarisation with ``campaign``'s coupling key
+    (a pure-E campaign's pure-B partner, or the other way round), None when ``campaign`` is not pure or has none."""
+    polarization = sky_polarization(campaign.spec)
+    if campaign.kind != "signal-only" or polarization not in ("E-only", "B-only"):
+        return None
+    wanted = "B-only" if polarization == "E-only" else "E-only"
+    key = coupling_key(CampaignSpec.model_validate(campaign.spec))
+    candidates = session.scalars(
+        select(Campaign)
+        .where(
+            Campaign.owner_id == owner_id,
+            Campaign.kind == "signal-only",
+            Campaign.scan_key == campaign.scan_key,
+            Campaign.id != campaign.id,
+        )
+        .order_by(Campaign.id.desc())
+    )
+    for candidate in candidates:
+        if sky_polarization(candidate.spec) == wanted and coupling_key(CampaignSpec.model_validate(candidate.spec)) == key:
+            return candidate
+    return None
 
 
 def _matrix_values(values: np.ndarray) -> list[list[list[float | None]]]:

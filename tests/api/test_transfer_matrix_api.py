@@ -29,6 +29,7 @@ from schemas import montecarlo
 from schemas.result import SPECTRA
 from schemas.spec import CmbSky
 from tests.api.test_bandpowers_api import problem, refolder, run_campaign, run_spectrum_cli, spectrum
+from tests.api.test_products_api import login
 from tests.support.mapped_campaign import deliver
 
 NSIDE = 32
@@ -170,8 +171,19 @@ def test_the_matrix_product_follows_the_realisations_and_the_corrected_spectrum_
         np.testing.assert_allclose(stored["matrix"], matrix.matrix, rtol=1e-9, atol=1e-12)
         assert list(stored["spectra"]) == ["EE", "EB", "BB"] and int(stored["n_e"]) == COUNTS["E-only"]
 
+    # The dashboard: each campaign of the pair charts the matrix of the latest partner with its coupling key.
+    login(api, api.alice)
+    page = api.client.get(f"/campaigns/{pure_b}").text
+    assert 'data-chart="mc-transfer-matrix"' in page and f"of campaigns {pure_e} (pure E) and {pure_b}" in page
+    chart = api.client.get(f"/ui/campaigns/{pure_e}/products/transfer-matrix").json()
+    assert chart["symlog"] > 0 and chart["reliable"] == [bool(v) for v in made.binning.reliable_bins]
+    leakage = next(series for series in chart["series"] if series["label"] == "BB<-EE")
+    np.testing.assert_allclose(values(leakage["y"]), matrix.matrix[:, 2, 0], rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(values(leakage["hi"]) - values(leakage["y"]), matrix.error[:, 2, 0], rtol=1e-6, atol=1e-15)
+
     noise = run_campaign(api, *folders["noise-only"])
     total = run_campaign(api, *folders["signal+noise"])
+    assert 'data-chart="mc-transfer-matrix"' not in api.client.get(f"/campaigns/{noise}").text
     answer = spectrum(api, data, transfer_e=pure_e, transfer_b=pure_b, noise=noise, covariance=total)
     assert answer.status_code == 200, answer.text
     result = answer.json()

@@ -137,7 +137,8 @@
     return svg;
   }
 
-  /* Lines; with logY the y axis is log10 and non-positive values are dropped.
+  /* Lines; with logY the y axis is log10 and non-positive values are dropped; with symlog (a positive
+   * threshold t) it is sign(y) log10(1 + |y| / t): linear near 0, logarithmic beyond t, both signs kept.
    *   series: [{label, x: [...], y: [...], lo?: [...], hi?: [...], cls?, title?}] */
   function lines(container, options) {
     const series = (options.series || []).filter((s) => s.y && s.y.length);
@@ -145,8 +146,10 @@
     const width = options.width || 960, height = options.height || 280;
     const margin = { left: 58, right: 14, top: 14, bottom: 38 };
     const { svg, plot } = frame(container, width, height, margin, options.label);
-    const logY = !!options.logY;
-    const ty = (value) => (logY ? Math.log10(value) : value);
+    const symlog = Number(options.symlog) > 0 ? Number(options.symlog) : 0;
+    const logY = !symlog && !!options.logY;
+    const ty = (value) =>
+      symlog ? Math.sign(value) * Math.log10(1 + Math.abs(value) / symlog) : logY ? Math.log10(value) : value;
     const usable = (value) => Number.isFinite(value) && (!logY || value > 0);
     let xLow = Infinity, xHigh = -Infinity, yLow = Infinity, yHigh = -Infinity;
     for (const s of series) {
@@ -164,7 +167,23 @@
     if (!Number.isFinite(yLow)) return empty(container, options.emptyMessage);
     if (xHigh === xLow) xHigh = xLow + 1;
     let ticks;
-    if (logY) {
+    let tickLabel = (tick) => (logY ? "1e" + tick : formatNumber(tick));
+    if (symlog) {
+      // Ticks at 0 and +-t 10^k, placed where the transform puts them and labelled with their values.
+      const values = [0];
+      for (let k = 0; k <= 12; k++) {
+        const value = symlog * Math.pow(10, k);
+        if (ty(value) <= yHigh + 0.5) values.push(value);
+        if (-ty(value) >= yLow - 0.5) values.unshift(-value);
+      }
+      const stride = Math.max(1, Math.ceil(values.length / 9));
+      const kept = values.filter((value, i) => value === 0 || (values.indexOf(0) - i) % stride === 0);
+      ticks = kept.map(ty);
+      const byPosition = new Map(kept.map((value) => [ty(value), value]));
+      tickLabel = (tick) => (byPosition.get(tick) === 0 ? "0" : byPosition.get(tick).toExponential(0));
+      yLow = Math.min(yLow, ticks[0]);
+      yHigh = Math.max(yHigh, ticks[ticks.length - 1]);
+    } else if (logY) {
       yLow = Math.floor(yLow);
       yHigh = Math.max(Math.ceil(yHigh), yLow + 1);
       const stride = Math.max(1, Math.ceil((yHigh - yLow) / 8));
@@ -181,7 +200,7 @@
     const axis = node("g", { class: "axis" }, svg);
     for (const tick of ticks) {
       node("line", { x1: plot.x, x2: plot.x + plot.w, y1: py(tick), y2: py(tick), class: "grid-line" }, svg);
-      text(axis, plot.x - 6, py(tick) + 4, logY ? "1e" + tick : formatNumber(tick), { "text-anchor": "end" });
+      text(axis, plot.x - 6, py(tick) + 4, tickLabel(tick), { "text-anchor": "end" });
     }
     for (const tick of niceTicks(xLow, xHigh, 8)) {
       if (tick < xLow || tick > xHigh) continue;

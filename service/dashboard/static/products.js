@@ -3,6 +3,9 @@
  *   mc-spectra      mean pseudo-spectra TT, EE, BB with a band of one realisation's scatter (log y)
  *   mc-noise-bias   N_l TT, EE, BB with its scatter (log y)
  *   mc-transfer     F_l TT, EE, BB with its scatter (linear y, a reference line at 1)
+ *   mc-transfer-matrix
+ *                   the E/B transfer matrix's elements per bin on a symlog y axis, error bars as the
+ *                   bandpowers', bins above 2 nside dashed (not reliable)
  *   mc-bandpowers, mc-bandpower-transfer, mc-bandpower-noise
  *                   decoupled bandpowers (D_b), F_b or N_b: points joined by lines, vertical error bars
  *                   (two-point lines of class "errbar"), the input model dashed (class "model"), and a
@@ -17,7 +20,11 @@
 
 (function () {
   const root = (window.MapCampaign = window.MapCampaign || {});
-  const COLOURS = { TT: "#1f5fa8", EE: "#c2410c", BB: "#15803d" };
+  const COLOURS = {
+    TT: "#1f5fa8", EE: "#c2410c", BB: "#15803d",
+    "EE<-EE": "#c2410c", "BB<-BB": "#15803d", "BB<-EE": "#7c3aed", "EE<-BB": "#b45309", "EB<-EE": "#0e7490",
+    "EB<-BB": "#6b7280",
+  };
 
   function colour(svg, series) {
     for (const s of series) {
@@ -35,14 +42,14 @@
     }
   }
 
-  function legend(svg, series) {
+  function legend(svg, series, step) {
     const charts = root.charts;
     let x = 70;
     for (const s of series) {
       const swatch = charts.node("rect", { x: x, y: 4, width: 12, height: 4 }, svg);
       swatch.style.fill = COLOURS[s.label] || "#555";
       charts.text(svg, x + 16, 10, s.label, { class: "legend-label" });
-      x += 48;
+      x += step || 48;
     }
   }
 
@@ -152,11 +159,54 @@
     refreshPanel(data.generation, data.note);
   }
 
+  /* The transfer matrix: each element's points joined over the reliable bins (solid) and over the bins
+   * above 2 nside (dashed, class "unreliable"), with error bars; symlog y from the JSON's threshold. */
+  function drawMatrix(element, data) {
+    const number = (v) => (v === null || v === undefined ? NaN : v);
+    const reliable = data.reliable || [];
+    const series = [];
+    for (const s of data.series || []) {
+      const y = s.y.map(number);
+      const cls = "mc-" + s.label.replace("<-", "-from-");
+      series.push({ label: s.label, x: s.x, y: y.map((v, i) => (reliable[i] === false ? NaN : v)), kind: "data", cls: cls,
+                    title: `${s.label} over ${data.n} realisation(s)` });
+      const last = reliable.indexOf(false);
+      if (last > 0) {
+        // from the last reliable bin on, so the dashed part joins the solid one
+        series.push({ label: s.label, x: s.x, y: y.map((v, i) => (i >= last - 1 ? v : NaN)), kind: "unreliable",
+                      cls: cls + " unreliable", title: `${s.label} above 2 nside (not reliable)` });
+      }
+      if (s.lo && s.hi) {
+        s.x.forEach((x, i) => {
+          const lo = number(s.lo[i]), hi = number(s.hi[i]);
+          if (!Number.isFinite(lo) || !Number.isFinite(hi)) return;
+          series.push({ label: s.label, x: [x, x], y: [lo, hi], kind: "errbar", cls: cls + " errbar" });
+        });
+      }
+    }
+    const svg = root.charts.lines(element, {
+      series: series, symlog: data.symlog, xLabel: data.xLabel, yLabel: data.yLabel, label: data.label,
+      emptyMessage: data.note || "No transfer matrix yet.",
+    });
+    if (svg) {
+      for (const s of series) {
+        for (const line of svg.querySelectorAll(`polyline.${s.cls.split(" ")[0]}`)) {
+          line.style.stroke = COLOURS[s.label] || "#555";
+          line.style.strokeWidth = line.classList.contains("errbar") ? "1.5" : "2";
+          if (line.classList.contains("unreliable")) line.style.strokeDasharray = "5 4";
+        }
+      }
+      legend(svg, series.filter((s) => s.kind === "data"), 76);
+    }
+    // No refreshPanel: the matrix's generation is of two campaigns, not of this campaign's mean map.
+  }
+
   function register() {
     if (!root.charts || !root.charts.register) return;
     root.charts.register("mc-spectra", (element, data) => draw(element, data));
     root.charts.register("mc-noise-bias", (element, data) => draw(element, data));
     root.charts.register("mc-transfer", (element, data) => draw(element, data, 1));
+    root.charts.register("mc-transfer-matrix", (element, data) => drawMatrix(element, data));
     for (const kind of ["mc-bandpowers", "mc-bandpower-transfer", "mc-bandpower-noise"]) {
       root.charts.register(kind, (element, data) => {
         const chosen = element.dataset.logY;  // a redraw after a new result keeps the reader's choice
