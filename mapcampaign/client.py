@@ -18,12 +18,14 @@ Answers are the models of :mod:`schemas.api`; failures raise :mod:`mapcampaign.e
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -48,6 +50,7 @@ from schemas.api import (
     RealizationPage,
     RetryAnswer,
 )
+from schemas.files import atomic_write
 from schemas.io import SpecError, load_spec, spec_from_data
 from schemas.products import DataSpectrum, ProductsSummary, TransferMatrix
 from schemas.spec import CampaignKind, CampaignSpec
@@ -66,6 +69,8 @@ def upload_kind(path: Path) -> InstrumentFileKind:
     if path.suffix.lower() in (".h5", ".hdf5"):
         return "focal-plane"
     raise ValueError(f"{path.name}: say which schedule it is (kind 'ground-schedule' or 'satellite-schedule')")
+
+
 SpecSource = str | PathLike[str] | Mapping[str, Any] | CampaignSpec
 
 PAGE_SIZE = 500  # the service's largest page of campaigns and plans
@@ -116,14 +121,20 @@ class Client:
 
     # ------------------------------------------------------------------ campaigns
 
-    def submit(self, spec: SpecSource, *, idempotency_key: str | None = None) -> CampaignDetail:
+    def submit(self, spec: SpecSource, *, idempotency_key: str | None = None, new: bool = False) -> CampaignDetail:
         """Validate ``spec`` here (a TOML/YAML/JSON file, a mapping or a CampaignSpec), then create its campaign.
 
         A spec that does not validate raises :class:`~mapcampaign.errors.InvalidRequest` with the field paths,
-        before anything is sent. Submitting again with the same ``idempotency_key`` and spec returns the
-        campaign made the first time instead of a second one.
+        before anything is sent; a file that does not exist raises :class:`FileNotFoundError`. Submitting
+        again with the same ``idempotency_key`` and spec returns the campaign made the first time instead of a
+        second one. A file is its own key by default, as for ``mapcampaign submit``: the same file submitted
+        again, from here or from the command line, gives back its campaign; ``new=True`` makes another.
         """
         model = campaign_spec(spec)
+        for note in spec_notes(model):
+            warnings.warn(note, UserWarning, stacklevel=2)
+        if idempotency_key is None and not new and isinstance(spec, (str, PathLike)):
+            idempotency_key = spec_file_key(Path(spec).read_bytes())
         headers = {IDEMPOTENCY_KEY_HEADER: idempotency_key} if idempotency_key else None
         answer = self._request("POST", "/campaigns", json=model.model_dump(mode="json"), headers=headers)
         return CampaignDetail.model_validate_json(answer.content)
@@ -339,11 +350,15 @@ class Client:
         nside 256)."""
         given = {"transfer": transfer, "transfer_e": transfer_e, "transfer_b": transfer_b, "covariance": covariance}
         params = {"noise": noise, **{name: value for name, value in given.items() if value is not None}}
+        payload = Path(map_file).read_bytes()
+        problem = iqu_map_problem(payload, Path(map_file).name)
+        if problem is not None:
+            raise InvalidRequest(None, "map_not_iqu", problem, problems=[("body", problem)], request="POST /spectrum")
         answer = self._request(
             "POST",
             "/spectrum",
             params=params,
-            content=Path(map_file).read_bytes(),
+            content=payload,
             headers={"Content-Type": "application/fits"},
             timeout=timeout,
         )
@@ -381,8 +396,11 @@ class Client:
     def download_products(
         self, campaign_id: int, out_dir: str | PathLike[str], *, format: Literal["fits", "npz"] = "fits"
     ) -> dict[str, Path]:
-        """Save every product file that exists now (spectra, mean and variance maps, mask) into ``out_dir``,
-        in ``format``; returns the path of each by name (``spectra``, ``mean_map``, ``variance_map``, ``mask``)."""
+        """Save every product file the campaign has now into ``out_dir`` in ``format``, with the names
+        ``mapcampaign products`` gives them: ``bandpowers`` (the decoupled bandpowers with the transfer function
+        F_b, the noise bias N_b or the covariance), ``spectra`` (pseudo-spectra), ``mean_map``,
+        ``variance_map`` and ``mask`` (e.g. ``out_dir/mean_map.fits``); returns the path of each by name.
+        Each file is written whole or not at all."""
         folder = Path(out_dir)
         folder.mkdir(parents=True, exist_ok=True)
         downloads = self.products_summary(campaign_id).downloads
@@ -391,20 +409,25 @@ class Client:
             if path is None:
                 continue
             relative = path.removeprefix(_connection.API_PREFIX)
-            target = folder / f"campaign-{campaign_id}-{name.replace('_', '-')}.{format}"
+            target = folder / f"{name}.{format}"
             with self._http.stream("GET", relative, params={"format": format}) as answer:
                 if answer.status_code != 200:
                     answer.read()
                     raise _error(answer)
-                with target.open("wb") as file:
-                    for chunk in answer.iter_bytes():
-                        file.write(chunk)
+                chunks = answer.iter_bytes()
+
+                def write(handle: IO[bytes], chunks: Iterator[bytes] = chunks) -> None:
+                    handle.writelines(chunks)
+
+                atomic_write(target, write)
             saved[name] = target
         return saved
 
     # ------------------------------------------------------------------ HTTP
 
-    def _request(self, method: str, path: str, *, expected: tuple[int, ...] = (200, 201), **kwargs: Any) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, *, expected: tuple[int, ...] = (200, 201), **kwargs: Any
+    ) -> httpx.Response:
         try:
             answer = shared_transport.send(self._http, method, path, **kwargs)
         except shared_transport.Unreachable as error:
@@ -422,7 +445,11 @@ class Client:
         return model.model_validate_json(self._request("GET", path, params=params).content)
 
     def _pages(
-        self, path: str, params: Mapping[str, Any], page_model: type[CampaignPage | PlanPage | RealizationPage], limit: int | None
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        page_model: type[CampaignPage | PlanPage | RealizationPage],
+        limit: int | None,
     ) -> builtins.list[Any]:
         """Every item of a paged listing (following ``next_cursor``), or the first ``limit``."""
         items: builtins.list[Any] = []
@@ -464,10 +491,50 @@ def changes_from_assignments(assignments: Iterable[str]) -> dict[str, Any]:
     return changes
 
 
+def iqu_map_problem(payload: bytes, name: str) -> str | None:
+    """Why a FITS map cannot give a spectrum before it is sent, or None: the spectrum needs I, Q and U (every
+    spectrum but TT needs Q and U), and an I-only map has one field. Anything else is the service's to judge."""
+    import io
+
+    from astropy.io import fits
+
+    try:
+        with fits.open(io.BytesIO(payload), memmap=False) as hdus:
+            tables = [hdu for hdu in hdus if isinstance(hdu, fits.BinTableHDU)]
+            if not tables:
+                return None
+            names = [column.name for column in tables[0].columns if column.name.upper() != "PIXEL"]
+    except (OSError, ValueError, TypeError):
+        return None
+    if len(names) >= 3:
+        return None
+    return (
+        f"{name} holds {len(names)} field(s) ({', '.join(names) or 'none'}): the spectrum needs a HEALPix map of I, "
+        "Q and U. For TT alone, write Q and U as zeros: healpy.write_map(path, [i, 0 * i, 0 * i])"
+    )
+
+
+def spec_notes(spec: CampaignSpec) -> builtins.list[str]:
+    """What a valid spec holds that the campaign will not use, said before it is submitted."""
+    notes = []
+    if spec.kind == "noise-only" and "sky" in spec.model_fields_set and spec.sky.kind != "none":
+        notes.append(f"sky: a noise-only campaign simulates no sky; the [sky] section ({spec.sky.kind}) is ignored")
+    return notes
+
+
+def spec_file_key(content: bytes) -> str:
+    """The idempotency key of a spec file, derived from its bytes: submitting the same file again (from the
+    client or the command line) replays its campaign instead of making a second one."""
+    return "spec-sha256-" + hashlib.sha256(content).hexdigest()
+
+
 def campaign_spec(spec: SpecSource) -> CampaignSpec:
-    """``spec`` as a validated CampaignSpec; a file or mapping that does not validate raises InvalidRequest."""
+    """``spec`` as a validated CampaignSpec; a file or mapping that does not validate raises InvalidRequest,
+    a file that does not exist FileNotFoundError."""
     if isinstance(spec, CampaignSpec):
         return spec
+    if not isinstance(spec, Mapping) and not Path(spec).is_file():
+        raise FileNotFoundError(f"no spec file {spec}")
     try:
         if isinstance(spec, Mapping):
             return spec_from_data(dict(spec))
@@ -490,4 +557,3 @@ def _value(choice: Any) -> Any:
 def _progress_key(detail: CampaignDetail) -> tuple[str, tuple[tuple[str, int], ...]]:
     """What watch() reports a change of: the state and the count of realisations in each state."""
     return str(detail.state), tuple(sorted((str(state), count) for state, count in detail.progress.counts.items()))
-

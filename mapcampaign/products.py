@@ -99,16 +99,44 @@ class Bandpowers:
         )
 
 
-@dataclass(frozen=True)
+def _estimates(
+    block: BandpowerProducts, estimates: Mapping[Any, BandpowerEstimate] | None
+) -> dict[str, BinnedEstimate]:
+    """Per spectrum, a bandpower estimate with its Monte Carlo ``error`` and one realisation's scatter
+    ``std = error sqrt(n)``; empty without one."""
+    if estimates is None:
+        return {}
+    n_bins = len(block.bins.ell_lo)
+    out: dict[str, BinnedEstimate] = {}
+    for name in SPECTRA:
+        error = as_array(estimates[name].error, n_bins)
+        out[name] = BinnedEstimate(
+            value=as_array(estimates[name].value, n_bins), std=error * np.sqrt(block.n), error=error
+        )
+    return out
+
+
+@dataclass(frozen=True, repr=False)
 class Products:
     """The products summary of a campaign, and its arrays as numpy.
 
-    ``summary`` is the service's answer as it is (counts, mask, downloads, warnings). Arrays are float64
-    [n_bins] over the ell bins ``ell_min .. ell_max`` (inclusive, int64) centred on ``ell_center``:
-    ``spectra_mean`` and ``spectra_std`` per spectrum (TT, EE, ...; K^2; std NaN below 2 realisations),
-    ``noise_bias`` N_l (K^2; noise-only campaigns) and ``transfer_function`` F_l (dimensionless;
-    signal-only campaigns). A product the campaign does not have yet is an empty dict or array.
-    ``bandpowers``: the decoupled bandpowers and the corrections made of them (:class:`Bandpowers`), or None.
+    ``summary`` is the service's answer as it is (counts, mask, downloads, warnings).
+
+    The corrections, over the decoupled bandpower bins ``bandpowers.ell_lo .. ell_hi`` (centres
+    ``bandpowers.ell``; ``bandpowers.reliable`` False above 2 nside), per spectrum TT EE BB TE EB TB as
+    :class:`BinnedEstimate` (``value``, ``error`` the Monte Carlo error, ``std`` one realisation's scatter):
+
+    * ``transfer_function``: F_b, dimensionless (signal-only campaigns with a CMB sky): ``<C_b> = F_b B_b^2
+      C_b^in``; EB and TB NaN (no model);
+    * ``noise_bias``: N_b, K^2 (noise-only campaigns).
+
+    ``bandpowers``: the decoupled bandpowers themselves as [6, n_bins] arrays (:class:`Bandpowers`), or None.
+
+    Pseudo-C_l figures over the ell bins ``ell_min .. ell_max`` (inclusive, int64) centred on ``ell_center``,
+    float64 [n_bins] each: ``spectra_mean`` and ``spectra_std`` per spectrum (K^2; std NaN below 2
+    realisations); ``pseudo_noise_bias`` N_l = <C~_l> / w2 (K^2) and ``pseudo_transfer_function`` F_l =
+    <C~_l> / (w2 C_l^in B_l^2): full-sky approximations, biased on a masked sky, kept for comparison.
+    A product the campaign does not have yet is an empty dict or None.
     """
 
     summary: ProductsSummary
@@ -117,14 +145,35 @@ class Products:
     ell_center: np.ndarray
     spectra_mean: dict[str, np.ndarray] = field(default_factory=dict)
     spectra_std: dict[str, np.ndarray] = field(default_factory=dict)
-    noise_bias: dict[str, BinnedEstimate] = field(default_factory=dict)
     transfer_function: dict[str, BinnedEstimate] = field(default_factory=dict)
+    noise_bias: dict[str, BinnedEstimate] = field(default_factory=dict)
+    pseudo_noise_bias: dict[str, BinnedEstimate] = field(default_factory=dict)
+    pseudo_transfer_function: dict[str, BinnedEstimate] = field(default_factory=dict)
     bandpowers: Bandpowers | None = None
+
+    def __repr__(self) -> str:
+        summary = self.summary
+        has = [
+            name
+            for name, present in (
+                ("spectra", bool(self.spectra_mean)),
+                ("bandpowers", self.bandpowers is not None),
+                ("transfer_function", bool(self.transfer_function)),
+                ("noise_bias", bool(self.noise_bias)),
+                ("covariance", self.bandpowers is not None and self.bandpowers.covariance_n is not None),
+            )
+            if present
+        ]
+        return (
+            f"<Products of campaign {summary.campaign_id} ({summary.kind}, {summary.campaign_state}): "
+            f"{summary.included} realisation(s) included; {', '.join(has) or 'nothing yet'}>"
+        )
 
     @classmethod
     def from_summary(cls, summary: ProductsSummary) -> Products:
         bins = summary.bins
         spectra = summary.spectra or {}
+        block = summary.bandpowers
         return cls(
             summary=summary,
             ell_min=np.array(bins.ell_min if bins else [], dtype=np.int64),
@@ -132,13 +181,15 @@ class Products:
             ell_center=as_array(bins.ell_center if bins else None),
             spectra_mean={name: as_array(stats.mean) for name, stats in spectra.items()},
             spectra_std={name: as_array(stats.std, len(stats.mean)) for name, stats in spectra.items()},
-            noise_bias={
+            transfer_function={} if block is None else _estimates(block, block.transfer_function),
+            noise_bias={} if block is None else _estimates(block, block.noise_bias),
+            pseudo_noise_bias={
                 name: BinnedEstimate.from_stats(stats)
                 for name, stats in (summary.noise_bias.spectra if summary.noise_bias else {}).items()
             },
-            transfer_function={
+            pseudo_transfer_function={
                 name: BinnedEstimate.from_stats(stats)
                 for name, stats in (summary.transfer_function.spectra if summary.transfer_function else {}).items()
             },
-            bandpowers=None if summary.bandpowers is None else Bandpowers.from_block(summary.bandpowers),
+            bandpowers=None if block is None else Bandpowers.from_block(block),
         )

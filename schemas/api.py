@@ -30,7 +30,7 @@ from schemas.states import CampaignState, PlanState, RealizationState
 API_PREFIX = "/api/v1"
 
 FailureClass = Literal[
-    "app_error", "walltime", "oom", "lost_worker", "drained", "launch_error", "site_error", "cancelled"
+    "app_error", "walltime", "oom", "lost_worker", "node_failure", "drained", "launch_error", "site_error", "cancelled"
 ]
 TokenKind = Literal["user", "worker"]
 

@@ -160,9 +160,20 @@ def field_suggestion(root: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
     return close[0] if close else None
 
 
+# What pydantic puts before the message of a validator's ValueError or assert: noise to a reader.
+PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def plain_message(message: str) -> str:
+    """A pydantic error message without the prefix pydantic adds to a validator's own message."""
+    for prefix in PYDANTIC_PREFIXES:
+        message = message.removeprefix(prefix)
+    return message
+
+
 def problem_message(root: type[BaseModel], item: Mapping[str, Any]) -> str:
     """A pydantic error's message, with "did you mean" for an unknown field that is close to a known one."""
-    message = str(item.get("msg", ""))
+    message = plain_message(str(item.get("msg", "")))
     if item.get("type") == "extra_forbidden":
         suggestion = field_suggestion(root, tuple(item.get("loc", ())))
         if suggestion:

@@ -53,6 +53,24 @@ def transfer_function(signal_cb: np.ndarray, model_cb: np.ndarray) -> tuple[np.n
     return transfer_ratio(mean, error, model_cb)
 
 
+# F_b is "poorly determined" where its Monte Carlo error exceeds this fraction of |F_b|.
+POORLY_DETERMINED = 0.2
+
+
+def transfer_unreliable(transfer: np.ndarray, sigma: np.ndarray, reliable_bins: np.ndarray) -> np.ndarray:
+    """Bins of F_b not to be trusted, bool [..., n_bins] like ``transfer``: bins above 2 nside
+    (``reliable_bins`` [n_bins] False, where HEALPix transforms are inaccurate), bins where F_b is undefined,
+    and bins where it is poorly determined: its Monte Carlo error ``sigma`` exceeds :data:`POORLY_DETERMINED`
+    times |F_b|. The last happen where the model through the beam is negligible against what the mask and
+    the map-maker put into the bin (BB at low ell on a masked sky, where E leaks into B; a beam-suppressed
+    tail). A NaN ``sigma`` (fewer than 2 realisations) judges nothing."""
+    transfer = np.asarray(transfer, dtype=np.float64)
+    sigma = np.asarray(sigma, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        poorly = np.isfinite(sigma) & (sigma > POORLY_DETERMINED * np.abs(transfer))
+    return ~np.asarray(reliable_bins, dtype=bool) | ~np.isfinite(transfer) | poorly
+
+
 def noise_bias(noise_cb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The noise bias per bandpower from noise-only realisations ``[n_sims, 6, n_bins]``: ``(N_b, sigma_N_b)`` K^2."""
     return mean_and_error(noise_cb)

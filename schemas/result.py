@@ -211,6 +211,9 @@ class RealizationResult(ResultModel):
     spec_hash: str
     scan_key: str
     ranks: int
+    rank_hosts: list[str] | None = Field(
+        None, description="The node each rank ran on (its MPI processor name), by rank; None from older map-makers"
+    )
     threads_per_rank: int
     samples: int
     observed_pixels: int = Field(description="Pixels hit by at least one sample")

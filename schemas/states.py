@@ -31,10 +31,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
+
+
+class _State(StrEnum):
+    """A state whose repr is its value's, so a mapping of counts prints as ``{'queued': 3}``."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
 from typing import TypeVar
 
 
-class CampaignState(StrEnum):
+class CampaignState(_State):
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -43,7 +50,7 @@ class CampaignState(StrEnum):
     HELD = "held"  # fail fast: attempts failed alike; nothing is dispatched until a retry releases it
 
 
-class RealizationState(StrEnum):
+class RealizationState(_State):
     QUEUED = "queued"
     CLAIMED = "claimed"
     RUNNING = "running"
@@ -52,7 +59,7 @@ class RealizationState(StrEnum):
     CANCELLED = "cancelled"
 
 
-class AttemptState(StrEnum):
+class AttemptState(_State):
     CLAIMED = "claimed"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -60,7 +67,7 @@ class AttemptState(StrEnum):
     CANCELLED = "cancelled"
 
 
-class PlanState(StrEnum):
+class PlanState(_State):
     BUILDING = "building"
     READY = "ready"
     FAILED = "failed"

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from schemas.io import format_location, problem_message
+from schemas.io import format_location, plain_message, problem_message
 
 log = logging.getLogger("mapcampaign.service")
 
@@ -149,7 +149,7 @@ def invalid_request_response(problems: list[dict[str, Any]], body_model: type[Ba
     detail = []
     for item in problems:
         loc = tuple(item.get("loc", ()))
-        message = item.get("msg", "")
+        message = plain_message(str(item.get("msg", "")))
         if body_model is not None and loc[:1] == ("body",):
             message = problem_message(body_model, {**item, "loc": loc[1:]})
         detail.append(

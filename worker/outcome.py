@@ -28,6 +28,8 @@ outcome                    when                                                 
 ``site_error``             the worker could not hand it to Parsl at all: its      ``site_error`` (the service
                            work folder cannot be written (disk full, quota,       does not charge it, up to
                            permissions) or submitting raised                      3 times per realisation)
+``node_failure``           the scheduler ended the block because one of its       ``node_failure``
+                           nodes died (Slurm ``NODE_FAIL``; :mod:`worker.scheduler`)
 ``lost_worker``            the worker or the block went away: orphaned (dead-man  ``lost_worker``
                            switch), runner signalled by the scheduler, Parsl
                            lost the manager
@@ -70,6 +72,7 @@ class Outcome(str, enum.Enum):
     LAUNCH_ERROR = "launch_error"
     SITE_ERROR = "site_error"
     LOST_WORKER = "lost_worker"
+    NODE_FAILURE = "node_failure"
     DRAINED = "drained"
     CANCELLED = "cancelled"
     DROPPED = "dropped"
@@ -90,6 +93,7 @@ _FAILURE_CLASSES: dict[Outcome, FailureClass] = {
     Outcome.LAUNCH_ERROR: "launch_error",
     Outcome.SITE_ERROR: "site_error",
     Outcome.LOST_WORKER: "lost_worker",
+    Outcome.NODE_FAILURE: "node_failure",
     Outcome.DRAINED: "drained",
     Outcome.CANCELLED: "cancelled",
 }
@@ -155,6 +159,8 @@ def classify(evidence: Evidence) -> Verdict:
         if evidence.app_exception in _LOST_EXCEPTIONS:
             if evidence.block_ending == "walltime":
                 return Verdict(Outcome.WALLTIME, None, "the batch job running the task reached its wall-time limit")
+            if evidence.block_ending == "node_failure":
+                return Verdict(Outcome.NODE_FAILURE, None, "a node of the batch job running the task failed")
             return Verdict(
                 Outcome.LOST_WORKER,
                 None,
@@ -184,6 +190,14 @@ def classify(evidence: Evidence) -> Verdict:
                 Outcome.WALLTIME,
                 exit_code,
                 f"the batch job{f' {job}' if job else ''} running the task reached its wall-time limit "
+                f"(the task runner got {signal_name})",
+            )
+        if evidence.block_ending == "node_failure":
+            job = status.scheduler_job_id
+            return Verdict(
+                Outcome.NODE_FAILURE,
+                exit_code,
+                f"a node of the batch job{f' {job}' if job else ''} running the task failed "
                 f"(the task runner got {signal_name})",
             )
         return Verdict(Outcome.LOST_WORKER, exit_code, f"the task runner got {signal_name} (block or node ended)")

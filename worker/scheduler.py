@@ -4,8 +4,11 @@ A task whose block went away is first classified ``lost_worker``: the runner
 was signalled, or Parsl lost the block's worker pool. The worker can tell
 more from the scheduler, using the job id the runner recorded
 (``SLURM_JOB_ID`` / ``PBS_JOBID``): a block ended at its wall-time limit
-makes the task's attempt a ``walltime`` failure, anything else (``scancel``,
-``qdel``, node failure, preemption) stays ``lost_worker``.
+makes the task's attempt a ``walltime`` failure, a Slurm job ended by the
+loss of one of its nodes (``NODE_FAIL``) a ``node_failure``, anything else
+(``scancel``, ``qdel``, preemption, a requeue) stays ``lost_worker``. A
+cluster that requeues a job after a node failure (Slurm's ``JobRequeue=1``)
+shows it pending again, which cannot be told from a requeue: ``lost_worker``.
 
 A block usually runs several tasks, and they are all lost together:
 :class:`BlockEndings` asks once per job and gives the answer to every task
@@ -40,7 +43,8 @@ PBS_WALLTIME_EXIT = -29  # PBS Pro JOB_EXEC_KILL_WALLTIME
 
 class BlockEnding(str, enum.Enum):
     WALLTIME = "walltime"  # the scheduler ended the job at its time limit
-    ENDED = "ended"  # cancelled, failed, preempted, node failure: anything but the time limit
+    NODE_FAILURE = "node_failure"  # a node of the job stopped answering and the scheduler ended the job
+    ENDED = "ended"  # cancelled, failed, preempted: anything else
 
 
 def _run(args: list[str], timeout_s: float) -> str | None:
@@ -78,6 +82,8 @@ def _slurm_ending(fields: dict[str, str]) -> BlockEnding | None:
     state, reason = fields.get("JobState", ""), fields.get("Reason", "")
     if state in ("TIMEOUT", "DEADLINE") or reason == "TimeLimit":
         return BlockEnding.WALLTIME
+    if state == "NODE_FAIL":
+        return BlockEnding.NODE_FAILURE
     if state in ("PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING", "RESIZING", "REQUEUED", ""):
         return None  # not final yet
     return BlockEnding.ENDED

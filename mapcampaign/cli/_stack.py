@@ -9,6 +9,7 @@ whole process group.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
@@ -84,6 +85,7 @@ class LocalStack:
         self.serve: subprocess.Popen | None = None
         self.worker: subprocess.Popen | None = None
         self._stopping = False
+        self._lock: IO[str] | None = None  # <data dir>/up/up.lock, held (flock) for the process lifetime
         self._previous_handlers: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     # ------------------------------------------------------------------ signals
@@ -148,6 +150,39 @@ class LocalStack:
     def worker_token_file(self) -> Path:
         return self.settings.tokens_dir / "local-worker.token"
 
+    def lock_data_folder(self) -> None:
+        """Hold ``<data dir>/up/up.lock`` (an exclusive flock) until this process ends, or exit 2 naming the
+        ``up`` that holds it: two services on one SQLite file and one products folder would step on each other.
+
+        The kernel releases a flock when its holder dies, however it dies, so a stale lock cannot remain;
+        the file's text (pid and address of the holder) is only what the message reports.
+        """
+        path = self.data_dir / "up" / "up.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")  # noqa: SIM115 -- held open for the process lifetime; not inherited (O_CLOEXEC)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            handle.close()
+            try:
+                other = json.loads(holder)
+                who = f"pid {other['pid']}, {other['url']}"
+            except (ValueError, KeyError, TypeError):
+                who = "starting"
+            fail(
+                f"another `mapcampaign up` ({who}) is running on the data folder {self.data_dir}",
+                hint="use that one (`mapcampaign list` finds it), stop it first, or set MAPCAMPAIGN_DATA_DIR to "
+                "another folder",
+                code=2,
+            )
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "url": self.url}))
+        handle.flush()
+        self._lock = handle
+
     def start(self, *, startup_timeout_s: float = 180.0) -> None:
         import httpx
 
@@ -157,6 +192,7 @@ class LocalStack:
                 hint="with a database server run `mapcampaign serve` and `mapcampaign worker --site FILE` apart",
                 code=2,
             )
+        self.lock_data_folder()
         if not port_is_free(self.settings.host, self.settings.port):
             fail(
                 f"{self.settings.host}:{self.settings.port} is taken (is a MapCampaign service already running?)",
@@ -219,6 +255,9 @@ class LocalStack:
         _terminate(self.serve, timeout_s=SERVE_STOP_S)
         self._remove_own_record()
         self.restore_signal_handlers()
+        if self._lock is not None:  # last: the folder is free once everything of this up has stopped
+            self._lock.close()
+            self._lock = None
 
     def _remove_own_record(self) -> None:
         """Remove the up record only if this process wrote it: another ``up`` on the folder may own it."""

@@ -6,7 +6,6 @@ server and the token come from). ``--json`` prints only JSON on stdout.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,12 +50,6 @@ def spec_files(paths: list[Path]) -> tuple[list[Path], list[dict[str, Any]]]:
     return files, missing
 
 
-def idempotency_key(content: bytes) -> str:
-    """Derived from the file's bytes: submitting the same file again replays its campaign instead of making
-    a second one."""
-    return "spec-sha256-" + hashlib.sha256(content).hexdigest()
-
-
 def _outcome(path: Path, outcome: str, **fields: Any) -> dict[str, Any]:
     problems = fields.pop("problems", [])
     return {
@@ -79,10 +72,16 @@ def submit_one(client: ApiClient | None, path: Path, *, dry_run: bool, new: bool
         spec = load_spec(path)
     except SpecError as error:
         return _outcome(path, "invalid", problems=error.problems)
-    summary = {"name": spec.name, "kind": spec.kind, "realizations": spec.realizations}
+    from mapcampaign.client import spec_file_key, spec_notes
+
+    summary: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "realizations": spec.realizations}
+    notes = spec_notes(spec)
+    if notes:
+        summary["notes"] = notes
     if dry_run or client is None:
         return _outcome(path, "valid", **summary)
-    key = idempotency_key(path.read_bytes())
+
+    key = spec_file_key(path.read_bytes())
     if new:
         key += "-" + secrets.token_hex(8)
     try:
@@ -108,6 +107,10 @@ def submit_one(client: ApiClient | None, path: Path, *, dry_run: bool, new: bool
 
 
 def describe_outcome(record: dict[str, Any]) -> str:
+    return _outcome_line(record) + "".join(f"\n  note: {note}" for note in record.get("notes", []))
+
+
+def _outcome_line(record: dict[str, Any]) -> str:
     file, outcome = record["file"], record["outcome"]
     if outcome == "invalid":
         reasons = "; ".join(

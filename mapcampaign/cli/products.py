@@ -9,15 +9,21 @@ Talks to the service over HTTP with a user token:
 Files (``--format``, into ``--out``, default ``./campaign-ID-products``; each written to a temporary
 file and renamed):
 
-* ``fits``: ``spectra.fits`` (binary table: per bin mean and scatter of TT, EE, BB, TE, EB, TB, and
-  N_l or F_l), ``mean_map.fits``, ``variance_map.fits``, ``mask.fits`` (HEALPix, ``healpy.read_map``);
+* ``fits``: ``bandpowers.fits`` (the decoupled bandpowers: table BANDPOWERS with the mean, its error, the
+  model, the transfer function F_b or the noise bias N_b; image COVARIANCE for a signal+noise campaign),
+  ``spectra.fits`` (binary table: per bin mean and scatter of the pseudo-spectra TT, EE, BB, TE, EB, TB,
+  and the pseudo-C_l N_l or F_l), ``mean_map.fits``, ``variance_map.fits``, ``mask.fits`` (HEALPix,
+  ``healpy.read_map``);
 * ``npz``: the same as numpy ``.npz`` archives;
-* ``json``: ``spectra.json`` only (the summary of ``GET /campaigns/ID/products``); maps come as fits or npz.
+* ``json``: ``bandpowers.json`` and ``spectra.json`` only; maps come as fits or npz.
+
+Printed: the transfer function F_b (signal-only) or the noise bias N_b (noise-only) of TT, EE and BB by
+bandpower bin, with a ``*`` on the bins not to be trusted (above 2 nside; F_b poorly determined).
 
 With ``--realization N``: that realisation's binned spectra, its map and its mask.
 
-Exit status: 0 downloaded; 1 nothing to download (no products yet, the realisation did not succeed, the
-campaign is not found) or the service cannot be reached; 2 bad usage. ``--json`` prints only JSON on
+Exit status: 0 downloaded; 1 nothing to download (no products yet, the realisation did not succeed) or the
+service cannot be reached; 2 bad usage (no such campaign of yours, a bad token or option). ``--json`` prints only JSON on
 stdout: what was downloaded, with each file's path, size and sha256, and the summary.
 """
 
@@ -29,6 +35,7 @@ import json
 from pathlib import Path
 from typing import IO, Annotated, Any
 
+import numpy as np
 import typer
 
 from mapcampaign.cli._utilities import fail
@@ -47,15 +54,21 @@ def _connection(url: str | None, token_file: Path | None) -> tuple[str, str]:
     return server_url(url), user_token(token_file)
 
 
-def _answer_error(answer: Any, what: str) -> None:
+def _answer_error(answer: Any, what: str, *, campaign: bool = False) -> None:
+    """Exit on a refused download: 2 for bad usage (the token, the campaign id: ``campaign`` says the request
+    named only the campaign, so a 404 means there is no such campaign of the user's); 1 for what is not
+    there yet."""
     try:
         detail = answer.json().get("detail", answer.text)
     except ValueError:
         detail = answer.text
-    code = 2 if answer.status_code in (401, 403, 422) else 1
+    code = 2 if answer.status_code in (401, 403, 422) or (campaign and answer.status_code == 404) else 1
     hint = {
         401: "the token is unknown or revoked",
         403: "use a user token, not a worker token",
+        404: "no such campaign of yours: `mapcampaign list` shows them"
+        if campaign
+        else "`mapcampaign status ID` shows which realisations succeeded",
     }.get(answer.status_code)
     fail(f"{what}: {detail} (HTTP {answer.status_code})", hint=hint, code=code)
 
@@ -94,8 +107,8 @@ def products(
     url: Annotated[str | None, typer.Option("--url", help="Service root URL (default: the global --server)")] = None,
     token_file: Annotated[Path | None, typer.Option("--token-file", help="File holding a user API token")] = None,
 ) -> None:
-    """Download a campaign's Monte Carlo products: mean and scatter of the spectra with the noise bias or the
-    transfer function, the mean and variance maps and the mask."""
+    """Download a campaign's Monte Carlo products: the decoupled bandpowers with the transfer function F_b, the
+    noise bias N_b or the covariance; the pseudo-spectra; the mean and variance maps and the mask."""
     import httpx
 
     target = out or Path(f"campaign-{campaign_id}-products")
@@ -135,7 +148,7 @@ def products(
             else:
                 answer = client.get(api)
                 if answer.status_code != 200:
-                    _answer_error(answer, f"campaign {campaign_id}")
+                    _answer_error(answer, f"campaign {campaign_id}", campaign=True)
                 summary = answer.json()
                 if not summary["ready"]:
                     fail(
@@ -150,7 +163,7 @@ def products(
                     )
                 target.mkdir(parents=True, exist_ok=True)
                 downloads = summary["downloads"]
-                wanted = [("spectra", "spectra")]
+                wanted = [("bandpowers", "bandpowers"), ("spectra", "spectra")]
                 if fmt != "json":
                     wanted += [("mean_map", "mean_map"), ("variance_map", "variance_map"), ("mask", "mask")]
                 for key, name in wanted:
@@ -172,6 +185,49 @@ def products(
     typer.echo(_describe(report))
 
 
+def _corrections(bandpowers: dict[str, Any]) -> list[str]:
+    """The table of F_b (signal-only) or N_b (noise-only) of TT, EE, BB by bandpower bin, unreliable bins marked."""
+    from schemas.montecarlo import transfer_unreliable
+
+    bins = bandpowers["bins"]
+    names = ("TT", "EE", "BB")
+    transfer = bool(bandpowers.get("transfer_function"))
+    if transfer:
+        block, label, scale = bandpowers["transfer_function"], "transfer function F_b (<C_b> = F_b B_b^2 C_b^in)", 1.0
+    elif bandpowers.get("noise_bias"):
+        block, label, scale = bandpowers["noise_bias"], "noise bias N_b (C_b, uK^2)", 1e12
+    else:
+        return []
+
+    def column(name: str, key: str) -> np.ndarray:
+        values = block[name][key] or [None] * len(bins["ell_lo"])
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+    above = ~np.array(bins["reliable"], dtype=bool)
+    flags = {name: above.copy() for name in names}
+    if transfer:
+        flags = {
+            name: transfer_unreliable(column(name, "value"), column(name, "error"), bins["reliable"]) for name in names
+        }
+    lines = [
+        f"{label} over {bandpowers['n']} realisation(s), value ± Monte Carlo error; * unreliable "
+        + ("(above 2 nside, or poorly determined: error > 20%)" if transfer else "(above 2 nside)")
+    ]
+    lines.append(f"{'ell':>11}  " + "  ".join(f"{name:>20}" for name in names))
+    for b, (lo, hi) in enumerate(zip(bins["ell_lo"], bins["ell_hi"], strict=True)):
+        cells = []
+        for name in names:
+            value, error = column(name, "value")[b] * scale, column(name, "error")[b] * scale
+            cell = (
+                "n/a"
+                if not np.isfinite(value)
+                else f"{value:.4g}" + ("" if not np.isfinite(error) else f" ± {error:.2g}")
+            )
+            cells.append(cell + ("*" if flags[name][b] else " "))
+        lines.append(f"{lo:>5}-{hi:<5}  " + "  ".join(f"{cell:>20}" for cell in cells))
+    return lines
+
+
 def _describe(report: dict[str, Any]) -> str:
     summary = report["summary"]
     lines = []
@@ -180,17 +236,8 @@ def _describe(report: dict[str, Any]) -> str:
             f"campaign {report['campaign_id']} ({summary['kind']}, {summary['campaign_state']}): "
             f"{summary['included']} of {summary['succeeded']} succeeded realisation(s) in the aggregates"
         )
-        bins = summary.get("bins")
-        for key, label in (("noise_bias", "N_l TT (uK^2)"), ("transfer_function", "F_l TT")):
-            block = summary.get(key)
-            if block and bins:
-                values = block["spectra"]["TT"]["value"]
-                scale = 1e12 if key == "noise_bias" else 1.0
-                shown = ", ".join(
-                    f"{lo}-{hi}: {'n/a' if v is None else format(v * scale, '.4g')}"
-                    for lo, hi, v in zip(bins["ell_min"], bins["ell_max"], values, strict=True)
-                )
-                lines.append(f"{label} by ell bin: {shown}")
+        if summary.get("bandpowers"):
+            lines.extend(_corrections(summary["bandpowers"]))
     else:
         lines.append(f"realisation {report['realization']} of campaign {report['campaign_id']}")
     for record in report["files"]:

@@ -66,6 +66,9 @@ def up(
 
     The user token is written to <data dir>/tokens/local-user.token (and reused), so `mapcampaign submit`,
     `list`, `watch` ... work from another terminal without --server or --token.
+
+    One `up` per data folder: it holds <data dir>/up/up.lock while it runs, and a second `up` (or `demo`) on
+    the same folder exits 2 naming the first one's pid and address.
     """
     from mapcampaign.cli._stack import LocalStack, StackInterrupted
 

@@ -97,10 +97,12 @@ def realize_to_folder(
     )
     folder, records, measured, coupling_record = written if written is not None else (None, [], None, None)
     per_rank = gather_rank_figures(comm, outcome, timers)
+    rank_hosts = comm.gather(MPI.Get_processor_name(), root=0)
     if comm.Get_rank() != 0:
         return None
     result = realization_result(
         spec, realization, outcome, per_rank, ranks=comm.Get_size(), threads=threads, kernels=kernels,
+        rank_hosts=rank_hosts,
         plan_checksum=None if plan_document is None else plan_document["header_sha256"],
         product_records=records, measured=measured, coupling_record=coupling_record,
     )
@@ -261,6 +263,7 @@ def realization_result(
     product_records: list[ProductFile],
     measured: RealizationSpectra,
     coupling_record: dict[str, Any],
+    rank_hosts: list[str] | None = None,
 ) -> RealizationResult:
     """The validated ``result.json`` of a realisation from its outcome and every rank's figures."""
     timers = outcome.timers
@@ -270,6 +273,7 @@ def realization_result(
         spec_hash=spec_hash(spec),
         scan_key=scan_key(spec),
         ranks=ranks,
+        rank_hosts=rank_hosts,
         threads_per_rank=threads,
         samples=outcome.samples,
         observed_pixels=outcome.observed_pixels,

@@ -29,7 +29,7 @@ from schemas.states import CampaignState, Entity, advance
 from service.campaigns.models import Attempt, Campaign
 from service.events.service import record_event
 
-NOT_THE_SPECS_DOING = ("lost_worker", "drained", "site_error", "cancelled")
+NOT_THE_SPECS_DOING = ("lost_worker", "node_failure", "drained", "site_error", "cancelled")
 _VARIABLE = re.compile(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{8,}|\d+")
 SIGNATURE_CHARS = 300
 

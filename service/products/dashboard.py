@@ -8,18 +8,22 @@ aggregates it shows:
   quick-look renderer from the mean map of the current generation, cached in
   ``products/cache/`` under the generation: the image URL changes when the
   mean does);
-* ``mc-spectra``: mean pseudo-spectra TT, EE, BB with a band of one
-  realisation's scatter (log scale, uK^2);
-* ``mc-noise-bias`` (noise-only): N_l TT, EE, BB with its scatter (uK^2), or
-  ``mc-transfer`` (signal-only with a CMB sky): F_l TT, EE, BB with its scatter;
-* ``mc-bandpowers``: the decoupled bandpowers as D_b = l(l+1) C_b / 2 pi (uK^2) of TT, EE, BB, error
-  bars of one realisation's scatter, the input model through the windows overlaid (dashed) when the
-  campaign simulated a CMB sky; and ``mc-bandpower-transfer`` (F_b, signal-only) or
-  ``mc-bandpower-noise`` (N_b as D_b, noise-only) with their Monte Carlo errors. Each of these has a
-  log/linear toggle (``static/products.js``);
-* ``mc-transfer-matrix`` (a pure-E or pure-B signal-only campaign with a partner of the other polarisation
-  and the same coupling key, :func:`service.products.spectrum.matrix_partner`): the E/B transfer matrix's
-  elements per bin on a symlog y axis, error bars = MC error, bins above 2 nside dashed (not reliable).
+* the decoupled bandpowers first, as they are what a scientist uses: ``mc-bandpowers`` (D_b = l(l+1)
+  C_b / 2 pi in uK^2 of TT, EE, BB, error bars of one realisation's scatter, the input model through the
+  windows dashed when the campaign simulated a CMB sky), and ``mc-bandpower-transfer`` (the transfer
+  function F_b, signal-only) or ``mc-bandpower-noise`` (N_b as D_b, noise-only) with their Monte Carlo
+  errors;
+* then the pseudo-C_l charts: ``mc-spectra`` (mean pseudo-spectra with a band of one realisation's
+  scatter), ``mc-noise-bias`` (N_l, noise-only) or ``mc-transfer`` (the pseudo-C_l ratio F_l, labelled
+  a full-sky approximation: it is biased on a masked sky);
+* ``mc-transfer-matrix`` on each campaign of a pure-E / pure-B pair (a signal-only campaign of one pure
+  polarisation whose owner has one of the other with the same coupling key,
+  :func:`service.products.spectrum.matrix_partner`): the E/B transfer matrix's elements per bin, symlog y,
+  error bars = Monte Carlo error, bins above 2 nside hollow and shaded.
+
+Each chart's JSON flags unreliable bins (above 2 nside; for F_b and F_l also where the ratio is poorly
+determined, ``schemas.montecarlo.transfer_unreliable``), which the renderer leaves out of the axis range
+and draws hollow, and names the y scales the reader can switch between (linear, log, symlog).
 
 The charts are drawn by the renderers that ``static/products.js`` registers
 with ``MapCampaign.charts.register``; the campaign page re-fetches them after
@@ -38,6 +42,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
+from schemas import montecarlo
 from schemas.files import atomic_write_bytes
 from schemas.result import SpectrumName
 from service.campaigns import service as campaigns
@@ -61,11 +66,11 @@ from service.storage import CampaignProducts
 FIELDS = ("I", "Q", "U")
 UK2 = 1e12  # K^2 -> uK^2
 CHARTS = ("spectra", "noise-bias", "transfer", "bandpowers", "bandpower-transfer", "bandpower-noise", "transfer-matrix")
-# The transfer matrix's elements drawn (out, in) over (EE, EB, BB), with their labels.
-MATRIX_ELEMENTS = {
-    (0, 0): "EE<-EE", (2, 2): "BB<-BB", (2, 0): "BB<-EE", (0, 2): "EE<-BB", (1, 0): "EB<-EE", (1, 2): "EB<-BB"
-}
-MATRIX_LINEAR_THRESHOLD = 1e-4  # symlog: linear within +-1e-4, log beyond (leakage is 1e-4..1e-2 of the input)
+# The transfer matrix's elements drawn, (out, in) over (EE, EB, BB), labelled input -> output.
+MATRIX_ELEMENTS = {(0, 0): "E→E", (2, 2): "B→B", (2, 0): "E→B", (0, 2): "B→E", (1, 0): "E→EB", (1, 2): "B→EB"}
+# The renderer's symlog is linear within +-1; the matrix is drawn in units of this so that leakage of
+# 1e-4 .. 1e-2 of the input (the size that matters against a lensing BB 100 times below EE) is logarithmic.
+MATRIX_UNIT = 1e-4
 
 _render_lock = threading.Lock()  # one render at a time per process: the CPU is shared with the workers
 
@@ -87,7 +92,8 @@ def mc_products_panel(*, session: Any, campaign: Any, settings: Any) -> Products
             )
             for field in FIELDS
         ]
-    charts = []
+    # The decoupled bandpowers first: F_b and N_b are the corrections; the pseudo-C_l charts follow.
+    charts = bandpower_charts(CampaignProducts(settings.products_dir, campaign.id), state, campaign.id)
     aggregates = spectra_aggregates(state)
     if aggregates is not None:
         base = f"/ui/campaigns/{campaign.id}/products"
@@ -95,7 +101,7 @@ def mc_products_panel(*, session: Any, campaign: Any, settings: Any) -> Products
             ChartRef(
                 kind="mc-spectra",
                 src=f"{base}/spectra",
-                title="Pseudo-spectra TT, EE, BB: mean over realisations, band = scatter of one",
+                title="Pseudo-spectra TT, EE, BB (C_l of the masked map): mean over realisations, band = scatter of one",
                 caption=f"uK^2, bins of {aggregates.ell_bin_width} in ell up to {aggregates.lmax}; "
                 f"mask w2 = {aggregates.w2:.3g}, fsky = {aggregates.fsky:.3g}",
             )
@@ -105,8 +111,9 @@ def mc_products_panel(*, session: Any, campaign: Any, settings: Any) -> Products
                 ChartRef(
                     kind="mc-noise-bias",
                     src=f"{base}/noise-bias",
-                    title="Noise bias N_l = <C~_l> / w2, band = scatter of one realisation",
-                    caption="uK^2; subtract w2 N_l from a masked map's pseudo-spectrum",
+                    title="Pseudo-C_l noise N_l = <C~_l> / w2 (full-sky approximation), band = scatter of one "
+                    "realisation",
+                    caption="uK^2; the noise bias to subtract from decoupled bandpowers is N_b above",
                 )
             )
         if aggregates.transfer_available:
@@ -114,23 +121,25 @@ def mc_products_panel(*, session: Any, campaign: Any, settings: Any) -> Products
                 ChartRef(
                     kind="mc-transfer",
                     src=f"{base}/transfer",
-                    title="Transfer function F_l = <C~_l> / (w2 C_l^in B_l^2), band = scatter of one realisation",
-                    caption="no pixel window: the simulated sky is sampled at pixel centres",
+                    title="Pseudo-C_l ratio F_l = <C~_l> / (w2 C_l^in B_l^2): a full-sky approximation, biased on "
+                    "a masked sky",
+                    caption="the transfer function is F_b above; no pixel window (pixel-centre sampling); "
+                    "hollow circles: F_l poorly determined",
                 )
             )
-    charts.extend(bandpower_charts(CampaignProducts(settings.products_dir, campaign.id), state, campaign.id))
     partner = matrix_partner(session=session, owner_id=campaign.owner_id, campaign=campaign)
     if partner is not None:
         pure_e, pure_b = (campaign, partner) if sky_polarization(campaign.spec) == "E-only" else (partner, campaign)
-        charts.append(
+        charts.insert(
+            0,
             ChartRef(
                 kind="mc-transfer-matrix",
                 src=f"/ui/campaigns/{campaign.id}/products/transfer-matrix",
-                title=f"E/B transfer matrix T_b[out, in] of campaigns {pure_e.id} (pure E) and {pure_b.id} (pure B), "
-                "error bars = MC error",
-                caption=f"symlog y (linear within {MATRIX_LINEAR_THRESHOLD:g}); BB<-EE is the E -> B leakage; "
-                "dashed: bins above 2 nside, not reliable; EB column assumed identity",
-            )
+                title=f"E/B transfer matrix of campaigns {pure_e.id} (pure E) and {pure_b.id} (pure B): T_b[out, in] "
+                "per bin, labelled in→out, error bars = Monte Carlo error",
+                caption=f"in units of {MATRIX_UNIT:g}, symlog y; E→B is the E -> B leakage that F_b folds into a "
+                "factor; hollow and grey: above 2 nside; the EB column is assumed (identity)",
+            ),
         )
     return ProductsPanel(figures=figures, charts=charts, note=panel_note(state))
 
@@ -151,7 +160,8 @@ def bandpower_charts(files: CampaignProducts, state: AggregateState, campaign_id
             title="Decoupled bandpowers D_b TT, EE, BB: mean, error bars = scatter of one realisation"
             + (", dashed = input model" if bandpowers.model is not None else ""),
             caption=f"uK^2, D_b = l(l+1) C_b / 2 pi at the bin centres, bins of {bandpowers.bin_width} to "
-            f"lmax {bandpowers.lmax}, {'pure' if bandpowers.purify_b else 'standard'} B; beam not deconvolved",
+            f"lmax {bandpowers.lmax}, {'pure' if bandpowers.purify_b else 'standard'} B; beam not deconvolved; "
+            "grey: above 2 nside, where HEALPix transforms are inaccurate",
         )
     ]
     if bandpowers.transfer_available:
@@ -159,8 +169,10 @@ def bandpower_charts(files: CampaignProducts, state: AggregateState, campaign_id
             ChartRef(
                 kind="mc-bandpower-transfer",
                 src=f"{base}/bandpower-transfer",
-                title="Transfer function F_b per bandpower (<C_b> = F_b B_b^2 C_b^in), error bars = MC error",
-                caption="dimensionless; 1 where the map-maker loses nothing",
+                title="Transfer function F_b (<C_b> = F_b B_b^2 C_b^in), error bars = Monte Carlo error",
+                caption="dimensionless; 1 where the map-maker loses nothing; hollow circles: unreliable bins "
+                "(above 2 nside, or F_b poorly determined where the model through the beam is negligible), "
+                "left out of the axis range",
             )
         )
     if bandpowers.noise_bias_available:
@@ -168,31 +180,47 @@ def bandpower_charts(files: CampaignProducts, state: AggregateState, campaign_id
             ChartRef(
                 kind="mc-bandpower-noise",
                 src=f"{base}/bandpower-noise",
-                title="Noise bias N_b per bandpower as D_b, error bars = MC error",
+                title="Noise bias N_b per bandpower as D_b, error bars = Monte Carlo error",
                 caption="uK^2; subtract N_b from a data map's decoupled bandpowers",
             )
         )
     return charts
 
 
-def _bars(x: np.ndarray, value: np.ndarray, error: np.ndarray | None) -> dict[str, Any]:
-    """y and its error-bar ends (lo, hi); NaN (null) where undefined."""
+def _listed(values: np.ndarray) -> list[float | None]:
+    return [float(v) if np.isfinite(v) else None for v in values]
 
-    def listed(values: np.ndarray) -> list[float | None]:
-        return [float(v) if np.isfinite(v) else None for v in values]
 
-    entry: dict[str, Any] = {"x": [float(v) for v in x], "y": listed(value)}
+def _bars(x: np.ndarray, value: np.ndarray, error: np.ndarray | None, flagged: np.ndarray) -> dict[str, Any]:
+    """y, its error-bar ends (lo, hi) and which bins are unreliable; NaN (null) where undefined."""
+    entry: dict[str, Any] = {"x": [float(v) for v in x], "y": _listed(value), "flagged": [bool(f) for f in flagged]}
     if error is not None:
-        entry.update(lo=listed(value - error), hi=listed(value + error))
+        entry.update(lo=_listed(value - error), hi=_listed(value + error))
     return entry
 
 
+def _shade(ell_lo: np.ndarray, ell_center: np.ndarray, reliable: np.ndarray) -> list[dict[str, Any]]:
+    """The x range of the bins above 2 nside (from the first one's first multipole), as a grey band."""
+    if reliable.all():
+        return []
+    first = int(np.argmin(reliable))
+    return [{"from": float(ell_lo[first]), "to": float(ell_center[-1]), "label": "above 2 nside"}]
+
+
+def _scale(values: np.ndarray, flagged: np.ndarray) -> str:
+    """linear for F_b, unless its reliable bins span more than a decade either side of 1 (then symlog)."""
+    shown = values[~flagged & np.isfinite(values)]
+    return "symlog" if shown.size and np.max(np.abs(shown)) > 10 else "linear"
+
+
 def bandpower_chart_data(bandpowers: BandpowerAggregates, chart: str) -> dict[str, Any]:
-    """The JSON of one bandpower chart: series (label, x, y, lo/hi error-bar ends, ``model`` for overlays)."""
+    """The JSON of one bandpower chart: series (label, x, y, lo/hi error-bar ends, ``flagged`` unreliable bins,
+    ``model`` for overlays), the y scales the reader can choose and the first one, the x range above 2 nside."""
     x = bandpowers.ell_center
     d_ell = x * (x + 1) / (2 * np.pi) * UK2  # C_b (K^2) -> D_b (uK^2)
     names: tuple[SpectrumName, ...] = ("TT", "EE", "BB")
     rows = [0, 1, 2]
+    above = ~np.asarray(bandpowers.reliable, dtype=bool)
     series: list[dict[str, Any]] = []
     if chart == "bandpowers":
         scatter = None
@@ -200,48 +228,68 @@ def bandpower_chart_data(bandpowers: BandpowerAggregates, chart: str) -> dict[st
             scatter = np.sqrt(np.maximum(np.diag(bandpowers.covariance), 0.0)).reshape(bandpowers.mean.shape)
         for row, name in zip(rows, names, strict=True):
             error = None if scatter is None else scatter[row] * d_ell
-            series.append({"label": name, **_bars(x, bandpowers.mean[row] * d_ell, error)})
+            series.append({"label": name, **_bars(x, bandpowers.mean[row] * d_ell, error, above)})
             if bandpowers.model is not None:
-                series.append({"label": name, "model": True, **_bars(x, bandpowers.model[row] * d_ell, None)})
-        options = {"logY": True, "yLabel": "D_b (uK^2)", "reference": None}
+                series.append({"label": name, "model": True, **_bars(x, bandpowers.model[row] * d_ell, None, above)})
+        options: dict[str, Any] = {
+            "yScale": "log",
+            "scales": ["log", "linear"],
+            "yLabel": "D_b (uK^2)",
+            "reference": None,
+        }
     elif chart == "bandpower-transfer" and bandpowers.transfer_available:
         value, sigma = bandpowers.transfer_function()
+        flagged = montecarlo.transfer_unreliable(value, sigma, bandpowers.reliable)
         for row, name in zip(rows, names, strict=True):
-            series.append({"label": name, **_bars(x, value[row], sigma[row] if bandpowers.n >= 2 else None)})
-        options = {"logY": False, "yLabel": "F_b", "reference": 1.0}
+            error = sigma[row] if bandpowers.n >= 2 else None
+            series.append({"label": name, **_bars(x, value[row], error, flagged[row])})
+        scale = _scale(value[rows], flagged[rows])
+        options = {
+            "yScale": scale,
+            "scales": [scale, "symlog" if scale == "linear" else "linear"],
+            "yLabel": "F_b",
+            "reference": 1.0,
+        }
     elif chart == "bandpower-noise" and bandpowers.noise_bias_available:
         value, sigma = bandpowers.noise_bias()
         for row, name in zip(rows, names, strict=True):
             error = sigma[row] * d_ell if bandpowers.n >= 2 else None
-            series.append({"label": name, **_bars(x, value[row] * d_ell, error)})
-        options = {"logY": True, "yLabel": "N_b as D_b (uK^2)", "reference": None}
+            series.append({"label": name, **_bars(x, value[row] * d_ell, error, above)})
+        options = {"yScale": "log", "scales": ["log", "linear"], "yLabel": "N_b as D_b (uK^2)", "reference": None}
     else:
         options = {}
     return {
         "n": bandpowers.n,
         "xLabel": "multipole ell (bin centre)",
         "label": f"{chart} over {bandpowers.n} realisations",
+        "shade": _shade(bandpowers.ell_lo, x, ~above),
         **options,
         "series": series,
     }
 
 
 def matrix_chart_data(pair: MatrixPair) -> dict[str, Any]:
-    """The JSON of the transfer-matrix chart: one series per element with error-bar ends and the reliable bins."""
+    """The JSON of the transfer-matrix chart (as :func:`bandpower_chart_data`'s): one series per element in units
+    of :data:`MATRIX_UNIT`, with error-bar ends and the bins above 2 nside flagged."""
     bandpowers = pair.pure_e.bandpowers
     x = bandpowers.ell_center
+    above = ~np.asarray(bandpowers.reliable, dtype=bool)
+    n = min(pair.matrix.n_e, pair.matrix.n_b)
     series = []
     for (out, into), label in MATRIX_ELEMENTS.items():
-        error = pair.matrix.error[:, out, into] if min(pair.matrix.n_e, pair.matrix.n_b) >= 2 else None
-        series.append({"label": label, **_bars(x, pair.matrix.matrix[:, out, into], error)})
+        error = pair.matrix.error[:, out, into] / MATRIX_UNIT if n >= 2 else None
+        series.append({"label": label, **_bars(x, pair.matrix.matrix[:, out, into] / MATRIX_UNIT, error, above)})
     return {
-        "n": min(pair.matrix.n_e, pair.matrix.n_b),
-        "xLabel": "multipole ell (bin centre)",
-        "yLabel": "T_b[out, in]",
-        "label": f"E/B transfer matrix from {pair.matrix.n_e} pure-E and {pair.matrix.n_b} pure-B realisations",
-        "symlog": MATRIX_LINEAR_THRESHOLD,
-        "reliable": [bool(v) for v in bandpowers.reliable],
+        "n": n,
         "generation": pair.pure_e.state.generation + pair.pure_b.state.generation,
+        "xLabel": "multipole ell (bin centre)",
+        "yLabel": f"T_b[out, in] / {MATRIX_UNIT:g}",
+        "label": f"E/B transfer matrix from {pair.matrix.n_e} pure-E and {pair.matrix.n_b} pure-B realisations",
+        "shade": _shade(bandpowers.ell_lo, x, ~above),
+        "yScale": "symlog",
+        "scales": ["symlog", "linear"],
+        "reference": None,
+        "unit": MATRIX_UNIT,
         "series": series,
     }
 
@@ -270,25 +318,25 @@ def panel_note(state: AggregateState) -> str:
 
 
 def _series(
-    x: np.ndarray, values: dict[str, tuple[np.ndarray, np.ndarray | None]], scale: float, log: bool
+    x: np.ndarray,
+    values: dict[str, tuple[np.ndarray, np.ndarray | None]],
+    scale: float,
+    log: bool,
+    flagged: dict[str, np.ndarray] | None = None,
 ) -> list[dict[str, Any]]:
     series = []
     for name, (value, scatter) in values.items():
         y = np.asarray(value, dtype=np.float64) * scale
-        entry: dict[str, Any] = {
-            "label": name,
-            "x": [float(v) for v in x],
-            "y": [float(v) if np.isfinite(v) else None for v in y],
-            "cls": f"mc-{name}",
-            "bandCls": f"mc-{name}",
-        }
+        entry: dict[str, Any] = {"label": name, "x": [float(v) for v in x], "y": _listed(y)}
         if scatter is not None:
             spread = np.asarray(scatter, dtype=np.float64) * scale
             lo, hi = y - spread, y + spread
             if log:
                 lo = np.where(lo > 0, lo, np.nan)
-            entry["lo"] = [float(v) if np.isfinite(v) else None for v in lo]
-            entry["hi"] = [float(v) if np.isfinite(v) else None for v in hi]
+            entry["lo"] = _listed(lo)
+            entry["hi"] = _listed(hi)
+        if flagged is not None:
+            entry["flagged"] = [bool(f) for f in flagged[name]]
         series.append(entry)
     return series
 
@@ -309,16 +357,36 @@ def chart_data(state: AggregateState, chart: str, files: CampaignProducts | None
         values: dict[str, tuple[np.ndarray, np.ndarray | None]] = {
             name: (aggregates.mean[name], aggregates.std[name] if aggregates.std else None) for name in names
         }
-        options = {"logY": True, "yLabel": "pseudo-C_l (uK^2)", "series": _series(x, values, UK2, True)}
+        options: dict[str, Any] = {
+            "yScale": "log",
+            "scales": ["log", "linear"],
+            "yLabel": "pseudo-C_l (uK^2)",
+            "series": _series(x, values, UK2, True),
+        }
     elif chart == "noise-bias" and aggregates.noise_bias_available:
         bias = aggregates.noise_bias()
         options = {
-            "logY": True,
+            "yScale": "log",
+            "scales": ["log", "linear"],
             "yLabel": "N_l (uK^2)",
             "series": _series(x, {name: bias[name] for name in names}, UK2, True),
         }
     elif chart == "transfer" and aggregates.transfer_available:
-        options = {"logY": False, "yLabel": "F_l", "series": _series(x, aggregates.transfer_function(), 1.0, False)}
+        transfer = aggregates.transfer_function()
+        n = max(aggregates.n, 1)
+        flagged = {  # the F_b rule on the scatter of the mean (std / sqrt(n)); the bins end at 2 nside
+            name: montecarlo.transfer_unreliable(
+                value, np.full_like(value, np.nan) if std is None else std / np.sqrt(n), np.ones(len(value), bool)
+            )
+            for name, (value, std) in transfer.items()
+        }
+        options = {
+            "yScale": "linear",
+            "scales": ["linear", "symlog"],
+            "yLabel": "F_l (full-sky approximation)",
+            "reference": 1.0,
+            "series": _series(x, transfer, 1.0, False, flagged),
+        }
     else:
         options = {"series": []}
     return {

@@ -2,7 +2,8 @@
 
 The page lists the user's campaigns that have Monte Carlo aggregates, each with
 links to the same files the REST API serves
-(``/api/v1/campaigns/{id}/products/...``), here under
+(``/api/v1/campaigns/{id}/products/...``: the bandpowers with F_b, N_b and the covariance, the
+pseudo-spectra, the maps and the mask), here under
 ``/campaigns/{id}/downloads/{name}`` for a browser logged in with the session
 cookie. It lives with the products, not in the dashboard package, because it
 reads their state (the dashboard never imports the products; they import it).
@@ -29,6 +30,9 @@ router = APIRouter(route_class=PageRoute, include_in_schema=False)
 
 # The files the page links to: name -> (what, format), as the REST API's routes name them.
 DOWNLOADS = {
+    "bandpowers.json": ("bandpowers", "json"),
+    "bandpowers.npz": ("bandpowers", "npz"),
+    "bandpowers.fits": ("bandpowers", "fits"),
     "spectra.json": ("spectra", "json"),
     "spectra.npz": ("spectra", "npz"),
     "spectra.fits": ("spectra", "fits"),
@@ -37,6 +41,7 @@ DOWNLOADS = {
     "variance-map.fits": ("variance-map", "fits"),
     "variance-map.npz": ("variance-map", "npz"),
     "mask.fits": ("mask", "fits"),
+    "mask.npz": ("mask", "npz"),
 }
 PAGE_CAMPAIGNS = 200  # the newest campaigns of the user looked at (one small state file read each)
 
@@ -50,6 +55,8 @@ def products_page_context(*, session: Any, owner_id: int, settings: Settings) ->
         if state is None or not state.has_products:
             continue
         offered = []
+        if state.n_bandpowers:
+            offered += ["bandpowers.json", "bandpowers.npz", "bandpowers.fits"]
         if state.n_spectra:
             offered += ["spectra.json", "spectra.npz", "spectra.fits"]
         if state.n_maps:
@@ -57,7 +64,7 @@ def products_page_context(*, session: Any, owner_id: int, settings: Settings) ->
         if state.n_maps >= 2:
             offered += ["variance-map.fits", "variance-map.npz"]
         if state.mask is not None:
-            offered.append("mask.fits")
+            offered += ["mask.fits", "mask.npz"]
         items.append(
             {
                 "campaign": campaign,
@@ -84,7 +91,11 @@ def product_download(
     if name not in DOWNLOADS:
         raise NotFound(f"no download {name!r}; one of {', '.join(DOWNLOADS)}")
     what, fmt = DOWNLOADS[name]
-    if what == "spectra":
+    if what == "bandpowers":
+        download = products.bandpower_download(
+            session=session, owner_id=user.user_id, campaign_id=campaign_id, products_dir=settings.products_dir, fmt=fmt
+        )
+    elif what == "spectra":
         download = products.spectra_download(
             session=session, owner_id=user.user_id, campaign_id=campaign_id, products_dir=settings.products_dir, fmt=fmt
         )

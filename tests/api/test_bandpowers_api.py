@@ -387,6 +387,45 @@ def test_a_wrong_combination_is_refused_naming_what_differs(api, skies, tmp_path
     assert spectrum(api, data, transfer=ids["transfer"], noise=ids["noise"], covariance=10**9).status_code == 404
 
 
+def test_the_transfer_function_is_f_b_on_the_dashboard_with_unreliable_bins_flagged(api, skies, tmp_path):
+    """A signal-only masked campaign of 12 realisations: the panel shows F_b before the pseudo-C_l ratio F_l,
+    which is labelled a full-sky approximation; the F_b chart flags the bins above 2 nside and those where F_b
+    is poorly determined (BB on a masked sky: E leaks into B, its error is far above 20%), not TT and EE
+    in the judged bins; the bandpowers are on the products page and download from it."""
+    made, folders, _ = skies
+    spec = {**campaign_spec("signal-only"), "name": "F_b chart"}
+    paths = [refolder(spec, path, tmp_path / path.name) for path in folders["signal-only"][1]]
+    for path in paths:  # the pseudo-C_l model too, so the panel has F_l as well
+        result = json.loads((path / "result.json").read_text())
+        result["spectra"]["model"] = {name: [float(v) for v in made.model[row]] for row, name in enumerate(SPECTRA)}
+        (path / "result.json").write_text(json.dumps(result))
+    campaign_id = run_campaign(api, spec, paths)
+    api.client.cookies.clear()
+    login = api.client.post("/login", data={"token": api.alice, "next": "/"}, follow_redirects=False)
+    assert login.status_code == 303, login.text
+    page = api.client.get(f"/campaigns/{campaign_id}").text
+    assert page.index('data-chart="mc-bandpower-transfer"') < page.index('data-chart="mc-transfer"')
+    assert "Transfer function F_b" in page and "full-sky approximation, biased on a masked sky" in page
+
+    chart = api.client.get(f"/ui/campaigns/{campaign_id}/products/bandpower-transfer").json()
+    assert chart["yScale"] == "linear" and chart["scales"] == ["linear", "symlog"] and chart["reference"] == 1.0
+    series = {s["label"]: s for s in chart["series"]}
+    above = ~made.binning.reliable_bins
+    assert above.any() and chart["shade"][0]["from"] == float(made.binning.ell_lo[np.argmax(above)])
+    for name in ("TT", "EE", "BB"):
+        assert np.array(series[name]["flagged"])[above].all(), name
+    for name in ("TT", "EE"):
+        assert not np.array(series[name]["flagged"])[judged(made)].any(), name
+    assert np.array(series["BB"]["flagged"])[made.binning.reliable_bins].any()
+
+    products = api.client.get("/products").text
+    assert f'href="/campaigns/{campaign_id}/downloads/bandpowers.fits"' in products
+    download = api.client.get(f"/campaigns/{campaign_id}/downloads/bandpowers.npz")
+    assert download.status_code == 200
+    with np.load(io.BytesIO(download.content)) as stored:
+        assert int(stored["n"]) == 12 and str(stored["kind"]) == "signal-only"
+
+
 # --------------------------------------------------------------------------- CLI against a live service
 
 
@@ -433,6 +472,10 @@ def test_cli_spectrum_prints_the_bandpowers_and_refuses_a_wrong_combination(live
     table = run_spectrum_cli(live_service, str(data_file), *options)
     assert table.returncode == 0, table.stderr
     assert "D_b in uK^2" in table.stdout and "no errors" in table.stdout
+    assert "the beam is not deconvolved" in table.stdout
+    # two realisations cannot determine F_b of BB on a masked sky: starred, and a warning names the bins
+    assert "F_b is poorly determined" in table.stderr and "BB " in table.stderr.split("trusted:")[1], table.stderr
+    assert "*" in table.stdout
     first = answer["bins"]["ell_center"][0]
     d_tt = first * (first + 1) * answer["cb"]["TT"][0] / (2 * math.pi) * 1e12
     assert f"{d_tt:.4g}" in table.stdout
@@ -441,3 +484,16 @@ def test_cli_spectrum_prints_the_bandpowers_and_refuses_a_wrong_combination(live
     assert wrong.returncode == 2 and "query.transfer" in wrong.stderr and "noise-only" in wrong.stderr, wrong.stderr
     missing = run_spectrum_cli(live_service, str(tmp_path / "absent.fits"), *options)
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+    i_only = tmp_path / "i-only.fits"
+    hp.write_map(str(i_only), hp.read_map(str(data_file), field=0), dtype=np.float64)
+    refused = run_spectrum_cli(live_service, str(i_only), *options)
+    assert refused.returncode == 2 and "1 field(s)" in refused.stderr and "I, Q and U" in refused.stderr
+
+    products = subprocess.run(
+        mapcampaign_command("products", str(ids["signal-only"]), "--out", str(tmp_path / "fb")),
+        env={**live_service.env, "MAPCAMPAIGN_TOKEN": live_service.user_token},
+        capture_output=True, check=False, text=True, timeout=600,
+    )  # fmt: skip
+    assert products.returncode == 0, products.stderr
+    assert "transfer function F_b" in products.stdout and "F_l" not in products.stdout
+    assert (tmp_path / "fb" / "bandpowers.fits").is_file()

@@ -178,10 +178,10 @@ def test_products_page_links_downloads_and_the_panel_appears(api, mapped):
 
     panel = api.client.get(f"/ui/campaigns/{campaign_id}/products-panel").json()
     assert panel["empty"] is False and "2 realisation(s)" in panel["note"]
-    # signal+noise of a CMB sky: the pseudo-spectra and their noise bias, then the decoupled bandpowers
-    # against the input model and the bandpowers' noise bias
+    # the decoupled bandpowers against the input model and their noise bias first, then the pseudo-spectra
+    # and their pseudo-C_l noise
     assert [chart["kind"] for chart in panel["charts"]] == [
-        "mc-spectra", "mc-noise-bias", "mc-bandpowers", "mc-bandpower-noise"
+        "mc-bandpowers", "mc-bandpower-noise", "mc-spectra", "mc-noise-bias"
     ]
     assert [figure["src"].split("?")[0] for figure in panel["figures"]] == [
         f"/campaigns/{campaign_id}/products/mean-{field}.png" for field in "IQU"
@@ -322,3 +322,16 @@ def test_a_login_link_expires_and_dies_with_its_token(api, clock):
 def test_only_user_tokens_get_login_links(api):
     assert new_link(api, api.alice_worker).status_code == 403
     assert api.client.post("/api/v1/login-links").status_code == 401
+
+
+def test_the_focal_plane_has_axes_and_counts_detectors_that_share_a_position(api):
+    """The demo's 4 detectors are two A/B pairs at two offsets: the plot says so and labels its axes."""
+    campaign, _worker = running_campaign(api)
+    login(api)
+    page = api.client.get(f"/campaigns/{campaign['id']}").text
+    plot = page[page.index('<svg id="focal-plane-plot"'):]
+    plot = plot[: plot.index("</svg>", plot.index("</svg>") + 1)]  # the degrees inside, the axes around
+    assert "x offset (°)" in plot and "y offset (°)" in plot
+    assert plot.count('<g class="detector">') == 4
+    assert plot.count('class="shared-position"') == 2 and plot.count(">2</text>") == 2
+    assert "at 2 positions" in page

@@ -292,7 +292,7 @@ def test_dashboard_panel_shows_the_running_mean_and_the_spectra(api, mapped):
     image = api.client.get(f"/campaigns/{campaign_id}/products/mean-Q.png?g=2")
     assert image.status_code == 200 and image.content.startswith(b"\x89PNG")
     chart = api.client.get(f"/ui/campaigns/{campaign_id}/products/spectra").json()
-    assert chart["generation"] == 2 and chart["logY"] and [s["label"] for s in chart["series"]] == ["TT", "EE", "BB"]
+    assert chart["generation"] == 2 and chart["yScale"] == "log" and [s["label"] for s in chart["series"]] == ["TT", "EE", "BB"]
     summary = summary_of(api, campaign_id)
     np.testing.assert_allclose(chart["series"][0]["y"], np.array(summary["spectra"]["TT"]["mean"]) * 1e12, rtol=1e-12)
     bias = api.client.get(f"/ui/campaigns/{campaign_id}/products/noise-bias").json()
@@ -348,6 +348,7 @@ def test_cli_downloads_the_products(live_service, mapped, tmp_path):
     report = json.loads(done.stdout)
     assert report["summary"]["included"] == 2 and report["format"] == "fits"
     assert sorted(f["name"] for f in report["files"]) == [
+        "bandpowers.fits",
         "mask.fits",
         "mean_map.fits",
         "spectra.fits",
@@ -361,11 +362,14 @@ def test_cli_downloads_the_products(live_service, mapped, tmp_path):
 
     done = run_products_cli(live_service, str(campaign_id), "--format", "npz", "--out", str(tmp_path / "npz"))
     assert done.returncode == 0, done.stderr
-    assert "N_l TT (uK^2) by ell bin" in done.stdout
+    assert "noise bias N_b (C_b, uK^2) over 2 realisation(s)" in done.stdout and "N_l" not in done.stdout
+    with np.load(tmp_path / "npz" / "bandpowers.npz") as data:
+        assert int(data["n"]) == 2 and data["noise_bias"].shape[0] == 6
     with np.load(tmp_path / "npz" / "spectra.npz") as data:
         assert data["TT_mean"].shape == (4,)
     done = run_products_cli(live_service, str(campaign_id), "-f", "json", "--json", "-o", str(tmp_path / "json"))
-    assert done.returncode == 0 and [f["name"] for f in json.loads(done.stdout)["files"]] == ["spectra.json"]
+    assert done.returncode == 0
+    assert [f["name"] for f in json.loads(done.stdout)["files"]] == ["bandpowers.json", "spectra.json"]
     assert json.loads((tmp_path / "json" / "spectra.json").read_text())["noise_bias"] is not None
 
     done = run_products_cli(live_service, str(campaign_id), "--realization", "1", "--json", "-o", str(tmp_path / "r1"))
@@ -383,7 +387,7 @@ def test_cli_downloads_the_products(live_service, mapped, tmp_path):
     assert run_products_cli(live_service, "abc").returncode == 2
     bob = live_service.create_token("bob")
     other = run_products_cli(live_service, str(campaign_id), token=bob)
-    assert other.returncode == 1 and "not found" in other.stderr
+    assert other.returncode == 2 and "not found" in other.stderr and "mapcampaign list" in other.stderr
     assert run_products_cli(live_service, str(campaign_id), token=live_service.worker_token).returncode == 2
     (tmp_path / "file").write_text("")
     assert run_products_cli(live_service, str(campaign_id), "--out", str(tmp_path / "file")).returncode == 2

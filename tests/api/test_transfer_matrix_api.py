@@ -176,10 +176,14 @@ def test_the_matrix_product_follows_the_realisations_and_the_corrected_spectrum_
     page = api.client.get(f"/campaigns/{pure_b}").text
     assert 'data-chart="mc-transfer-matrix"' in page and f"of campaigns {pure_e} (pure E) and {pure_b}" in page
     chart = api.client.get(f"/ui/campaigns/{pure_e}/products/transfer-matrix").json()
-    assert chart["symlog"] > 0 and chart["reliable"] == [bool(v) for v in made.binning.reliable_bins]
-    leakage = next(series for series in chart["series"] if series["label"] == "BB<-EE")
-    np.testing.assert_allclose(values(leakage["y"]), matrix.matrix[:, 2, 0], rtol=1e-9, atol=1e-15)
-    np.testing.assert_allclose(values(leakage["hi"]) - values(leakage["y"]), matrix.error[:, 2, 0], rtol=1e-6, atol=1e-15)
+    assert chart["yScale"] == "symlog" and chart["shade"][0]["label"] == "above 2 nside"
+    leakage = next(series for series in chart["series"] if series["label"] == "E→B")
+    assert leakage["flagged"] == [not v for v in made.binning.reliable_bins]
+    unit = chart["unit"]
+    np.testing.assert_allclose(values(leakage["y"]) * unit, matrix.matrix[:, 2, 0], rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(
+        (values(leakage["hi"]) - values(leakage["y"])) * unit, matrix.error[:, 2, 0], rtol=1e-6, atol=1e-15
+    )
 
     noise = run_campaign(api, *folders["noise-only"])
     total = run_campaign(api, *folders["signal+noise"])

@@ -88,9 +88,14 @@ def test_live_table_products_panel_and_the_plans_and_products_pages(dash: Dashbo
     page.wait_for_url(dash.url + "/products")
     links = page.locator(f"tr[data-campaign='{campaign_id}'] [data-role=downloads] a")
     names = [name.strip() for name in links.all_text_contents()]
-    assert names[:5] == ["spectra.json", "spectra.npz", "spectra.fits", "mean-map.fits", "mean-map.npz"]
-    answer = page.request.get(dash.url + links.first.get_attribute("href"))
+    assert names[:8] == [
+        "bandpowers.json", "bandpowers.npz", "bandpowers.fits", "spectra.json", "spectra.npz", "spectra.fits",
+        "mean-map.fits", "mean-map.npz",
+    ]  # fmt: skip
+    answer = page.request.get(dash.url + links.nth(3).get_attribute("href"))
     assert answer.status == 200 and answer.json()["included"] == 1
+    answer = page.request.get(dash.url + links.first.get_attribute("href"))
+    assert answer.status == 200 and answer.json()["n"] == 1  # the bandpowers of the one realisation
     dash.screenshot(page, "products")
 
     # A mistyped address: the dashboard's own 404 page, with its menu; the same address as JSON for a script.

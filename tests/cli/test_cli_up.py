@@ -190,3 +190,35 @@ def test_demo_refuses_an_invalid_spec_before_starting_anything(tmp_path):
     done = run_cli(env, "demo", "--spec", str(spec_file), timeout=60)
     assert done.returncode == 2 and "bad.toml: focal_plane.detectors:" in done.stderr
     assert not (tmp_path / "data" / "logs").exists()
+
+
+def test_a_second_up_on_the_same_data_folder_exits_2_naming_the_first(tmp_path):
+    """The first `up` holds the data folder's lock: a second one on another port exits 2 naming the first's pid
+    and address, and leaves its address record alone, so `list` still finds the first."""
+    data_dir = tmp_path / "data"
+    env = service_env(data_dir, free_port(), None, None)
+    first = subprocess.Popen(
+        mapcampaign_command("up"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{env['MAPCAMPAIGN_PORT']}"
+        wait_until(lambda: is_healthy(url), 120, "the API", first)
+        record = data_dir / "up" / "server.json"
+        wait_until(record.exists, 60, "up's address record", first)
+        second_port = free_port()
+        second = run_cli({**env, "MAPCAMPAIGN_PORT": str(second_port)}, "up", timeout=120)
+        assert second.returncode == 2, second.stderr
+        assert f"pid {first.pid}" in second.stderr and url in second.stderr, second.stderr
+        assert str(data_dir) in second.stderr
+        assert not is_healthy(f"http://127.0.0.1:{second_port}")
+        assert json.loads(record.read_text())["url"] == url  # the first's record is kept
+        without_port = {k: v for k, v in env.items() if k not in ("MAPCAMPAIGN_PORT", "MAPCAMPAIGN_HOST")}
+        assert run_cli(without_port, "list", "--json").returncode == 0
+        first.send_signal(signal.SIGTERM)
+        output, _ = first.communicate(timeout=180)
+        assert first.returncode == 0, output
+        assert_no_processes_left(data_dir)
+    finally:
+        if first.poll() is None:
+            first.kill()

@@ -25,7 +25,7 @@ from schemas.api import CampaignDetail, CampaignSummary, PlanInfo, RealizationDe
 from schemas.spec import CampaignSpec
 from tests.client.conftest import ELL_MAX, ELL_MIN, CampaignRunner, small_spec
 from tests.support.fake_worker import iqu_map_fits
-from tests.support.live_service import LiveService
+from tests.support.live_service import LiveService, mapcampaign_command
 
 UNKNOWN = 987_654
 
@@ -64,6 +64,28 @@ def test_an_idempotency_key_makes_one_campaign_of_two_submits(client: mapcampaig
     again = client.submit(small_spec("keyed"), idempotency_key="client-test-key-1")
     assert again.id == first.id
     assert len(client.list(name="keyed")) == 1
+
+
+def test_a_spec_file_is_its_own_key_from_the_client_and_the_command_line(
+    client: mapcampaign.Client, live_service: LiveService, tmp_path
+):
+    """The same file submitted by ``mapcampaign submit`` and then by ``Client.submit`` is one campaign;
+    ``new=True`` makes another. A file that is not there is FileNotFoundError, and the counts print as words."""
+    import subprocess
+
+    path = tmp_path / "keyed-file.json"
+    path.write_text(json.dumps(small_spec("keyed-file")))
+    env = {**live_service.env, "MAPCAMPAIGN_SERVER": live_service.url, "MAPCAMPAIGN_TOKEN": live_service.user_token}
+    done = subprocess.run(
+        mapcampaign_command("submit", str(path), "--json"), env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    again = client.submit(path)
+    assert [campaign.id for campaign in client.list(name="keyed-file")] == [again.id]
+    assert client.submit(path, new=True).id != again.id
+    with pytest.raises(FileNotFoundError):
+        client.submit(tmp_path / "absent.toml")
+    assert "'queued': 2" in str(again.progress.counts) and "RealizationState" not in str(again.progress.counts)
 
 
 def test_a_bad_spec_is_refused_before_it_is_sent_with_the_field_path(client: mapcampaign.Client, tmp_path):
@@ -211,6 +233,7 @@ def test_maps_products_plans_and_downloads(client: mapcampaign.Client, campaign_
 
     saved = client.download_products(campaign.id, tmp_path / "products")
     assert {"spectra", "mean_map", "variance_map"} <= set(saved)
+    assert saved["mean_map"] == tmp_path / "products" / "mean_map.fits"  # the names `mapcampaign products` gives
     assert all(path.is_file() and path.stat().st_size > 0 for path in saved.values())
     mean_map = np.asarray(hp.read_map(str(saved["mean_map"]), field=(0, 1, 2), dtype=np.float64))
     observed = uploaded[0][0] != hp.UNSEEN

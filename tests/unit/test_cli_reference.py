@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 
 from mapcampaign.cli._client import field_problems
-from mapcampaign.cli.campaigns import describe_outcome, idempotency_key, spec_files
+from mapcampaign.cli.campaigns import describe_outcome, spec_files
+from mapcampaign.client import spec_file_key as idempotency_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,3 +73,17 @@ def test_spec_files_expand_folders_and_name_what_is_missing(tmp_path):
 def test_idempotency_key_follows_the_file_bytes():
     assert idempotency_key(b"a") == idempotency_key(b"a") != idempotency_key(b"b")
     assert len(idempotency_key(b"a")) <= 200
+
+
+def test_the_products_table_stars_unreliable_f_b_bins():
+    """F_b above 2 nside, or with a Monte Carlo error above 20% (BB on a masked sky), is starred; TT is not."""
+    from mapcampaign.cli.products import _corrections
+
+    bins = {"ell_lo": [2, 18, 34], "ell_hi": [17, 33, 49], "reliable": [True, True, False]}
+    transfer = {name: {"value": [0.98, 1.01, 1.2], "error": [0.05, 0.01, 0.3]} for name in ("TT", "EE", "TE", "EB", "TB")}
+    transfer["BB"] = {"value": [-32464.0, 1.02, 1.0], "error": [9000.0, 0.02, 0.5]}
+    lines = _corrections({"n": 8, "bins": bins, "transfer_function": transfer})
+    assert lines[0].startswith("transfer function F_b") and "poorly determined" in lines[0]
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert rows["2-17"].rstrip().endswith("-3.246e+04 ± 9e+03*") and "0.98 ± 0.05 " in rows["2-17"]
+    assert "*" not in rows["18-33"] and rows["34-49"].count("*") == 3

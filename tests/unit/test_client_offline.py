@@ -167,8 +167,59 @@ def test_products_arrays_have_nan_where_the_service_reports_null():
     np.testing.assert_array_equal(products.ell_min, [2, 4])
     np.testing.assert_array_equal(products.spectra_mean["TT"], [1.0, 2.0])
     assert products.spectra_std["TT"].shape == (2,) and np.isnan(products.spectra_std["TT"]).all()
-    np.testing.assert_array_equal(products.noise_bias["TT"].value, [0.5, np.nan])
-    assert np.isnan(products.noise_bias["TT"].error).all() and products.transfer_function == {}
+    np.testing.assert_array_equal(products.pseudo_noise_bias["TT"].value, [0.5, np.nan])
+    assert np.isnan(products.pseudo_noise_bias["TT"].error).all() and products.pseudo_transfer_function == {}
+    assert products.noise_bias == {} and products.transfer_function == {}  # no bandpowers yet
+
+
+def signal_only_summary() -> ProductsSummary:
+    """A signal-only campaign of 4 realisations with F_l and F_b that differ, so a test can tell them apart."""
+    estimate = {"value": [0.9, None], "error": [0.05, None]}
+    spectra = ("TT", "EE", "BB", "TE", "EB", "TB")
+    return ProductsSummary.model_validate(
+        {
+            "campaign_id": 7,
+            "kind": "signal-only",
+            "campaign_state": "succeeded",
+            "succeeded": 4,
+            "included": 4,
+            "spectra_realizations": 4,
+            "map_realizations": 4,
+            "ready": True,
+            "generation": 4,
+            "bins": {"ell_min": [2, 4], "ell_max": [3, 5], "ell_center": [2.5, 4.5], "lmax": 5, "ell_bin_width": 2},
+            "spectra": {"TT": {"mean": [1.0, 2.0], "std": [0.1, 0.2]}},
+            "transfer_function": {
+                "beam_fwhm_arcmin": 60.0,
+                "model": {"TT": [1.0, 1.0]},
+                "spectra": {"TT": {"value": [1.9, 1.8], "std": None, "error": None}},
+            },
+            "bandpowers": {
+                "n": 4,
+                "bins": {"ell_lo": [2, 6], "ell_hi": [5, 9], "ell_center": [3.5, 7.5], "lmax": 9, "bin_width": 4,
+                         "reliable": [True, False]},
+                "purify_b": False,
+                "mask_sha256": "0" * 64,
+                "mean": {name: {"value": [1e-12, 2e-12], "error": [1e-13, 1e-13]} for name in spectra},
+                "transfer_function": {name: estimate for name in spectra},
+            },
+            "downloads": ProductDownloads().model_dump(),
+        }
+    )
+
+
+def test_the_transfer_function_is_f_b_and_f_l_is_named_a_pseudo_cl_ratio():
+    products = Products.from_summary(signal_only_summary())
+    np.testing.assert_array_equal(products.transfer_function["TT"].value, [0.9, np.nan])
+    np.testing.assert_allclose(products.transfer_function["TT"].std, [0.1, np.nan])  # error sqrt(n), n = 4
+    np.testing.assert_array_equal(products.pseudo_transfer_function["TT"].value, [1.9, 1.8])
+    assert products.bandpowers is not None and list(products.bandpowers.reliable) == [True, False]
+
+
+def test_the_repr_of_products_is_one_line_naming_what_there_is():
+    shown = repr(Products.from_summary(signal_only_summary()))
+    assert shown.startswith("<Products of campaign 7 (signal-only, succeeded): 4 realisation(s) included;")
+    assert "transfer_function" in shown and "array" not in shown and "\n" not in shown and len(shown) < 200
 
 
 def campaign_detail(state: str, succeeded: int) -> dict:
@@ -200,3 +251,33 @@ def test_watch_polls_when_the_event_stream_is_unavailable_and_reports_only_chang
         seen = [(str(detail.state), detail.progress.counts["succeeded"]) for detail in client.watch(1, poll_s=0.01)]
     assert seen == [("queued", 0), ("running", 1), ("succeeded", 2)]
     assert streams_tried and set(streams_tried) == {"1"}
+
+
+def test_a_validator_s_message_comes_without_pydantic_s_prefix():
+    from mapcampaign.client import campaign_spec
+
+    with pytest.raises(InvalidRequest) as refused:
+        campaign_spec(spec_data(kind="signal-only", sky={"kind": "none"}))
+    (problem,) = refused.value.problems
+    assert "needs a sky" in problem[1] and not problem[1].startswith("Value error"), problem
+
+
+def test_a_noise_only_spec_with_a_sky_is_told_the_sky_is_ignored(tmp_path):
+    from mapcampaign.cli.campaigns import describe_outcome, submit_one
+    from mapcampaign.client import campaign_spec, spec_notes
+
+    assert spec_notes(campaign_spec(spec_data(kind="noise-only", sky={"kind": "none"}))) == []
+    without_section = {key: value for key, value in spec_data(kind="noise-only").items() if key != "sky"}
+    assert spec_notes(campaign_spec(without_section)) == []
+    (note,) = spec_notes(campaign_spec(spec_data(kind="noise-only", sky={"kind": "cmb"})))
+    assert "ignored" in note and note.startswith("sky:")
+    with (
+        mapcampaign.Client(server="http://127.0.0.1:9", token="t") as client,
+        pytest.warns(UserWarning, match="ignored"),
+        pytest.raises(ServiceUnavailable),
+    ):
+        client.submit(spec_data(kind="noise-only", sky={"kind": "cmb"}))
+    spec_file = tmp_path / "noise-with-sky.json"
+    spec_file.write_text(json.dumps(spec_data(kind="noise-only", sky={"kind": "cmb"})))
+    line = describe_outcome(submit_one(None, spec_file, dry_run=True, new=False))
+    assert "valid" in line and "note: sky: a noise-only campaign simulates no sky" in line

@@ -47,7 +47,8 @@ def fake_bin(tmp_path, monkeypatch) -> Path:
     [
         ("JobId=12 JobName=parsl.mpi.block-0 JobState=TIMEOUT Reason=TimeLimit", BlockEnding.WALLTIME),
         ("JobId=12 JobName=parsl.mpi.block-0 JobState=CANCELLED Reason=None", BlockEnding.ENDED),
-        ("JobId=12 JobName=parsl.mpi.block-0 JobState=NODE_FAIL Reason=NodeDown", BlockEnding.ENDED),
+        ("JobId=12 JobName=parsl.mpi.block-0 JobState=NODE_FAIL Reason=NodeDown", BlockEnding.NODE_FAILURE),
+        ("JobId=12 JobName=parsl.mpi.block-0 JobState=PENDING Reason=BeginTime Restarts=1", None),  # requeued
         ("JobId=12 JobName=parsl.mpi.block-0 JobState=RUNNING Reason=None", None),  # not over: nothing to add
     ],
 )
@@ -93,6 +94,18 @@ def test_a_block_time_limit_turns_a_lost_worker_into_walltime():
     assert classify(Evidence("realize", orphaned, block_ending="walltime")).outcome is Outcome.LOST_WORKER
 
 
+def test_a_failed_node_turns_a_lost_worker_into_node_failure():
+    signalled = runner_status("signalled", 143, signal="SIGTERM", scheduler_job_id="12")
+    verdict = classify(Evidence("realize", signalled, block_ending="node_failure"))
+    assert verdict.outcome is Outcome.NODE_FAILURE and verdict.outcome.failure_class == "node_failure"
+    assert "batch job 12" in verdict.message
+    # The runner died with the node (it ran there): Parsl lost the manager, Slurm says why.
+    lost = Evidence("realize", None, app_exception="ManagerLost", block_ending="node_failure")
+    assert classify(lost).outcome is Outcome.NODE_FAILURE
+    orphaned = runner_status("orphaned", -15)
+    assert classify(Evidence("realize", orphaned, block_ending="node_failure")).outcome is Outcome.LOST_WORKER
+
+
 def slurm_run(tmp_path: Path, client: RecordingClient):
     run = make_run(tmp_path, client)
     site = parse_site(
@@ -110,6 +123,7 @@ def slurm_run(tmp_path: Path, client: RecordingClient):
     [
         ("JobId=12 JobState=TIMEOUT Reason=TimeLimit", 0, "walltime"),
         ("JobId=12 JobState=CANCELLED Reason=None", 0, "lost_worker"),
+        ("JobId=12 JobState=NODE_FAIL Reason=NodeDown", 0, "node_failure"),
         ("slurm_load_jobs error: Invalid job id specified", 1, "lost_worker"),  # a job Slurm does not know
     ],
 )

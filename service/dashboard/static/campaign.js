@@ -264,13 +264,13 @@
     });
     const newest = results.items.length ? results.items[results.items.length - 1].index : null;
     MC.charts.lines(convergenceChart, {
-      logY: true, xLabel: "PCG iteration", yLabel: "‖r‖ / ‖b‖",
+      logY: true, xInteger: true, xLabel: "PCG iteration", yLabel: "‖r‖ / ‖b‖",
       label: `Residual history of realisations ${first} to ${last}`,
       series: results.items.map((item) => ({
         label: String(item.index),
         y: item.residual_history,
         cls: item.index === newest ? "latest" : "",
-        title: `#${item.index}: ${item.iterations} iterations, ${item.converged ? "converged" : "not converged"}` +
+        title: `#${item.index}: ${item.iterations} iteration${item.iterations === 1 ? "" : "s"}, ${item.converged ? "converged" : "not converged"}` +
           (item.strategy ? `, ${item.strategy}` : ""),
       })),
     });

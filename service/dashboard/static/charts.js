@@ -1,10 +1,11 @@
-/* Small SVG charts for the dashboard: progress bars, stacked bars, lines on a log scale.
+/* Small SVG charts for the dashboard: progress bars, stacked bars, lines on linear, log or symlog axes.
  *
  * Every label is set with textContent and every number with setAttribute: no HTML is parsed from data.
  * Charts draw into a viewBox and scale with their container.
  *
  *   MapCampaign.charts.stackedBars(element, {slots, items, keys, yLabel})
- *   MapCampaign.charts.lines(element, {series, logY, xLabel, yLabel})   series may carry lo/hi bands
+ *   MapCampaign.charts.lines(element, {series, yScale, xRange, shade, xLabel, yLabel})   lo/hi bands,
+ *                                                                        flagged points, drag to zoom
  *   MapCampaign.charts.register(kind, (element, data) => ...)            renderers for [data-chart] elements
  *   MapCampaign.charts.renderRegistered(root)                            fetch each [data-src], draw it
  */
@@ -137,101 +138,179 @@
     return svg;
   }
 
-  /* Lines; with logY the y axis is log10 and non-positive values are dropped; with symlog (a positive
-   * threshold t) it is sign(y) log10(1 + |y| / t): linear near 0, logarithmic beyond t, both signs kept.
-   *   series: [{label, x: [...], y: [...], lo?: [...], hi?: [...], cls?, title?}] */
+  /* The y axis transforms: "linear", "log" (log10; non-positive values are dropped) and "symlog"
+   * (sign(v) log10(1 + |v|): linear near zero, logarithmic in both directions, so values of either sign
+   * spanning decades stay readable). */
+  const SCALES = {
+    linear: { to: (v) => v, usable: (v) => Number.isFinite(v) },
+    log: { to: (v) => Math.log10(v), usable: (v) => Number.isFinite(v) && v > 0 },
+    symlog: { to: (v) => Math.sign(v) * Math.log10(1 + Math.abs(v)), usable: (v) => Number.isFinite(v) },
+  };
+
+  function symlogTicks(low, high) {
+    const ticks = [];
+    for (let e = 0; e <= 12; e++) {
+      for (const value of e === 0 ? [0, 1, -1] : [Math.pow(10, e), -Math.pow(10, e)]) {
+        const t = SCALES.symlog.to(value);
+        if (t >= low - 1e-9 && t <= high + 1e-9) ticks.push({ at: t, label: formatNumber(value) });
+      }
+    }
+    return ticks.sort((a, b) => a.at - b.at);
+  }
+
+  /* Lines on a linear, log or symlog y axis (options.yScale; options.logY is "log").
+   *   series: [{label, x: [...], y: [...], lo?: [...], hi?: [...], cls?, title?,
+   *             flagged?: [bool]}]   flagged points (unreliable) are drawn as hollow circles of class
+   *                                  "unreliable", left out of the line and of the axis range (kept
+   *                                  inside it: a value off the range sits on its edge)
+   *   shade: [{from, to, label}]     x ranges drawn as a grey band of class "unreliable-region"
+   *   xRange: [lo, hi]               the x range to show (zoom); y is set by what lies inside it
+   *   xInteger: true                 x ticks only at whole numbers
+   *   onZoom: (range|null) => ...    dragging across the plot calls it with the x range chosen */
   function lines(container, options) {
     const series = (options.series || []).filter((s) => s.y && s.y.length);
     if (!series.length) return empty(container, options.emptyMessage);
     const width = options.width || 960, height = options.height || 280;
     const margin = { left: 58, right: 14, top: 14, bottom: 38 };
     const { svg, plot } = frame(container, width, height, margin, options.label);
-    const symlog = Number(options.symlog) > 0 ? Number(options.symlog) : 0;
-    const logY = !symlog && !!options.logY;
-    const ty = (value) =>
-      symlog ? Math.sign(value) * Math.log10(1 + Math.abs(value) / symlog) : logY ? Math.log10(value) : value;
-    const usable = (value) => Number.isFinite(value) && (!logY || value > 0);
+    const scaleName = options.yScale || (options.logY ? "log" : "linear");
+    const scale = SCALES[scaleName] || SCALES.linear;
+    const ty = scale.to;
+    const usable = scale.usable;
+    const xOf = (s, i) => (s.x ? s.x[i] : i);
+    const range = options.xRange;
+    const inRange = (x) => !range || (x >= range[0] && x <= range[1]);
     let xLow = Infinity, xHigh = -Infinity, yLow = Infinity, yHigh = -Infinity;
     for (const s of series) {
       s.y.forEach((value, i) => {
-        const xs = s.x ? s.x[i] : i;
+        const xs = xOf(s, i);
+        if (!inRange(xs)) return;
+        xLow = Math.min(xLow, xs);
+        xHigh = Math.max(xHigh, xs);
+        if (s.flagged && s.flagged[i]) return;
         for (const v of [value, s.lo && s.lo[i], s.hi && s.hi[i]]) {
           if (v === undefined || v === null || !usable(v)) continue;
           yLow = Math.min(yLow, ty(v));
           yHigh = Math.max(yHigh, ty(v));
         }
-        xLow = Math.min(xLow, xs);
-        xHigh = Math.max(xHigh, xs);
       });
+    }
+    if (range) {
+      xLow = range[0];
+      xHigh = range[1];
     }
     if (!Number.isFinite(yLow)) return empty(container, options.emptyMessage);
     if (xHigh === xLow) xHigh = xLow + 1;
     let ticks;
-    let tickLabel = (tick) => (logY ? "1e" + tick : formatNumber(tick));
-    if (symlog) {
-      // Ticks at 0 and +-t 10^k, placed where the transform puts them and labelled with their values.
-      const values = [0];
-      for (let k = 0; k <= 12; k++) {
-        const value = symlog * Math.pow(10, k);
-        if (ty(value) <= yHigh + 0.5) values.push(value);
-        if (-ty(value) >= yLow - 0.5) values.unshift(-value);
-      }
-      const stride = Math.max(1, Math.ceil(values.length / 9));
-      const kept = values.filter((value, i) => value === 0 || (values.indexOf(0) - i) % stride === 0);
-      ticks = kept.map(ty);
-      const byPosition = new Map(kept.map((value) => [ty(value), value]));
-      tickLabel = (tick) => (byPosition.get(tick) === 0 ? "0" : byPosition.get(tick).toExponential(0));
-      yLow = Math.min(yLow, ticks[0]);
-      yHigh = Math.max(yHigh, ticks[ticks.length - 1]);
-    } else if (logY) {
+    if (scaleName === "log") {
       yLow = Math.floor(yLow);
       yHigh = Math.max(Math.ceil(yHigh), yLow + 1);
       const stride = Math.max(1, Math.ceil((yHigh - yLow) / 8));
       ticks = [];
-      for (let e = yLow; e <= yHigh; e += stride) ticks.push(e);
+      for (let e = yLow; e <= yHigh; e += stride) ticks.push({ at: e, label: "1e" + e });
+    } else if (scaleName === "symlog") {
+      yLow = Math.min(Math.floor(yLow * 2) / 2, 0);
+      yHigh = Math.max(Math.ceil(yHigh * 2) / 2, yLow + 0.5);
+      ticks = symlogTicks(yLow, yHigh);
     } else {
-      ticks = niceTicks(yLow, yHigh, 5);
-      yLow = Math.min(yLow, ticks[0]);
-      yHigh = Math.max(yHigh, ticks[ticks.length - 1]);
+      const values = niceTicks(yLow, yHigh, 5);
+      yLow = Math.min(yLow, values[0]);
+      yHigh = Math.max(yHigh, values[values.length - 1]);
       if (yHigh === yLow) yHigh = yLow + 1;
+      ticks = values.map((v) => ({ at: v, label: formatNumber(v) }));
     }
     const px = (value) => plot.x + ((value - xLow) / (xHigh - xLow)) * plot.w;
-    const py = (value) => plot.y + plot.h - ((value - yLow) / (yHigh - yLow)) * plot.h;
+    const py = (value) => plot.y + plot.h - ((Math.min(Math.max(value, yLow), yHigh) - yLow) / (yHigh - yLow)) * plot.h;
+    svg.dataset.yScale = scaleName;
+    svg.dataset.yLow = String(yLow);
+    svg.dataset.yHigh = String(yHigh);
+    svg.dataset.xLow = String(xLow);
+    svg.dataset.xHigh = String(xHigh);
+    for (const region of options.shade || []) {
+      const from = Math.max(region.from, xLow), to = Math.min(region.to, xHigh);
+      if (!(to > from)) continue;
+      const band = node("rect", {
+        x: px(from).toFixed(2), y: plot.y, width: (px(to) - px(from)).toFixed(2), height: plot.h, class: "unreliable-region",
+      }, svg);
+      titled(band, region.label || "");
+      if (region.label) text(svg, px(from) + 4, plot.y + 12, region.label, { class: "region-label" });
+    }
     const axis = node("g", { class: "axis" }, svg);
     for (const tick of ticks) {
-      node("line", { x1: plot.x, x2: plot.x + plot.w, y1: py(tick), y2: py(tick), class: "grid-line" }, svg);
-      text(axis, plot.x - 6, py(tick) + 4, tickLabel(tick), { "text-anchor": "end" });
+      node("line", { x1: plot.x, x2: plot.x + plot.w, y1: py(tick.at), y2: py(tick.at), class: "grid-line" }, svg);
+      text(axis, plot.x - 6, py(tick.at) + 4, tick.label, { "text-anchor": "end" });
     }
     for (const tick of niceTicks(xLow, xHigh, 8)) {
       if (tick < xLow || tick > xHigh) continue;
+      if (options.xInteger && !Number.isInteger(tick)) continue;
       text(axis, px(tick), plot.y + plot.h + 14, formatNumber(tick), { "text-anchor": "middle" });
     }
     node("line", { x1: plot.x, x2: plot.x + plot.w, y1: plot.y + plot.h, y2: plot.y + plot.h }, axis);
     node("line", { x1: plot.x, x2: plot.x, y1: plot.y, y2: plot.y + plot.h }, axis);
     const drawn = node("g", {}, svg);
     for (const s of series) {
-      const xs = (i) => (s.x ? s.x[i] : i);
+      const shown = (i) => inRange(xOf(s, i)) && !(s.flagged && s.flagged[i]);
       if (s.lo && s.hi) {
         const upper = [], lower = [];
         s.y.forEach((_, i) => {
-          if (usable(s.lo[i]) && usable(s.hi[i])) {
-            upper.push(`${px(xs(i)).toFixed(2)},${py(ty(s.hi[i])).toFixed(2)}`);
-            lower.unshift(`${px(xs(i)).toFixed(2)},${py(ty(s.lo[i])).toFixed(2)}`);
+          if (shown(i) && usable(s.lo[i]) && usable(s.hi[i])) {
+            upper.push(`${px(xOf(s, i)).toFixed(2)},${py(ty(s.hi[i])).toFixed(2)}`);
+            lower.unshift(`${px(xOf(s, i)).toFixed(2)},${py(ty(s.lo[i])).toFixed(2)}`);
           }
         });
         if (upper.length) node("polygon", { points: upper.concat(lower).join(" "), class: "band " + (s.bandCls || "") }, drawn);
       }
       const points = [];
       s.y.forEach((value, i) => {
-        if (usable(value)) points.push(`${px(xs(i)).toFixed(2)},${py(ty(value)).toFixed(2)}`);
+        if (shown(i) && usable(value)) points.push(`${px(xOf(s, i)).toFixed(2)},${py(ty(value)).toFixed(2)}`);
       });
       const line = node("polyline", { points: points.join(" "), class: "line " + (s.cls || "") }, drawn);
       if (s.label !== undefined) line.setAttribute("data-series", s.label);
       titled(line, s.title || s.label || "");
+      if (!s.flagged) continue;
+      s.y.forEach((value, i) => {
+        if (!s.flagged[i] || !inRange(xOf(s, i)) || !usable(value)) return;
+        const marker = node("circle", {
+          cx: px(xOf(s, i)).toFixed(2), cy: py(ty(value)).toFixed(2), r: 3.5,
+          class: "unreliable " + (s.cls || ""), "data-series": s.label, "data-x": xOf(s, i),
+        }, drawn);
+        titled(marker, `${s.label} at ${xOf(s, i)}: ${formatNumber(value)} (unreliable, not in the axis range)`);
+      });
     }
     if (options.yLabel) text(svg, 14, plot.y + plot.h / 2, options.yLabel, { class: "axis-label", transform: `rotate(-90 14 ${plot.y + plot.h / 2})`, "text-anchor": "middle" });
     if (options.xLabel) text(svg, plot.x + plot.w / 2, height - 4, options.xLabel, { class: "axis-label", "text-anchor": "middle" });
+    if (options.onZoom) brush(svg, plot, width, xLow, xHigh, options.onZoom);
     return svg;
+  }
+
+  /* Drag across the plot to choose an x range: onZoom(range) with the data values under the drag. */
+  function brush(svg, plot, width, xLow, xHigh, onZoom) {
+    let start = null;
+    const selection = node("rect", { y: plot.y, height: plot.h, width: 0, class: "zoom-selection" }, svg);
+    const toUser = (event) => {
+      const box = svg.getBoundingClientRect();
+      return ((event.clientX - box.left) / box.width) * width;
+    };
+    const toData = (u) => xLow + ((Math.min(Math.max(u, plot.x), plot.x + plot.w) - plot.x) / plot.w) * (xHigh - xLow);
+    svg.addEventListener("mousedown", (event) => {
+      start = toUser(event);
+      selection.setAttribute("x", start.toFixed(2));
+      selection.setAttribute("width", "0");
+      event.preventDefault();
+    });
+    svg.addEventListener("mousemove", (event) => {
+      if (start === null) return;
+      const now = toUser(event);
+      selection.setAttribute("x", Math.min(start, now).toFixed(2));
+      selection.setAttribute("width", Math.abs(now - start).toFixed(2));
+    });
+    svg.addEventListener("mouseup", (event) => {
+      if (start === null) return;
+      const a = toData(start), b = toData(toUser(event));
+      start = null;
+      selection.setAttribute("width", "0");
+      if (Math.abs(b - a) > (xHigh - xLow) / 100) onZoom([Math.min(a, b), Math.max(a, b)]);
+    });
   }
 
   /* The progress bar made by the page template: move its rectangles to new counts. */

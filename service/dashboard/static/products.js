@@ -1,15 +1,21 @@
 /* Renderers of the Monte Carlo products charts (service/products/dashboard.py answers their JSON).
  *
- *   mc-spectra      mean pseudo-spectra TT, EE, BB with a band of one realisation's scatter (log y)
- *   mc-noise-bias   N_l TT, EE, BB with its scatter (log y)
- *   mc-transfer     F_l TT, EE, BB with its scatter (linear y, a reference line at 1)
- *   mc-transfer-matrix
- *                   the E/B transfer matrix's elements per bin on a symlog y axis, error bars as the
- *                   bandpowers', bins above 2 nside dashed (not reliable)
  *   mc-bandpowers, mc-bandpower-transfer, mc-bandpower-noise
- *                   decoupled bandpowers (D_b), F_b or N_b: points joined by lines, vertical error bars
- *                   (two-point lines of class "errbar"), the input model dashed (class "model"), and a
- *                   button above the chart that switches the y axis between log and linear
+ *                   decoupled bandpowers (D_b), the transfer function F_b or the noise bias N_b: points
+ *                   joined by lines, vertical error bars (two-point lines of class "errbar"), the input
+ *                   model dashed (class "model"), a reference line at F_b = 1
+ *   mc-spectra      mean pseudo-spectra TT, EE, BB with a band of one realisation's scatter
+ *   mc-noise-bias   pseudo-C_l noise N_l with its scatter
+ *   mc-transfer     the pseudo-C_l ratio F_l (a full-sky approximation) with its scatter
+ *   mc-transfer-matrix
+ *                   the E/B transfer matrix's elements per bin (labelled input→output) with error bars,
+ *                   drawn as the bandpowers are, on a symlog axis
+ *
+ * Every chart: bins the JSON flags (``flagged``: above 2 nside, or F_b poorly determined) are hollow
+ * circles of class "unreliable", kept out of the line and of the axis range; the x range above 2 nside
+ * is a grey band (``shade``); a button cycles the y axis through the JSON's ``scales`` (linear, log,
+ * symlog); dragging across a chart zooms its x range (the y range follows the bins inside), and "reset
+ * zoom" undoes it. The reader's scale and zoom survive the redraw after each new result.
  *
  * The JSON is MapCampaign.charts.lines options plus the aggregates' generation. Colours are set through
  * element.style (CSSOM, allowed by the page's Content-Security-Policy); after drawing, the running-mean
@@ -22,25 +28,9 @@
   const root = (window.MapCampaign = window.MapCampaign || {});
   const COLOURS = {
     TT: "#1f5fa8", EE: "#c2410c", BB: "#15803d",
-    "EE<-EE": "#c2410c", "BB<-BB": "#15803d", "BB<-EE": "#7c3aed", "EE<-BB": "#b45309", "EB<-EE": "#0e7490",
-    "EB<-BB": "#6b7280",
+    "E→E": "#c2410c", "B→B": "#15803d", "E→B": "#7c3aed", "B→E": "#b45309", "E→EB": "#0e7490", "B→EB": "#6b7280",
   };
-
-  function colour(svg, series) {
-    for (const s of series) {
-      const value = COLOURS[s.label] || "#555";
-      for (const element of svg.querySelectorAll(`.mc-${s.label}`)) {
-        if (element.tagName.toLowerCase() === "polygon") {
-          element.style.fill = value;
-          element.style.opacity = "0.18";
-        } else {
-          element.style.stroke = value;
-          element.style.strokeWidth = "2";
-          element.style.opacity = "0.95";
-        }
-      }
-    }
-  }
+  const SCALE_NAMES = { linear: "linear y axis", log: "log y axis", symlog: "symlog y axis" };
 
   function legend(svg, series, step) {
     const charts = root.charts;
@@ -66,152 +56,136 @@
     }
   }
 
-  function draw(element, data, reference) {
-    const series = (data.series || []).map((s) => ({
-      label: s.label, x: s.x, cls: s.cls, bandCls: s.bandCls,
-      y: s.y.map((v) => (v === null ? NaN : v)),
-      lo: s.lo ? s.lo.map((v) => (v === null ? NaN : v)) : undefined,
-      hi: s.hi ? s.hi.map((v) => (v === null ? NaN : v)) : undefined,
-      title: `${s.label} over ${data.n} realisation(s)`,
-    }));
-    if (reference !== undefined && series.length) {
-      const x = series[0].x;
-      series.push({ label: "ref", x: [x[0], x[x.length - 1]], y: [reference, reference], cls: "mc-ref", title: "F = 1" });
-    }
-    const svg = root.charts.lines(element, {
-      series: series, logY: !!data.logY, xLabel: data.xLabel, yLabel: data.yLabel, label: data.label,
-      emptyMessage: "No spectra yet.",
-    });
-    if (svg) {
-      colour(svg, series.filter((s) => s.label !== "ref"));
-      for (const line of svg.querySelectorAll(".mc-ref")) {
-        line.style.stroke = "#6b7280";
-        line.style.strokeDasharray = "4 4";
-      }
-      legend(svg, series.filter((s) => s.label !== "ref"));
-    }
-    refreshPanel(data.generation, data.note);
-  }
+  const number = (v) => (v === null || v === undefined ? NaN : v);
 
-  /* Bandpower charts: a series' error bars are drawn as one two-point line per bin (lo to hi), so the
-   * shared MapCampaign.charts.lines draws them on its own scales; the model is a dashed line. */
-  function bandpowerSeries(data) {
-    const number = (v) => (v === null || v === undefined ? NaN : v);
+  /* The series MapCampaign.charts.lines draws. Bandpower charts: a series' error bars are one two-point
+   * line per bin (lo to hi, none on a flagged bin), so they share the chart's scales; the model is a
+   * dashed line. Pseudo-C_l charts: a band of one realisation's scatter. */
+  function chartSeries(data, bars) {
     const series = [];
     for (const s of data.series || []) {
-      const y = s.y.map(number);
       const kind = s.model ? "model" : "data";
+      const flagged = s.flagged || undefined;
+      const y = s.y.map(number);
+      const lo = s.lo ? s.lo.map(number) : undefined, hi = s.hi ? s.hi.map(number) : undefined;
       series.push({
-        label: s.label, x: s.x, y: y, kind: kind,
+        label: s.label, x: s.x, y: y, kind: kind, flagged: flagged,
+        lo: bars ? undefined : lo, hi: bars ? undefined : hi, bandCls: `mc-${s.label}`,
         cls: `mc-${s.label} ${kind}`,
         title: s.model ? `${s.label} input model` : `${s.label} over ${data.n} realisation(s)`,
       });
-      if (s.lo && s.hi) {
+      if (bars && lo && hi) {
         s.x.forEach((x, i) => {
-          const lo = number(s.lo[i]), hi = number(s.hi[i]);
-          if (!Number.isFinite(lo) || !Number.isFinite(hi)) return;
-          series.push({ label: s.label, x: [x, x], y: [lo, hi], kind: "errbar", cls: `mc-${s.label} errbar` });
+          if (flagged && flagged[i]) return;
+          if (!Number.isFinite(lo[i]) || !Number.isFinite(hi[i])) return;
+          series.push({ label: s.label, x: [x, x], y: [lo[i], hi[i]], kind: "errbar", cls: `mc-${s.label} errbar` });
         });
       }
+    }
+    if (data.reference !== null && data.reference !== undefined && series.length) {
+      const x = series[0].x;
+      series.push({ label: "ref", x: [x[0], x[x.length - 1]], y: [data.reference, data.reference], kind: "ref", cls: "mc-ref", title: "F = 1" });
     }
     return series;
   }
 
-  function drawBandpowers(element, data, logY) {
-    let toggle = element.previousElementSibling;
-    if (!toggle || !toggle.classList.contains("axis-toggle")) {
-      toggle = document.createElement("button");
-      toggle.type = "button";
-      toggle.className = "axis-toggle";
-      element.parentNode.insertBefore(toggle, element);
-      // One listener for the chart's life: it redraws the latest data with the other axis.
-      toggle.addEventListener("click", () => drawBandpowers(element, element.bandpowerData, element.dataset.logY !== "true"));
-    }
-    element.bandpowerData = data;
-    toggle.textContent = logY ? "linear y axis" : "log y axis";
-    toggle.setAttribute("aria-pressed", logY ? "true" : "false");
-    element.dataset.logY = logY ? "true" : "false";
-    const series = bandpowerSeries(data);
-    if (data.reference !== null && data.reference !== undefined && series.length) {
-      const x = series[0].x;
-      series.push({ label: "ref", x: [x[0], x[x.length - 1]], y: [data.reference, data.reference], kind: "ref", cls: "mc-ref" });
-    }
-    const svg = root.charts.lines(element, {
-      series: series, logY: logY, xLabel: data.xLabel, yLabel: data.yLabel, label: data.label,
-      emptyMessage: "No bandpowers yet.",
-    });
-    if (svg) {
-      for (const s of series) {
-        if (s.kind === "ref") continue;
-        const value = COLOURS[s.label] || "#555";
-        for (const line of svg.querySelectorAll(`polyline.mc-${s.label}`)) {
-          line.style.stroke = value;
-          line.style.strokeWidth = line.classList.contains("errbar") ? "1.5" : "2";
-          if (line.classList.contains("model")) line.style.strokeDasharray = "6 4";
+  function colour(svg, series) {
+    for (const s of series) {
+      if (s.kind === "ref") continue;
+      const value = COLOURS[s.label] || "#555";
+      for (const element of svg.querySelectorAll(`.mc-${s.label}`)) {
+        const tag = element.tagName.toLowerCase();
+        if (tag === "polygon") {
+          element.style.fill = value;
+          element.style.opacity = "0.18";
+          continue;
         }
+        element.style.stroke = value;
+        if (tag === "circle") continue;
+        element.style.opacity = "0.95";
+        element.style.strokeWidth = element.classList.contains("errbar") ? "1.5" : "2";
+        if (element.classList.contains("model")) element.style.strokeDasharray = "6 4";
       }
-      for (const line of svg.querySelectorAll(".mc-ref")) {
-        line.style.stroke = "#6b7280";
-        line.style.strokeDasharray = "4 4";
-      }
-      legend(svg, series.filter((s) => s.kind === "data"));
     }
-    refreshPanel(data.generation, data.note);
+    for (const line of svg.querySelectorAll(".mc-ref")) {
+      line.style.stroke = "#6b7280";
+      line.style.strokeDasharray = "4 4";
+    }
   }
 
-  /* The transfer matrix: each element's points joined over the reliable bins (solid) and over the bins
-   * above 2 nside (dashed, class "unreliable"), with error bars; symlog y from the JSON's threshold. */
-  function drawMatrix(element, data) {
-    const number = (v) => (v === null || v === undefined ? NaN : v);
-    const reliable = data.reliable || [];
-    const series = [];
-    for (const s of data.series || []) {
-      const y = s.y.map(number);
-      const cls = "mc-" + s.label.replace("<-", "-from-");
-      series.push({ label: s.label, x: s.x, y: y.map((v, i) => (reliable[i] === false ? NaN : v)), kind: "data", cls: cls,
-                    title: `${s.label} over ${data.n} realisation(s)` });
-      const last = reliable.indexOf(false);
-      if (last > 0) {
-        // from the last reliable bin on, so the dashed part joins the solid one
-        series.push({ label: s.label, x: s.x, y: y.map((v, i) => (i >= last - 1 ? v : NaN)), kind: "unreliable",
-                      cls: cls + " unreliable", title: `${s.label} above 2 nside (not reliable)` });
-      }
-      if (s.lo && s.hi) {
-        s.x.forEach((x, i) => {
-          const lo = number(s.lo[i]), hi = number(s.hi[i]);
-          if (!Number.isFinite(lo) || !Number.isFinite(hi)) return;
-          series.push({ label: s.label, x: [x, x], y: [lo, hi], kind: "errbar", cls: cls + " errbar" });
-        });
-      }
-    }
+  function controls(element) {
+    let bar = element.previousElementSibling;
+    if (bar && bar.classList.contains("chart-controls")) return bar;
+    bar = document.createElement("div");
+    bar.className = "chart-controls";
+    const toggle = document.createElement("button");
+    toggle.type = "button";
+    toggle.className = "axis-toggle";
+    const reset = document.createElement("button");
+    reset.type = "button";
+    reset.className = "zoom-reset";
+    reset.textContent = "reset zoom";
+    const hint = document.createElement("span");
+    hint.className = "muted small";
+    hint.textContent = "drag across the chart to zoom";
+    bar.append(toggle, reset, hint);
+    element.parentNode.insertBefore(bar, element);
+    // One listener each for the chart's life: they redraw the latest data.
+    toggle.addEventListener("click", () => {
+      const scales = element.chartData.scales || [];
+      const next = scales[(scales.indexOf(element.dataset.yScale) + 1) % scales.length];
+      element.dataset.yScale = next;
+      redraw(element);
+    });
+    reset.addEventListener("click", () => {
+      delete element.dataset.xRange;
+      redraw(element);
+    });
+    return bar;
+  }
+
+  function redraw(element) {
+    const data = element.chartData;
+    const matrix = element.dataset.chart === "mc-transfer-matrix";
+    const bars = matrix || element.dataset.chart.startsWith("mc-bandpower");
+    const bar = controls(element);
+    const scales = data.scales || [data.yScale || "linear"];
+    if (!scales.includes(element.dataset.yScale)) element.dataset.yScale = data.yScale || scales[0];
+    const scale = element.dataset.yScale;
+    const toggle = bar.querySelector("button.axis-toggle");
+    const next = scales[(scales.indexOf(scale) + 1) % scales.length];
+    toggle.textContent = SCALE_NAMES[next] || next;
+    toggle.hidden = scales.length < 2;
+    const range = element.dataset.xRange ? element.dataset.xRange.split(",").map(Number) : undefined;
+    bar.querySelector("button.zoom-reset").hidden = !range;
+    const series = chartSeries(data, bars);
     const svg = root.charts.lines(element, {
-      series: series, symlog: data.symlog, xLabel: data.xLabel, yLabel: data.yLabel, label: data.label,
-      emptyMessage: data.note || "No transfer matrix yet.",
+      series: series, yScale: scale, xRange: range, shade: data.shade, xLabel: data.xLabel, yLabel: data.yLabel,
+      label: data.label,
+      emptyMessage: matrix ? data.note || "No transfer matrix yet." : bars ? "No bandpowers yet." : "No spectra yet.",
+      onZoom: (chosen) => {
+        element.dataset.xRange = chosen.map((v) => v.toFixed(2)).join(",");
+        redraw(element);
+      },
     });
     if (svg) {
-      for (const s of series) {
-        for (const line of svg.querySelectorAll(`polyline.${s.cls.split(" ")[0]}`)) {
-          line.style.stroke = COLOURS[s.label] || "#555";
-          line.style.strokeWidth = line.classList.contains("errbar") ? "1.5" : "2";
-          if (line.classList.contains("unreliable")) line.style.strokeDasharray = "5 4";
-        }
-      }
-      legend(svg, series.filter((s) => s.kind === "data"), 76);
+      colour(svg, series);
+      legend(svg, series.filter((s) => s.kind === "data"), matrix ? 60 : 48);
     }
-    // No refreshPanel: the matrix's generation is of two campaigns, not of this campaign's mean map.
+    // The matrix's generation is of two campaigns, not of this campaign's mean map.
+    if (!matrix) refreshPanel(data.generation, data.note);
+  }
+
+  function render(element, data) {
+    element.chartData = data;  // a redraw after a new result keeps the reader's scale and zoom
+    redraw(element);
   }
 
   function register() {
     if (!root.charts || !root.charts.register) return;
-    root.charts.register("mc-spectra", (element, data) => draw(element, data));
-    root.charts.register("mc-noise-bias", (element, data) => draw(element, data));
-    root.charts.register("mc-transfer", (element, data) => draw(element, data, 1));
-    root.charts.register("mc-transfer-matrix", (element, data) => drawMatrix(element, data));
-    for (const kind of ["mc-bandpowers", "mc-bandpower-transfer", "mc-bandpower-noise"]) {
-      root.charts.register(kind, (element, data) => {
-        const chosen = element.dataset.logY;  // a redraw after a new result keeps the reader's choice
-        drawBandpowers(element, data, chosen === undefined ? !!data.logY : chosen === "true");
-      });
+    for (const kind of ["mc-spectra", "mc-noise-bias", "mc-transfer", "mc-bandpowers", "mc-bandpower-transfer", "mc-bandpower-noise",
+                        "mc-transfer-matrix"]) {
+      root.charts.register(kind, render);
     }
   }
 

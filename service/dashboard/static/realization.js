@@ -27,7 +27,7 @@
   const convergence = document.getElementById("result-convergence");
   if (convergence) {
     MC.charts.lines(convergence, {
-      logY: true, xLabel: "PCG iteration", yLabel: "‖r‖ / ‖b‖", label: "Residual history", width: 520, height: 230,
+      logY: true, xInteger: true, xLabel: "PCG iteration", yLabel: "‖r‖ / ‖b‖", label: "Residual history", width: 520, height: 230,
       series: [{ label: String(data.index), y: data.residual_history || [], cls: "latest", title: `realisation ${data.index}` }],
     });
   }
