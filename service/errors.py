@@ -59,11 +59,20 @@ class Invalid(DomainError):
     code = "invalid"
 
 
-class InvalidField(Invalid):
+class InvalidFields(Invalid):
+    """Fields of a request that parsed but hold values the service refuses; answered like a validation error:
+    each problem is the field's location (``("body", "changes", "sky", "nside")``) and the reason."""
+
+    def __init__(self, problems: list[tuple[tuple[str | int, ...], str]]):
+        super().__init__("; ".join(f"{format_location(loc)}: {message}" for loc, message in problems))
+        self.problems = problems
+
+
+class InvalidField(InvalidFields):
     """One field of a request that parsed but holds a value the service refuses; answered like a validation error."""
 
     def __init__(self, loc: tuple[str, ...], message: str):
-        super().__init__(f"{format_location(loc)}: {message}")
+        super().__init__([(loc, message)])
         self.loc = loc
         self.message = message
 
@@ -179,8 +188,10 @@ async def http_exception_json(_request: Request, error: StarletteHTTPException) 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_request: Request, error: DomainError) -> JSONResponse:
-        if isinstance(error, InvalidField):
-            return invalid_request_response([{"loc": error.loc, "msg": error.message, "type": "value_error"}])
+        if isinstance(error, InvalidFields):
+            return invalid_request_response(
+                [{"loc": loc, "msg": message, "type": "value_error"} for loc, message in error.problems]
+            )
         headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else error.headers
         return error_response(error.status_code, error.detail, type(error).code, headers)
 

@@ -31,7 +31,8 @@ from schemas.io import format_location
 from schemas.states import CampaignState, RealizationState
 from service.auth.login_links import LINK_PATH, LINK_TTL_S, login_link_user, redeem_login_link
 from service.auth.service import principal_for_token
-from service.campaigns import service as campaigns
+from service.campaigns import lifecycle
+from service.campaigns import reads as campaigns
 from service.dashboard import queries
 from service.dashboard import service as dashboard
 from service.dashboard.quicklook import FIELDS, MapUnreadable, quicklook_png
@@ -428,7 +429,7 @@ def cancel(
 ) -> Response:
     check_csrf(request, user, csrf_token)
     reason = reason.strip() or f"cancelled by {user.user_name} in the dashboard"
-    campaign = campaigns.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
+    campaign = lifecycle.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
     ArtifactStore(settings.products_dir).discard(campaign_id=campaign.id)  # uploads of attempts that will not finish
     return redirect(f"/campaigns/{campaign.id}?notice=cancelled")
 
@@ -442,7 +443,7 @@ def retry(
     csrf_token: Annotated[str, Form(max_length=200)] = "",
 ) -> Response:
     check_csrf(request, user, csrf_token)
-    campaign, requeued = campaigns.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    campaign, requeued = lifecycle.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     return redirect(f"/campaigns/{campaign.id}?notice={'retried' if requeued else 'nothing-to-retry'}")
 
 

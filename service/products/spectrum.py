@@ -55,7 +55,7 @@ from schemas.products import (
 from schemas.programs import MapmakerExit, mapmaker_bandpowers_args
 from schemas.result import SPECTRA, MapBandpowers
 from schemas.spec import CampaignSpec, coupling_key
-from service.campaigns import service as campaigns
+from service.campaigns import reads as campaigns
 from service.campaigns.models import Campaign
 from service.errors import InvalidField, TooManyRequests
 from service.products.aggregates import AggregateState, BandpowerAggregates, bandpower_aggregates
