@@ -37,6 +37,7 @@ from service.campaigns.specs import current_spec
 from service.db import UTCDateTime, utcnow
 from service.errors import InvalidField, InvalidFields
 from service.events.service import record_event
+from service.events.transitions import EventKind
 from service.workers.models import Worker
 
 log = logging.getLogger("mapcampaign.service")
@@ -110,7 +111,7 @@ def create_campaign(
     session.execute(queued_realizations(campaign_id=campaign.id, count=spec.realizations, now=now))
     record_event(
         session,
-        "campaign",
+        EventKind.CAMPAIGN,
         state=CampaignState.QUEUED,
         owner_id=owner_id,
         campaign_id=campaign.id,

@@ -25,9 +25,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schemas.spec import CampaignSpec
-from schemas.states import CampaignState, Entity, advance
+from schemas.states import CampaignState
 from service.campaigns.models import Attempt, Campaign
-from service.events.service import record_event
+from service.events.transitions import CampaignHeld, EventKind, transition
 
 NOT_THE_SPECS_DOING = ("lost_worker", "node_failure", "drained", "site_error", "cancelled")
 _VARIABLE = re.compile(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{8,}|\d+")
@@ -74,17 +74,18 @@ def hold_if_failing_alike(*, session: Session, campaign: Campaign) -> bool:
         return False
     [signature] = signatures
     before = campaign.state
-    campaign.state = advance(Entity.CAMPAIGN, before, CampaignState.HELD)
-    campaign.failure_cause = (
+    cause = (
         f"held: the last {k} attempts failed alike ({signature}); "
         f"fix the cause, then `mapcampaign retry {campaign.id}` releases it"
     )
-    record_event(
+    transition(
         session,
-        "campaign",
-        state=campaign.state,
+        campaign,
+        to=CampaignState.HELD,
+        event=EventKind.CAMPAIGN,
+        data=CampaignHeld({"from": before, "failure_cause": cause, "signature": signature, "failures": k}),
         owner_id=campaign.owner_id,
         campaign_id=campaign.id,
-        data={"from": before, "failure_cause": campaign.failure_cause, "signature": signature, "failures": k},
     )
+    campaign.failure_cause = cause
     return True

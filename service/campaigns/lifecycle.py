@@ -38,6 +38,7 @@ from service.campaigns.reads import get_campaign
 from service.db import utcnow
 from service.errors import InvalidField
 from service.events.service import record_event
+from service.events.transitions import CampaignCancelled, CampaignSettled, EventKind, transition
 from service.storage import CampaignStorage
 
 log = logging.getLogger("mapcampaign.service")
@@ -68,14 +69,14 @@ def settle_campaign(*, session: Session, campaign: Campaign, release: bool = Fal
         settled = CampaignState.RUNNING if started > 0 else CampaignState.QUEUED
         campaign.finished_at = None
     if settled != before:
-        campaign.state = advance(Entity.CAMPAIGN, before, settled)
-        record_event(
+        transition(
             session,
-            "campaign",
-            state=campaign.state,
+            campaign,
+            to=settled,
+            event=EventKind.CAMPAIGN,
+            data=CampaignSettled({"from": before, "failure_cause": campaign.failure_cause}),
             owner_id=campaign.owner_id,
             campaign_id=campaign.id,
-            data={"from": before, "failure_cause": campaign.failure_cause},
         )
 
 
@@ -98,12 +99,17 @@ def cancel_campaign(*, session: Session, owner_id: int, campaign_id: int, reason
     if campaign.state in FINISHED_CAMPAIGN_STATES:
         raise CampaignAlreadyFinished(f"campaign {campaign_id} is already {campaign.state}; nothing to cancel")
     fail_unfinished(session=session, campaign=campaign, state=RealizationState.CANCELLED, failure_class="cancelled")
-    campaign.state = advance(Entity.CAMPAIGN, campaign.state, CampaignState.CANCELLED)
+    transition(
+        session,
+        campaign,
+        to=CampaignState.CANCELLED,
+        event=EventKind.CAMPAIGN,
+        data=CampaignCancelled(reason=reason),
+        owner_id=owner_id,
+        campaign_id=campaign.id,
+    )
     campaign.cancel_reason = reason
     campaign.finished_at = utcnow()
-    record_event(
-        session, "campaign", state=campaign.state, owner_id=owner_id, campaign_id=campaign.id, data={"reason": reason}
-    )
     session.commit()
     return campaign
 
@@ -142,7 +148,7 @@ def fail_unfinished(*, session: Session, campaign: Campaign, state: RealizationS
     end_open_attempts(session=session, campaign_id=campaign.id, failure_class=failure_class)
     record_event(
         session,
-        "realization",
+        EventKind.REALIZATION,
         state=state,
         owner_id=campaign.owner_id,
         campaign_id=campaign.id,
@@ -178,7 +184,7 @@ def retry_failed(*, session: Session, owner_id: int, campaign_id: int) -> tuple[
         campaign.queued_at = utcnow()  # also where fail fast starts counting again
         record_event(
             session,
-            "realization",
+            EventKind.REALIZATION,
             state=RealizationState.QUEUED,
             owner_id=owner_id,
             campaign_id=campaign.id,
@@ -212,7 +218,7 @@ def extend_campaign(*, session: Session, owner_id: int, campaign_id: int, more: 
     campaign.failure_cause = None if campaign.state != CampaignState.FAILED else campaign.failure_cause
     record_event(
         session,
-        "campaign",
+        EventKind.CAMPAIGN,
         state=campaign.state,
         owner_id=owner_id,
         campaign_id=campaign.id,
@@ -233,6 +239,6 @@ def delete_campaign(*, session: Session, owner_id: int, campaign_id: int, produc
     session.execute(delete(Attempt).where(Attempt.campaign_id == campaign.id))
     session.execute(delete(Realization).where(Realization.campaign_id == campaign.id))
     session.execute(delete(Campaign).where(Campaign.id == campaign.id))
-    record_event(session, "campaign", state="deleted", owner_id=owner_id, campaign_id=campaign.id)
+    record_event(session, EventKind.CAMPAIGN, state="deleted", owner_id=owner_id, campaign_id=campaign.id)
     session.commit()
     CampaignStorage(products_dir).delete_campaign(campaign.id)

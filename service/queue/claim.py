@@ -45,6 +45,7 @@ from service.campaigns.specs import known_spec
 from service.config import Settings
 from service.db import UTCDateTime, in_chunks, is_postgresql, utcnow
 from service.events.service import record_event
+from service.events.transitions import CampaignStarted, EventKind, RealizationClaimed, transition
 from service.queue.leases import lease_expiry
 from service.queue.models import PreprocessingPlan
 from service.queue.plans import take_build
@@ -341,7 +342,6 @@ def _claim_row_by_row(
     for realization, attempt in zip(realizations, attempts, strict=True):
         realization.attempts += 1
         realization.attempts_total += 1
-        realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.CLAIMED)
         realization.lease_holder_id = worker.id
         realization.lease_expires_at = answer.expires
         realization.current_attempt_id = attempt.id
@@ -349,8 +349,15 @@ def _claim_row_by_row(
         _add_realize_task(
             answer, candidate, plan, spec, index=realization.index, attempt_id=attempt.id, number=attempt.number
         )
-        _record_claimed(
-            session, answer, candidate, state=realization.state, index=realization.index, number=attempt.number
+        transition(
+            session,
+            realization,
+            to=RealizationState.CLAIMED,
+            event=EventKind.REALIZATION,
+            data=RealizationClaimed(attempt=attempt.number, worker=answer.worker.name),
+            owner_id=candidate.owner_id,
+            campaign_id=candidate.id,
+            realization=realization.index,
         )
     return len(realizations)
 
@@ -384,12 +391,12 @@ def _record_claimed(
 ) -> None:
     record_event(
         session,
-        "realization",
+        EventKind.REALIZATION,
         state=state,
         owner_id=candidate.owner_id,
         campaign_id=candidate.id,
         realization=index,
-        data={"attempt": number, "worker": answer.worker.name},
+        data=dict(RealizationClaimed(attempt=number, worker=answer.worker.name)),
     )
 
 
@@ -398,14 +405,14 @@ def _start_campaigns(session: Session, campaign_ids: list[int]) -> None:
     for campaign_id in campaign_ids:
         campaign = session.get(Campaign, campaign_id)
         if campaign is not None and campaign.state == CampaignState.QUEUED:
-            campaign.state = advance(Entity.CAMPAIGN, campaign.state, CampaignState.RUNNING)
-            record_event(
+            transition(
                 session,
-                "campaign",
-                state=campaign.state,
+                campaign,
+                to=CampaignState.RUNNING,
+                event=EventKind.CAMPAIGN,
+                data=CampaignStarted({"from": CampaignState.QUEUED}),
                 owner_id=campaign.owner_id,
                 campaign_id=campaign.id,
-                data={"from": CampaignState.QUEUED},
             )
 
 

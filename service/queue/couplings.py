@@ -25,6 +25,7 @@ from schemas.spec import CampaignSpec, coupling_key
 from service.campaigns.models import Campaign
 from service.db import utcnow
 from service.events.service import record_event
+from service.events.transitions import EventKind
 from service.queue.models import CouplingCampaign, ModeCoupling
 
 log = logging.getLogger("mapcampaign.queue")
@@ -79,7 +80,7 @@ def record_coupling_use(*, session: Session, campaign: Campaign, site: str, resu
         )
         record_event(
             session,
-            "coupling",
+            EventKind.COUPLING,
             state="warning",
             owner_id=campaign.owner_id,
             campaign_id=campaign.id,

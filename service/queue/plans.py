@@ -32,6 +32,13 @@ from service.campaigns.lifecycle import fail_unfinished, settle_campaign
 from service.campaigns.models import Campaign
 from service.db import Database, utcnow
 from service.events.service import record_event
+from service.events.transitions import (
+    EventKind,
+    PlanBuildFailed,
+    PlanInvalidated,
+    PlanReady,
+    transition,
+)
 from service.queue.errors import LeaseLost, PlanNotFound
 from service.queue.leases import lease_expiry
 from service.queue.models import PreprocessingPlan
@@ -124,7 +131,7 @@ def take_build(
 def _announce_build(session: Session, plan: PreprocessingPlan, worker: Worker) -> None:
     record_event(
         session,
-        "plan",
+        EventKind.PLAN,
         state=plan.state,
         plan_id=plan.id,
         data={
@@ -149,7 +156,14 @@ def locked_build(*, session: Session, plan_id: int, build: int, worker_id: int) 
 
 
 def report_built(*, session: Session, plan: PreprocessingPlan, report: PlanBuilt) -> None:
-    plan.state = advance(Entity.PLAN, plan.state, PlanState.READY)
+    transition(
+        session,
+        plan,
+        to=PlanState.READY,
+        event=EventKind.PLAN,
+        data=PlanReady(scan_key=plan.scan_key, ranks=plan.ranks, site=plan.site),
+        plan_id=plan.id,
+    )
     plan.path = report.path
     plan.checksum = report.checksum
     plan.size_bytes = report.size_bytes
@@ -158,13 +172,6 @@ def report_built(*, session: Session, plan: PreprocessingPlan, report: PlanBuilt
     plan.lease_holder_id = None
     plan.lease_expires_at = None
     plan.ready_at = utcnow()
-    record_event(
-        session,
-        "plan",
-        state=plan.state,
-        plan_id=plan.id,
-        data={"scan_key": plan.scan_key, "ranks": plan.ranks, "site": plan.site},
-    )
     session.commit()
 
 
@@ -181,25 +188,22 @@ def invalidate_plan(*, session: Session, plan_id: int, checksum: str, cause: str
     if plan.state != PlanState.READY or plan.checksum != checksum:
         session.rollback()
         return plan
-    plan.state = advance(Entity.PLAN, plan.state, PlanState.FAILED)
-    plan.last_error = cause[-MAX_MESSAGE_CHARS:]
+    last_error = cause[-MAX_MESSAGE_CHARS:]
+    transition(
+        session,
+        plan,
+        to=PlanState.FAILED,
+        event=EventKind.PLAN,
+        data=PlanInvalidated(
+            scan_key=plan.scan_key, ranks=plan.ranks, site=plan.site, invalidated=True, error=last_error[-500:]
+        ),
+        plan_id=plan.id,
+    )
+    plan.last_error = last_error
     plan.failed_at = utcnow()
     plan.build_attempts = 0
     plan.lease_holder_id = None
     plan.lease_expires_at = None
-    record_event(
-        session,
-        "plan",
-        state=plan.state,
-        plan_id=plan.id,
-        data={
-            "scan_key": plan.scan_key,
-            "ranks": plan.ranks,
-            "site": plan.site,
-            "invalidated": True,
-            "error": plan.last_error[-500:],
-        },
-    )
     session.commit()
     log.warning(
         "plan %d (%s, %d ranks, site %s) invalidated: %s", plan.id, plan.scan_key[:12], plan.ranks, plan.site, cause
@@ -211,26 +215,27 @@ def report_build_failed(
     *, database: Database, session: Session, plan: PreprocessingPlan, cause: str, max_builds: int
 ) -> None:
     """Record a failed build (reported or lost) and commit; past the limit, fail the campaigns that need it."""
-    plan.state = advance(Entity.PLAN, plan.state, PlanState.FAILED)
-    plan.last_error = cause[-MAX_MESSAGE_CHARS:]
+    last_error = cause[-MAX_MESSAGE_CHARS:]
+    exhausted = plan.build_attempts >= max_builds
+    transition(
+        session,
+        plan,
+        to=PlanState.FAILED,
+        event=EventKind.PLAN,
+        data=PlanBuildFailed(
+            scan_key=plan.scan_key,
+            ranks=plan.ranks,
+            site=plan.site,
+            build_attempt=plan.build_attempts,
+            final=exhausted,
+            error=last_error[-500:],
+        ),
+        plan_id=plan.id,
+    )
+    plan.last_error = last_error
     plan.failed_at = utcnow()
     plan.lease_holder_id = None
     plan.lease_expires_at = None
-    exhausted = plan.build_attempts >= max_builds
-    record_event(
-        session,
-        "plan",
-        state=plan.state,
-        plan_id=plan.id,
-        data={
-            "scan_key": plan.scan_key,
-            "ranks": plan.ranks,
-            "site": plan.site,
-            "build_attempt": plan.build_attempts,
-            "final": exhausted,
-            "error": plan.last_error[-500:],
-        },
-    )
     session.commit()
     if exhausted:
         fail_campaigns_needing(database=database, plan=plan)

@@ -19,16 +19,15 @@ from schemas.states import (
     LEASED_REALIZATION_STATES,
     LIVE_PLAN_STATES,
     UNFINISHED_CAMPAIGN_STATES,
-    Entity,
     PlanState,
     RealizationState,
-    advance,
 )
 from service.campaigns.lifecycle import settle_campaign
 from service.campaigns.models import Attempt, Campaign, Realization
 from service.config import Settings
 from service.db import Database, in_chunks, utcnow
 from service.events.service import record_event
+from service.events.transitions import EventKind, transition
 from service.queue.models import PreprocessingPlan
 from service.queue.plans import fail_campaigns_needing, report_build_failed
 from service.queue.tasks import end_attempt
@@ -88,7 +87,7 @@ def reap_expired(*, database: Database, settings: Settings) -> Reaped:
             holder = session.scalar(select(Worker.name).where(Worker.id == plan.lease_holder_id))
             record_event(
                 session,
-                "lease_expired",
+                EventKind.LEASE_EXPIRED,
                 state=PlanState.FAILED,
                 plan_id=plan.id,
                 data={"task": "preprocess", "worker": holder, "build": plan.build_number},
@@ -165,7 +164,7 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
         holder = holders.get(realization.lease_holder_id)
         record_event(
             session,
-            "lease_expired",
+            EventKind.LEASE_EXPIRED,
             state=None,
             owner_id=campaign.owner_id,
             campaign_id=campaign_id,
@@ -173,7 +172,8 @@ def _reap_campaign(session: Session, campaign_id: int) -> list[int]:
             data={"task": "realize", "worker": holder},
         )
         if attempt is None:  # cannot happen through the API; keep the realisation moving anyway
-            realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.QUEUED)
+            # Told by the lease_expired event above: no event of its own.
+            transition(session, realization, to=RealizationState.QUEUED, event=None)
             realization.lease_holder_id = realization.lease_expires_at = None
             continue
         end_attempt(

@@ -44,7 +44,13 @@ from service.campaigns.models import Attempt, Campaign, Realization
 from service.config import Settings
 from service.db import Database, in_chunks, utcnow
 from service.errors import InvalidField
-from service.events.service import record_event
+from service.events.transitions import (
+    EventKind,
+    RealizationEnded,
+    RealizationStarted,
+    RealizationSucceeded,
+    transition,
+)
 from service.queue.couplings import record_coupling_use
 from service.queue.errors import (
     LeaseLost,
@@ -194,16 +200,16 @@ def report_started(
     held.attempt.scheduler_job_id = report.scheduler_job_id
     held.realization.lease_expires_at = lease_expiry(settings.lease_s, now)
     if held.realization.state == RealizationState.CLAIMED:
-        held.realization.state = advance(Entity.REALIZATION, held.realization.state, RealizationState.RUNNING)
         held.realization.updated_at = now
-        record_event(
+        transition(
             session,
-            "realization",
-            state=held.realization.state,
+            held.realization,
+            to=RealizationState.RUNNING,
+            event=EventKind.REALIZATION,
+            data=RealizationStarted(attempt=held.attempt.number, worker=held.worker.name, host=held.attempt.host),
             owner_id=held.campaign.owner_id,
             campaign_id=held.campaign.id,
             realization=held.realization.index,
-            data={"attempt": held.attempt.number, "worker": held.worker.name, "host": held.attempt.host},
         )
     session.commit()
     return held.realization.state
@@ -234,7 +240,21 @@ def accept_result(*, session: Session, held: HeldAttempt, result: RealizationRes
     held.attempt.exit_code = 0
     held.attempt.started_at = held.attempt.started_at or now
     realization = held.realization
-    realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.SUCCEEDED)
+    transition(
+        session,
+        realization,
+        to=RealizationState.SUCCEEDED,
+        event=EventKind.REALIZATION,
+        data=RealizationSucceeded(
+            attempt=held.attempt.number,
+            worker=held.worker.name,
+            iterations=result.iterations,
+            converged=result.converged,
+        ),
+        owner_id=held.campaign.owner_id,
+        campaign_id=held.campaign.id,
+        realization=realization.index,
+    )
     realization.result = result.model_dump(mode="json")
     realization.finished_at = now
     realization.updated_at = now
@@ -248,20 +268,6 @@ def accept_result(*, session: Session, held: HeldAttempt, result: RealizationRes
             .execution_options(synchronize_session=False)
         )
     record_coupling_use(session=session, campaign=held.campaign, site=held.worker.site, result=result)
-    record_event(
-        session,
-        "realization",
-        state=realization.state,
-        owner_id=held.campaign.owner_id,
-        campaign_id=held.campaign.id,
-        realization=realization.index,
-        data={
-            "attempt": held.attempt.number,
-            "worker": held.worker.name,
-            "iterations": result.iterations,
-            "converged": result.converged,
-        },
-    )
     settle_campaign(session=session, campaign=held.campaign)
 
 
@@ -359,26 +365,25 @@ def end_attempt(
         if earlier <= UNCHARGED_FAILURES[failure_class]:
             realization.attempts = max(realization.attempts - 1, 0)
             charged = False
-    if realization.attempts >= campaign.max_attempts:
-        realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.FAILED)
+    exhausted = realization.attempts >= campaign.max_attempts
+    if exhausted:
         realization.finished_at = now
-    else:
-        realization.state = advance(Entity.REALIZATION, realization.state, RealizationState.QUEUED)
-    record_event(
+    transition(
         session,
-        "realization",
-        state=realization.state,
+        realization,
+        to=RealizationState.FAILED if exhausted else RealizationState.QUEUED,
+        event=EventKind.REALIZATION,
+        data=RealizationEnded(
+            attempt=attempt.number,
+            failure_class=failure_class,
+            exit_code=exit_code,
+            worker=worker_name,
+            attempts_left=max(campaign.max_attempts - realization.attempts, 0),
+            charged=charged,
+        ),
         owner_id=campaign.owner_id,
         campaign_id=campaign.id,
         realization=realization.index,
-        data={
-            "attempt": attempt.number,
-            "failure_class": failure_class,
-            "exit_code": exit_code,
-            "worker": worker_name,
-            "attempts_left": max(campaign.max_attempts - realization.attempts, 0),
-            "charged": charged,
-        },
     )
     if failure_class not in NOT_THE_SPECS_DOING:
         hold_if_failing_alike(session=session, campaign=campaign)

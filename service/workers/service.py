@@ -14,6 +14,7 @@ from service.auth.models import ApiToken
 from service.auth.service import Principal, hash_token
 from service.db import UTCDateTime, utcnow
 from service.events.service import record_event
+from service.events.transitions import EventKind
 from service.workers.errors import WorkerNameTaken, WorkerNotFound, WorkerTokenMismatch
 from service.workers.models import Worker
 
@@ -49,7 +50,7 @@ def register_worker(*, session: Session, principal: Principal, registration: Wor
     session.flush()
     record_event(
         session,
-        "worker",
+        EventKind.WORKER,
         state="registered",
         data={"worker": worker.name, "site": worker.site, "host": worker.host, "capacity": worker.capacity},
     )
