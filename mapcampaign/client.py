@@ -30,10 +30,10 @@ from typing import IO, TYPE_CHECKING, Any, Literal, Self, TypeVar
 import httpx
 from pydantic import BaseModel
 
+from campaignlib import transport as shared_transport
 from mapcampaign import _connection
 from mapcampaign._events import CampaignEvents
 from mapcampaign.errors import ApiError, InvalidRequest, ServiceUnavailable, WaitTimeout, api_error
-from schemas import transport as shared_transport
 from schemas.api import (
     IDEMPOTENCY_KEY_HEADER,
     INSTRUMENT_MEDIA_TYPES,

@@ -1,5 +1,8 @@
 """Pydantic models and contracts every part of MapCampaign speaks.
 
+Contracts only: the code that reads instrument files, the Monte Carlo maths and the HTTP transport live
+beside this package, in ``campaignlib``.
+
 ======================  ==========================================================
 module                  what it holds
 ======================  ==========================================================

@@ -181,7 +181,7 @@ class GroundScheduleScan(StrictModel):
     azimuth_rate_deg_s: Float = Field(1.0, gt=0, le=30, description="Scan speed in azimuth")
     earth_rotation: bool = Field(True, description="Let the sky drift through the scan as the Earth turns")
     first_scans: OptionalInteger = Field(None, ge=1, le=1_000_000, description="Take only the first N scans of the file")
-    # The scans read from ``file`` (schemas.instrument.resolve_files) and the site's latitude: never input, never dumped.
+    # The scans read from ``file`` (campaignlib.instrument.resolve_files) and the site's latitude: never input, never dumped.
     _scans: tuple[ScheduledScan, ...] | None = PrivateAttr(None)
     _site_latitude_deg: float | None = PrivateAttr(None)
 
@@ -189,7 +189,7 @@ class GroundScheduleScan(StrictModel):
     @property
     def scans(self) -> tuple[ScheduledScan, ...]:
         if self._scans is None:
-            raise ScheduleNotRead(f"the schedule {self.file!r} has not been read (schemas.instrument.resolve_files)")
+            raise ScheduleNotRead(f"the schedule {self.file!r} has not been read (campaignlib.instrument.resolve_files)")
         return self._scans
 
     @property
@@ -242,14 +242,14 @@ class SatelliteScheduleScan(StrictModel):
         65.0, ge=0, lt=180, description="Spin-axis angle from the anti-Sun direction (TOAST's prec_angle)"
     )
     first_scans: OptionalInteger = Field(None, ge=1, le=1_000_000, description="Take only the first N scans of the file")
-    # The scans read from ``file`` (schemas.instrument.resolve_files): never input, never dumped.
+    # The scans read from ``file`` (campaignlib.instrument.resolve_files): never input, never dumped.
     _scans: tuple[SatelliteScheduledScan, ...] | None = PrivateAttr(None)
 
 
     @property
     def scans(self) -> tuple[SatelliteScheduledScan, ...]:
         if self._scans is None:
-            raise ScheduleNotRead(f"the schedule {self.file!r} has not been read (schemas.instrument.resolve_files)")
+            raise ScheduleNotRead(f"the schedule {self.file!r} has not been read (campaignlib.instrument.resolve_files)")
         return self._scans
 
     @property
@@ -336,7 +336,7 @@ class FocalPlane(StrictModel):
     )
     sha256: Sha256 | None = Field(None, description="SHA-256 of the file (64 hex digits); required with file")
     select: DetectorSelection = Field(default_factory=DetectorSelection, description="Part of the file's focal plane to take")
-    # The detectors read from ``file`` (schemas.instrument.resolve_focal_plane): never input, never dumped.
+    # The detectors read from ``file`` (campaignlib.instrument.resolve_focal_plane): never input, never dumped.
     _from_file: tuple[Detector, ...] | None = PrivateAttr(None)
     _file_detectors: int | None = PrivateAttr(None)  # rows in the file before the selection
 
@@ -371,7 +371,7 @@ class FocalPlane(StrictModel):
         if self.detectors is not None:
             return self.detectors
         if self._from_file is None:
-            raise FocalPlaneNotRead(f"the focal plane of {self.file!r} has not been read (schemas.instrument.resolve_focal_plane)")
+            raise FocalPlaneNotRead(f"the focal plane of {self.file!r} has not been read (campaignlib.instrument.resolve_focal_plane)")
         return list(self._from_file)
 
 

@@ -1,7 +1,7 @@
 """The service's worker protocol over HTTP (``schemas.api`` models in and out).
 
 Connection errors and 502/503/504 answers are retried with backoff for up to
-``retry_s`` seconds (:mod:`schemas.transport`, shared with the user's client);
+``retry_s`` seconds (:mod:`campaignlib.transport`, shared with the user's client);
 other errors raise :class:`ServiceError` at once. A 409
 is :class:`TaskGone`: the task is no longer this worker's (lease expired and
 reaped, campaign cancelled, result already accepted), so a report about it
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schemas import transport
+from campaignlib import transport
 from schemas.api import (
     ARTIFACT_SHA256_HEADER,
     ClaimAnswer,
@@ -78,7 +78,7 @@ class ServiceClient:
     def close(self) -> None:
         self._http.close()
 
-    # ------------------------------------------------------------------ transport (schemas.transport)
+    # ------------------------------------------------------------------ transport (campaignlib.transport)
 
     def _request(self, method: str, path: str, *, retry_s: float | None = None, **kwargs: Any) -> httpx.Response:
         try:

@@ -12,8 +12,8 @@ import hashlib
 import logging
 from pathlib import Path
 
+from campaignlib.instrument import UPLOADS
 from schemas.files import atomic_write_bytes
-from schemas.instrument import UPLOADS
 from schemas.spec import CampaignSpec, GroundScheduleScan, SatelliteScheduleScan
 from worker.client import ServiceClient, ServiceError
 

@@ -56,7 +56,7 @@ class ApiClient:
     """A user's httpx client on ``<server>/api/v1``; every failure ends the command with a readable message."""
 
     def __init__(self, server: str | None = None, token: str | None = None, *, timeout: float = 60.0):
-        from schemas import transport
+        from campaignlib import transport
 
         self.server = server_url(server)
         self.token = token or user_token()
@@ -72,7 +72,7 @@ class ApiClient:
 
     def request(self, method: str, path: str, *, expected: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:
         """The answer when its status is ``expected``; otherwise the command fails (see :func:`fail_on_answer`)."""
-        from schemas import transport
+        from campaignlib import transport
 
         try:
             answer = transport.send(self.http, method, path, **kwargs)
@@ -94,7 +94,7 @@ class ApiClient:
 
 
 def answer_detail(answer: httpx.Response) -> Any:
-    from schemas import transport
+    from campaignlib import transport
 
     return transport.error_body(answer)[0]
 

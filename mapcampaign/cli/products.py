@@ -187,7 +187,7 @@ def products(
 
 def _corrections(bandpowers: dict[str, Any]) -> list[str]:
     """The table of F_b (signal-only) or N_b (noise-only) of TT, EE, BB by bandpower bin, unreliable bins marked."""
-    from schemas.montecarlo import transfer_unreliable
+    from campaignlib.montecarlo import transfer_unreliable
 
     bins = bandpowers["bins"]
     names = ("TT", "EE", "BB")

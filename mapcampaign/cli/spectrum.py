@@ -7,7 +7,7 @@ corrected by the inverse E/B transfer matrix (TT and TE by the pure-E campaign's
 Monte Carlo error is printed beside the covariance's as ``(+e)``. Printed as
 D_b = l(l + 1) C_b / 2 pi in uK^2 at the bin centres, of the sky through the beam (the beam is not
 deconvolved); ``*`` marks the bins where F_b is not to be trusted (above 2 nside, or poorly determined:
-``schemas.montecarlo.transfer_unreliable``), and a warning on stderr lists them. ``--json`` prints the
+``campaignlib.montecarlo.transfer_unreliable``), and a warning on stderr lists them. ``--json`` prints the
 service's answer (C_b in K^2). A map of fewer than three fields (I only) is refused before it is sent.
 
 Exit status: 0 done; 2 bad usage or a refused combination (a campaign of the wrong kind, another scan key,
@@ -139,7 +139,7 @@ def spectrum(
         if unreliable[name][b] and bins["reliable"][b]
     ]
     if poorly:
-        from schemas.montecarlo import POORLY_DETERMINED
+        from campaignlib.montecarlo import POORLY_DETERMINED
 
         typer.echo(
             f"warning: * marks bins where F_b is poorly determined (Monte Carlo error above "
@@ -151,10 +151,10 @@ def spectrum(
 
 
 def _unreliable(transfer: dict[str, Any], reliable: list[bool]) -> list[bool]:
-    """The bins where the answer's F_b is not to be trusted (``schemas.montecarlo.transfer_unreliable``)."""
+    """The bins where the answer's F_b is not to be trusted (``campaignlib.montecarlo.transfer_unreliable``)."""
     import numpy as np
 
-    from schemas.montecarlo import transfer_unreliable
+    from campaignlib.montecarlo import transfer_unreliable
 
     def column(values: list[float | None] | None) -> np.ndarray:
         values = values or [None] * len(reliable)

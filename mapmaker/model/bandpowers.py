@@ -53,9 +53,9 @@ import healpy as hp
 import numpy as np
 from pspy import so_map, so_mcm, so_spectra, so_window, sph_tools
 
-# The Monte Carlo products are defined once in schemas.montecarlo, where the service's running aggregates use
+# The Monte Carlo products are defined once in campaignlib.montecarlo, where the service's running aggregates use
 # them too (the service may not import mapmaker); re-exported here beside the bandpowers they are made of.
-from schemas.montecarlo import (  # noqa: F401
+from campaignlib.montecarlo import (  # noqa: F401
     bandpower_covariance,
     debiased_bandpowers,
     hartlap_factor,

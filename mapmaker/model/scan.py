@@ -10,10 +10,10 @@ from types import ModuleType
 
 import numpy as np
 
+from campaignlib.ephemeris import anti_sun_direction
 from mapmaker.kernels import boresight, implementation, pointing
 from mapmaker.kernels.implementation import Kernels
 from mapmaker.model.decomposition import ChunkLayout
-from schemas.ephemeris import anti_sun_direction
 from schemas.spec import CampaignSpec, FocalPlane, GroundScan, GroundScheduleScan, SatelliteScan, SatelliteScheduleScan
 
 DEG = math.pi / 180.0

@@ -73,6 +73,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from campaignlib.instrument import resolve_files
 from mapmaker.kernels import implementation
 from mapmaker.kernels import preconditioner as reference_blocks
 from mapmaker.kernels import threads as threading
@@ -83,7 +84,6 @@ from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.reduction import make_reduction
 from mapmaker.solve.local_data import build_local_data
 from mapmaker.solve.solver import pcg
-from schemas.instrument import resolve_files
 from schemas.io import load_spec
 from schemas.spec import CampaignSpec
 

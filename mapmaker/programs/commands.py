@@ -14,6 +14,7 @@ from pathlib import Path
 from mpi4py import MPI
 from pydantic import ValidationError
 
+from campaignlib.instrument import FocalPlaneFileError, resolve_files
 from mapmaker.kernels import implementation
 from mapmaker.model.bandpowers import CouplingMismatch
 from mapmaker.model.sky import SkyError
@@ -29,7 +30,6 @@ from mapmaker.programs.realize import realize_to_folder
 from mapmaker.programs.spectrum import MapUnusable, map_bandpowers
 from mapmaker.solve.realization import NothingToSolve
 from schemas.files import atomic_write_json
-from schemas.instrument import FocalPlaneFileError, resolve_files
 from schemas.io import SpecError, load_spec
 from schemas.programs import MapmakerExit
 

@@ -21,7 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from schemas.instrument import FocalPlaneFileError, ScheduleFileError, instrument_summary, resolve_files
+from campaignlib.instrument import FocalPlaneFileError, ScheduleFileError, instrument_summary, resolve_files
 from schemas.io import problem_message
 from schemas.spec import CampaignSpec, scan_key, spec_hash
 from schemas.states import (
@@ -45,7 +45,7 @@ log = logging.getLogger("mapcampaign.service")
 
 def check_focal_plane_file(spec: CampaignSpec, instrument_root: Path | None) -> dict[str, Any] | None:
     """Read a spec's focal-plane and schedule files as the map-maker will; return what they said
-    (:func:`schemas.instrument.instrument_summary`, None: no file in the spec).
+    (:func:`campaignlib.instrument.instrument_summary`, None: no file in the spec).
 
     A missing, changed (sha256) or malformed file, or a detector without noise parameters, is refused
     here, at submit, with the file and the column named (:class:`InvalidField`, a 422), before anything

@@ -30,7 +30,7 @@ class Campaign(Base):
     scan_key: Mapped[str] = mapped_column(String(64), index=True)
     spec_hash: Mapped[str] = mapped_column(String(64))
     spec: Mapped[dict[str, Any]]
-    # What the spec's focal-plane and schedule files said at submit (schemas.instrument.instrument_summary), for
+    # What the spec's focal-plane and schedule files said at submit (campaignlib.instrument.instrument_summary), for
     # the dashboard; deferred, so listing campaigns does not load up to 2,000 detectors each.
     instrument_summary: Mapped[dict[str, Any] | None] = mapped_column(default=None, deferred=True)
     state: Mapped[CampaignState] = mapped_column(state_type(CampaignState), default=CampaignState.QUEUED)

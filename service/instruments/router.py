@@ -10,8 +10,8 @@ import anyio
 from fastapi import APIRouter, Header, Path, Query, Request, Response, status
 from fastapi.responses import FileResponse
 
+from campaignlib.instrument import UPLOADS
 from schemas.api import INSTRUMENT_MEDIA_TYPES, ErrorBody, InstrumentFile, InstrumentFileKind, ValidationErrorBody
-from schemas.instrument import UPLOADS
 from service.db import get_database
 from service.deps import CurrentUser, CurrentWorker, DatabaseDep, ReadSessionDep, SettingsDep
 from service.errors import UnsupportedMediaType

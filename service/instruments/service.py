@@ -23,8 +23,8 @@ from sqlalchemy import String, cast, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from campaignlib.instrument import UPLOAD_SUFFIXES, UPLOADS, FocalPlaneFileError, check_instrument_file, upload_path
 from schemas.api import InstrumentFile
-from schemas.instrument import UPLOAD_SUFFIXES, UPLOADS, FocalPlaneFileError, check_instrument_file, upload_path
 from schemas.states import UNFINISHED_CAMPAIGN_STATES
 from service.campaigns.models import Campaign
 from service.db import Database

@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas import montecarlo
+from campaignlib import montecarlo
 from schemas.files import atomic_write, atomic_write_bytes, sha256_file
 from schemas.result import SPECTRA, SpectrumName
 from service.storage import CampaignProducts
@@ -594,7 +594,7 @@ class BandpowerAggregates:
     ``mean`` and its Monte Carlo ``error`` (``std / sqrt(n)``; NaN below 2), the ``covariance``
     ``[6 n_bins, 6 n_bins]`` of one realisation's bandpowers (spectrum-major; None below 2) with
     the Hartlap factor for its inverse, and the input ``model`` through the windows (signal
-    campaigns with a CMB sky). The corrections follow :mod:`schemas.montecarlo`.
+    campaigns with a CMB sky). The corrections follow :mod:`campaignlib.montecarlo`.
     """
 
     n: int

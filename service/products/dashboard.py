@@ -22,7 +22,7 @@ aggregates it shows:
   error bars = Monte Carlo error, bins above 2 nside hollow and shaded.
 
 Each chart's JSON flags unreliable bins (above 2 nside; for F_b and F_l also where the ratio is poorly
-determined, ``schemas.montecarlo.transfer_unreliable``), which the renderer leaves out of the axis range
+determined, ``campaignlib.montecarlo.transfer_unreliable``), which the renderer leaves out of the axis range
 and draws hollow, and names the y scales the reader can switch between (linear, log, symlog).
 
 The charts are drawn by the renderers that ``static/products.js`` registers
@@ -42,7 +42,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from schemas import montecarlo
+from campaignlib import montecarlo
 from schemas.files import atomic_write_bytes
 from schemas.result import SpectrumName
 from service.campaigns import reads as campaigns

@@ -7,11 +7,11 @@ map's own bandpowers need the harmonic transforms and the mode coupling of ``map
 service may not import (``tests/unit/test_architecture.py``): they come from the map-maker's
 program ``python -m mapmaker bandpowers``, started here as the worker starts ``realize``. Running it
 as a program also keeps pspy's spin-waiting OpenMP threads and healpy's import out of the API
-process. The debiasing itself is :func:`schemas.montecarlo.debiased_bandpowers`.
+process. The debiasing itself is :func:`campaignlib.montecarlo.debiased_bandpowers`.
 
 Or, with a pure-E and a pure-B campaign in place of the transfer campaign, ``T_b^-1 (C_b - N_b)`` for EE, EB,
 BB with their E/B transfer matrix (:func:`transfer_matrix_pair`, also served as a product of its own,
-``GET /api/v1/transfer-matrix``) and :func:`schemas.montecarlo.matrix_debiased_bandpowers`; the pure-E
+``GET /api/v1/transfer-matrix``) and :func:`campaignlib.montecarlo.matrix_debiased_bandpowers`; the pure-E
 campaign then plays the transfer campaign's part (its mask, its F_b for TT and TE).
 
 The costly part is the map's bandpowers, and in them the mode coupling of the campaigns' mask. The
@@ -42,7 +42,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from schemas import montecarlo
+from campaignlib import montecarlo
 from schemas.products import (
     TRANSFER_MATRIX_DEFINITION,
     BandpowerBins,
@@ -194,7 +194,7 @@ def transfer_matrix_pair(
     *, session: Session, owner_id: int, products_dir: Path, pure_e_id: int, pure_b_id: int,
     fields: tuple[str, str] = ("transfer_e", "transfer_b"),
 ) -> MatrixPair:
-    """The E/B transfer matrix (:func:`schemas.montecarlo.transfer_matrix`) of the two campaigns' current aggregates.
+    """The E/B transfer matrix (:func:`campaignlib.montecarlo.transfer_matrix`) of the two campaigns' current aggregates.
 
     Each must be the caller's (else 404), signal-only with its ``sky.polarization`` (else 422 on its query
     field, ``fields``), with two realisations (404 ``products_not_ready`` before); the two must agree in scan

@@ -5,7 +5,7 @@ The realisations are real pure-B MASTER bandpowers (``mapmaker.model.bandpowers`
 and pure-B skies (``mapmaker.model.sky.sky_input_cls``) at nside 32 on a galactic cut apodised over 5 deg, where
 pure B leaks E into B by up to several lensing BBs. They are delivered through the worker API as a worker would,
 so the result hook builds the aggregates. The known answers are numpy's: the matrix of the delivered bandpowers
-(:func:`schemas.montecarlo.transfer_matrix_from_samples`), and the correction of the data map's bandpowers with
+(:func:`campaignlib.montecarlo.transfer_matrix_from_samples`), and the correction of the data map's bandpowers with
 it, to rounding.
 """
 
@@ -23,9 +23,9 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from benchmarks._support import result_for, spec_data
+from campaignlib import montecarlo
 from mapmaker.model import bandpowers as bp
 from mapmaker.model.sky import sky_input_cls, synthesize_cmb
-from schemas import montecarlo
 from schemas.result import SPECTRA
 from schemas.spec import CmbSky
 from tests.api.test_bandpowers_api import problem, refolder, run_campaign, run_spectrum_cli, spectrum

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from mpi_support import realize, run_ranks
 
+from campaignlib.instrument import resolve_files
 from mapmaker.model.decomposition import chunk_layout
 from mapmaker.model.scan import ChunkPointing
-from schemas.instrument import resolve_files
 from schemas.io import load_spec
 from tests.support.toast_files import hexagon_focal_plane, write_satellite_schedule
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from mpi_support import DRIVERS, run_ranks
 
-from schemas import montecarlo
+from campaignlib import montecarlo
 from service.products.aggregates import bandpower_aggregates, include_realization, load_state
 from service.storage import CampaignProducts
 

@@ -2,7 +2,7 @@
 
 ``write_focal_plane`` saves a :class:`toast.instrument.Focalplane` exactly as a collaboration would
 (``Focalplane.save_hdf5`` into a ``toast.io.H5File``); the tests then read it back through
-``schemas.instrument`` and compare the map-maker's pointing and noise with TOAST's own.
+``campaignlib.instrument`` and compare the map-maker's pointing and noise with TOAST's own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from astropy.table import Column, QTable
 
-from schemas.instrument import ScheduleFileError, resolve_files
+from campaignlib.instrument import ScheduleFileError, resolve_files
 from schemas.spec import CampaignSpec
 
 NET_UNIT = u.K * u.s**0.5

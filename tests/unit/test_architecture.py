@@ -1,11 +1,14 @@
 """The import direction of the project's packages, read from the source (every import, also those inside functions).
 
-``schemas`` is the floor: the contracts every program speaks, importing none of the others. The map-maker,
-the service and the worker each build on ``schemas`` alone and never import one another: the worker starts
-the map-maker as a program (``python -m mapmaker ...``) and talks to the service over HTTP only (through
-``schemas.transport``, the HTTP transport it shares with the user's client). ``mapcampaign`` (the public
-client) builds on ``schemas``; only its command line, ``mapcampaign/cli/``, starts the service and a worker
-(``serve``, ``up``, ``demo``, ``worker``, ``db``, ``token``) and so imports them: it is the top.
+``schemas`` is the floor: the contracts every program speaks, importing none of the others. ``campaignlib``
+stands on it, beside it: the code every program shares that is not a contract (the instrument-file readers,
+the Monte Carlo estimators, the ephemeris, the HTTP transport); it imports ``schemas`` alone, and
+``schemas`` imports nothing of it. The map-maker, the service and the worker each build on those two and
+never import one another: the worker starts the map-maker as a program (``python -m mapmaker ...``) and
+talks to the service over HTTP only (through ``campaignlib.transport``, the HTTP transport it shares with
+the user's client). ``mapcampaign`` (the public client) builds on the same two; only its command line,
+``mapcampaign/cli/``, starts the service and a worker (``serve``, ``up``, ``demo``, ``worker``, ``db``,
+``token``) and so imports them: it is the top.
 """
 
 from __future__ import annotations
@@ -16,15 +19,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("schemas", "mapmaker", "service", "worker", "mapcampaign")
+PACKAGES = ("schemas", "campaignlib", "mapmaker", "service", "worker", "mapcampaign")
 
 # What each package may import of the project's own packages (besides itself).
 ALLOWED = {
     "schemas": set(),
-    "mapmaker": {"schemas"},
-    "worker": {"schemas"},
-    "service": {"schemas"},
-    "mapcampaign": {"schemas"},
+    "campaignlib": {"schemas"},
+    "mapmaker": {"schemas", "campaignlib"},
+    "worker": {"schemas", "campaignlib"},
+    "service": {"schemas", "campaignlib"},
+    "mapcampaign": {"schemas", "campaignlib"},
 }
 # The command line may reach everything: it runs the service and a worker in-process or as children.
 TOP = "mapcampaign/cli/"
@@ -62,7 +66,7 @@ def test_each_package_imports_only_what_lies_below_it(package):
                 continue
             if module not in EXCEPTIONS.get((package, other), set()):
                 wrong.append(f"{module} imports {other}")
-    assert wrong == [], "imports against the direction schemas <- mapmaker | service | worker:\n" + "\n".join(wrong)
+    assert wrong == [], "imports against the direction schemas <- campaignlib <- mapmaker | service | worker:\n" + "\n".join(wrong)
 
 
 def test_the_reader_sees_imports_inside_functions(tmp_path):
@@ -92,14 +96,43 @@ def test_the_service_imports_neither_the_worker_nor_the_client():
     assert not (REPO / "service" / "cli").exists(), "the command line lives in mapcampaign/cli/"
 
 
-def test_the_client_below_its_command_line_imports_only_schemas():
+def test_the_client_below_its_command_line_imports_only_the_ground_floor():
     """``import mapcampaign`` (the client, errors, products) must not drag in the service or the worker."""
+    floor = {"schemas", "campaignlib"}
     wrong = {
-        module: others - {"schemas"}
+        module: others - floor
         for module, others in project_imports("mapcampaign").items()
-        if not module.startswith(TOP) and others - {"schemas"}
+        if not module.startswith(TOP) and others - floor
     }
     assert wrong == {}
+
+
+# What a contract may import beyond the standard library: it is a description (pydantic models, constants,
+# the states' table), read by every program; reading files or the network, and numerics, are campaignlib's.
+CONTRACT_LIBRARIES = {"pydantic", "pydantic_core", "yaml", "annotated_types"}
+
+
+def test_schemas_holds_contracts_only():
+    """No module of ``schemas`` imports a numerical, file-format or network library (numpy, h5py, astropy, httpx
+    ...): the readers and the maths live in ``campaignlib``."""
+    import sys
+
+    wrong = {}
+    for path in sorted((REPO / "schemas").rglob("*.py")):
+        third_party = {
+            name
+            for name in imported_packages(path)
+            if name not in sys.stdlib_module_names and name not in PACKAGES and name not in CONTRACT_LIBRARIES
+        }
+        if third_party:
+            wrong[str(path.relative_to(REPO))] = third_party
+    assert wrong == {}
+
+
+def test_the_ground_floor_is_used_by_every_program():
+    """``campaignlib`` is not vacuous: the service, the worker, the map-maker and the client each import it."""
+    for package in ("service", "worker", "mapmaker", "mapcampaign"):
+        assert any("campaignlib" in others for others in project_imports(package).values()), package
 
 
 def test_the_command_line_is_where_the_service_and_worker_are_reached():

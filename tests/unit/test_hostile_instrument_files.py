@@ -11,8 +11,8 @@ import tracemalloc
 
 import pytest
 
-from schemas import instrument
-from schemas.instrument import FocalPlaneFileError, check_instrument_file, resolve_files
+from campaignlib import instrument
+from campaignlib.instrument import FocalPlaneFileError, check_instrument_file, resolve_files
 from schemas.io import MAX_YAML_ALIAS_NODES, SpecError, parse_spec_text
 from schemas.spec import CampaignSpec
 from tests.support.hostile_files import (

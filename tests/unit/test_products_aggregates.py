@@ -289,8 +289,8 @@ def bandpower_record(generator, n_bins=4, mask_sha256="m" * 64, **changes):
 
 
 def test_bandpower_covariance_and_transfer_equal_the_batch_kernels(tmp_path):
-    """The running mean and co-moment give schemas.montecarlo's batch covariance, transfer and Hartlap factor."""
-    from schemas import montecarlo
+    """The running mean and co-moment give campaignlib.montecarlo's batch covariance, transfer and Hartlap factor."""
+    from campaignlib import montecarlo
 
     files = CampaignProducts(tmp_path / "campaigns", 8)
     generator = np.random.default_rng(21)

@@ -17,12 +17,12 @@ from mapmaker_cases import BASE
 from mpi4py import MPI
 from pydantic import ValidationError
 
+from campaignlib.instrument import FocalPlaneFileError, read_focal_plane, resolve_focal_plane
 from mapmaker.kernels import pointing
 from mapmaker.model.decomposition import chunk_layout
 from mapmaker.model.noise import NoiseModel
 from mapmaker.model.scan import ChunkPointing, boresight_quaternions, detector_quaternions
 from mapmaker.solve.realization import run_realization
-from schemas.instrument import FocalPlaneFileError, read_focal_plane, resolve_focal_plane
 from schemas.spec import CampaignSpec, FocalPlaneNotRead, scan_key
 from tests.support.toast_files import detector_quat, focal_plane_table, hexagon_focal_plane, write_focal_plane
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from mapmaker_cases import BASE
 
+from campaignlib.instrument import resolve_files
 from mapmaker.model.decomposition import chunk_layout
 from mapmaker.model.scan import ChunkPointing
-from schemas.instrument import resolve_files
 from schemas.spec import CampaignSpec, ScheduleNotRead, scan_key
 from tests.support.toast_files import assert_schedule_refused, write_satellite_schedule
 
@@ -218,7 +218,7 @@ def test_the_instrument_summary_lists_each_scan_with_its_anti_sun_longitude(sche
     from astropy.coordinates import GeocentricMeanEcliptic, get_sun
     from astropy.time import Time
 
-    from schemas.instrument import instrument_summary
+    from campaignlib.instrument import instrument_summary
 
     root, sha = schedule
     spec = resolve_files(schedule_spec("satellite.ecsv", sha), root)
@@ -236,7 +236,7 @@ def test_the_summary_coverage_holds_every_hit_and_the_ring_area(schedule):
     """The dashboard's coverage of a satellite schedule: every pixel the map-maker's pointing hits lies in a
     covered 5-degree ecliptic cell, and the covered fraction of the sky is the ring's between |precession - spin|
     and precession + spin (solid angle), widened by the cells' margin, within 10%; a far cell is not covered."""
-    from schemas.instrument import instrument_summary
+    from campaignlib.instrument import instrument_summary
 
     root, sha = schedule
     spec = resolve_files(schedule_spec("satellite.ecsv", sha), root)

@@ -17,9 +17,9 @@ import pytest
 from mapmaker_cases import BASE
 from mpi4py import MPI
 
+from campaignlib.instrument import local_sidereal_time_deg, resolve_files
 from mapmaker.model.decomposition import chunk_layout
 from mapmaker.solve.realization import run_realization
-from schemas.instrument import local_sidereal_time_deg, resolve_files
 from schemas.spec import CampaignSpec, ScheduleNotRead, scan_key
 from tests.support.toast_files import assert_schedule_refused, write_ground_schedule
 
@@ -138,7 +138,7 @@ def test_a_malformed_schedule_is_refused_naming_the_file_and_the_column(tmp_path
 def test_the_instrument_summary_places_each_field_where_ephem_does(schedule):
     """The dashboard's field list: each scan's start, observed time, and its field within 0.5 degree of ephem's
     (the summary takes the middle of the observed chunks, 25 s before the middle of the first scan)."""
-    from schemas.instrument import instrument_summary
+    from campaignlib.instrument import instrument_summary
 
     root, sha = schedule
     spec = resolve_files(schedule_spec("schedule.ecsv", sha), root)

@@ -1,4 +1,4 @@
-"""The E/B transfer matrix (schemas.montecarlo) on synthetic bandpowers with a known matrix, and the pure-E /
+"""The E/B transfer matrix (campaignlib.montecarlo) on synthetic bandpowers with a known matrix, and the pure-E /
 pure-B sky option of the spec and the sky synthesis."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from campaignlib import montecarlo
 from mapmaker.model import sky
-from schemas import montecarlo
 from schemas.spec import CampaignSpec, CmbSky, spec_hash
 
 N_BINS = 5

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+from campaignlib import montecarlo
 from mapmaker.model import bandpowers as bp
 from mapmaker.model import sky
-from schemas import montecarlo
 from schemas.spec import CmbSky
 
 NSIDE = 64

@@ -934,7 +934,7 @@ def instrument_summary(spec: CampaignSpec) -> dict[str, Any] | None:
     elif isinstance(scan, SatelliteScheduleScan):
         import numpy as np
 
-        from schemas.ephemeris import anti_sun_direction
+        from campaignlib.ephemeris import anti_sun_direction
 
         listed = scan.scans[:SUMMARY_SCANS]
         middles = np.array([item.start_unix_s + 0.5 * item.chunks * scan.chunk_s for item in listed])
@@ -979,7 +979,7 @@ def satellite_coverage(scan: SatelliteScheduleScan, *, focal_plane_reach_deg: fl
     """
     import numpy as np
 
-    from schemas.ephemeris import anti_sun_direction
+    from campaignlib.ephemeris import anti_sun_direction
 
     n_lon, n_lat = int(360 / COVERAGE_CELL_DEG), int(180 / COVERAGE_CELL_DEG)
     lon = np.radians((np.arange(n_lon) + 0.5) * COVERAGE_CELL_DEG)
