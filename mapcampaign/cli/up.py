@@ -174,17 +174,18 @@ def _download_products(stack: object, detail: dict, out: Path | None) -> Path | 
 
 def _describe_results(stack: object, detail: dict, products_dir: Path | None, *, stay: bool) -> None:
     from mapcampaign.cli._stack import LocalStack
+    from schemas.programs import MAP_FILES
     from service.storage import CampaignStorage
 
     assert isinstance(stack, LocalStack)
     campaign_id = detail["id"]
     counts = detail["progress"]["counts"]
     folder = CampaignStorage(stack.settings.products_dir).realizations_dir(campaign_id)
-    maps = sorted(folder.glob("*/map_iqu.fits"))
+    maps = sorted(folder.glob(f"*/{MAP_FILES['iqu']}"))
     lines = [
         f"campaign {campaign_id} {detail['state']}: {counts.get('succeeded', 0)} of {detail['realizations']} "
         f"realisations succeeded" + (f" ({detail['failure_cause']})" if detail.get("failure_cause") else ""),
-        f"maps (HEALPix RING, K) of each realisation: {folder}/<n>/map_iqu.fits ({len(maps)} found)",
+        f"maps (HEALPix RING, K) of each realisation: {folder}/<n>/{MAP_FILES['iqu']} ({len(maps)} found)",
         (
             f"Monte Carlo products (mean and variance maps, mask, spectra): {products_dir}"
             if products_dir
