@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -153,7 +153,7 @@ def demo(
     raise typer.Exit(code)
 
 
-def _download_products(stack: object, detail: dict, out: Path | None) -> Path | None:
+def _download_products(stack: object, detail: dict[str, Any], out: Path | None) -> Path | None:
     """Fetch the campaign's Monte Carlo products (FITS) while the service is still up; None when there are none."""
     from mapcampaign.cli._stack import LocalStack
     from mapcampaign.cli.products import Format, products
@@ -172,7 +172,7 @@ def _download_products(stack: object, detail: dict, out: Path | None) -> Path | 
     return target
 
 
-def _describe_results(stack: object, detail: dict, products_dir: Path | None, *, stay: bool) -> None:
+def _describe_results(stack: object, detail: dict[str, Any], products_dir: Path | None, *, stay: bool) -> None:
     from mapcampaign.cli._stack import LocalStack
     from schemas.programs import MAP_FILES
     from service.storage import CampaignStorage
