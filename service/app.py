@@ -30,8 +30,8 @@ from service.access_log import install_access_log_redaction
 from service.admission import AdmissionMiddleware
 from service.auth.errors import InvalidToken, MissingToken
 from service.auth.router import router as login_links_router
+from service.campaigns.reads import campaign_visible
 from service.campaigns.router import router as campaigns_router
-from service.campaigns.service import campaign_visible
 from service.config import Settings
 from service.dashboard import mount_dashboard
 from service.dashboard.router import error_page

@@ -68,11 +68,20 @@ class Invalid(DomainError):
     code = "invalid"
 
 
-class InvalidField(Invalid):
+class InvalidFields(Invalid):
+    """Fields of a request that parsed but hold values the service refuses; answered like a validation error:
+    each problem is the field's location (``("body", "changes", "sky", "nside")``) and the reason."""
+
+    def __init__(self, problems: list[tuple[tuple[str | int, ...], str]]):
+        super().__init__("; ".join(f"{format_location(loc)}: {message}" for loc, message in problems))
+        self.problems = problems
+
+
+class InvalidField(InvalidFields):
     """One field of a request that parsed but holds a value the service refuses; answered like a validation error."""
 
     def __init__(self, loc: tuple[str, ...], message: str):
-        super().__init__(f"{format_location(loc)}: {message}")
+        super().__init__([(loc, message)])
         self.loc = loc
         self.message = message
 
@@ -221,8 +230,10 @@ def install_error_handlers(app: FastAPI, error_page: ErrorPage | None = None) ->
             if error.page_location is not None:  # no session: the login form
                 return page_redirect(error.page_location)
             return await error_page(request, error.status_code, error.detail)
-        if isinstance(error, InvalidField):
-            return invalid_request_response([{"loc": error.loc, "msg": error.message, "type": "value_error"}])
+        if isinstance(error, InvalidFields):
+            return invalid_request_response(
+                [{"loc": loc, "msg": message, "type": "value_error"} for loc, message in error.problems]
+            )
         return error_response(error.status_code, error.detail, type(error).code, error.headers)
 
     @app.exception_handler(RequestValidationError)

@@ -25,7 +25,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES
 from schemas.states import CampaignState, RealizationState
 from service.auth.session import CSRF_FIELD, DashboardUser, check_csrf, optional_session
-from service.campaigns import service as campaigns
+from service.campaigns import lifecycle
+from service.campaigns import reads as campaigns
 from service.dashboard import queries
 from service.dashboard import service as dashboard
 from service.dashboard.quicklook import FIELDS, MapUnreadable, quicklook_png
@@ -277,7 +278,7 @@ def cancel(
 ) -> Response:
     check_csrf(request, user, csrf_token)
     reason = reason.strip() or f"cancelled by {user.user_name} in the dashboard"
-    campaign = campaigns.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
+    campaign = lifecycle.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
     ArtifactStore(settings.products_dir).discard(campaign_id=campaign.id)  # uploads of attempts that will not finish
     return page_redirect(f"/campaigns/{campaign.id}?notice=cancelled")
 
@@ -291,7 +292,7 @@ def retry(
     csrf_token: Annotated[str, Form(max_length=200)] = "",
 ) -> Response:
     check_csrf(request, user, csrf_token)
-    campaign, requeued = campaigns.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    campaign, requeued = lifecycle.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     return page_redirect(f"/campaigns/{campaign.id}?notice={'retried' if requeued else 'nothing-to-retry'}")
 
 

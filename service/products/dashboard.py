@@ -41,7 +41,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from schemas import montecarlo
 from schemas.files import atomic_write_bytes
 from schemas.result import SpectrumName
-from service.campaigns import service as campaigns
+from service.campaigns import reads as campaigns
 from service.dashboard.panels import ChartRef, FigureRef, ProductsPanel
 from service.dashboard.session import DashboardUser
 from service.deps import ReadSessionDep, SettingsDep

@@ -40,7 +40,7 @@ from schemas.products import BandpowerBins, BandpowerEstimate, DataSpectrum, Spe
 from schemas.programs import MapmakerExit, mapmaker_bandpowers_args
 from schemas.result import SPECTRA, MapBandpowers
 from schemas.spec import CampaignSpec, coupling_key
-from service.campaigns import service as campaigns
+from service.campaigns import reads as campaigns
 from service.errors import InvalidField, TooManyRequests
 from service.products.aggregates import AggregateState, BandpowerAggregates, bandpower_aggregates
 from service.products.service import ProductsNotReady, snapshot
