@@ -109,7 +109,7 @@ def test_the_command_line_is_where_the_service_and_worker_are_reached():
 
 
 # Where the service may raise the web framework's own exceptions: modules that are routers (they define an
-# ``APIRouter`` or are named ``router.py``), and the one place domain errors become HTTP answers.
+# ``APIRouter`` or are named ``router.py``) and the one place domain errors become HTTP answers.
 HTTP_RAISERS = {"service/errors.py"}
 WEB_FRAMEWORKS = ("fastapi", "starlette")
 
