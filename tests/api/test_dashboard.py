@@ -15,9 +15,9 @@ from sqlalchemy import update
 from schemas.api import ARTIFACT_SHA256_HEADER
 from service.auth.models import ApiToken
 from service.auth.service import Principal
+from service.auth.session import COOKIE_NAME, load_session_key, make_cookie, read_cookie
 from service.dashboard import panels, quicklook
 from service.dashboard.router import STATIC_DIR, TEMPLATES_DIR
-from service.dashboard.session import COOKIE_NAME, load_session_key, make_cookie, read_cookie
 from tests.support.databases import statements_sent
 from tests.support.fake_worker import iqu_map_fits
 
