@@ -33,13 +33,15 @@ import enum
 import hashlib
 import json
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
 from mapcampaign.cli._utilities import fail
 from schemas.files import atomic_write
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Format(str, enum.Enum):
@@ -187,6 +189,8 @@ def products(
 
 def _corrections(bandpowers: dict[str, Any]) -> list[str]:
     """The table of F_b (signal-only) or N_b (noise-only) of TT, EE, BB by bandpower bin, unreliable bins marked."""
+    import numpy as np  # here, not at the top: `mapcampaign --help` loads no numpy (tests/unit/test_import_weight.py)
+
     from campaignlib.montecarlo import transfer_unreliable
 
     bins = bandpowers["bins"]
