@@ -5,7 +5,7 @@ debiased bandpowers of a data map are defined once, here, because two programs t
 each other compute them: the map-maker's tests and benchmarks (``mapmaker.model.bandpowers``
 re-exports these functions) on batches of realisations, and the service's running aggregates
 (``service.products.aggregates``) one realisation at a time. The import rules
-(``tests/unit/test_architecture.py``) let both import ``schemas`` and neither import the other, so the
+(``tests/unit/test_architecture.py``) let both import ``campaignlib`` and neither import the other, so the
 shared definition lives here. numpy only: no pspy, no healpy (the harmonic transforms that make
 bandpowers out of maps stay in ``mapmaker``).
 
