@@ -5,7 +5,9 @@
 
 Two campaigns from the bundled examples: ``ground.toml`` (Atacama constant-elevation scans, its
 azimuth range ``--ground-azimuth-deg``, by default its own 120 deg centred on the south: fsky 0.11) and ``satellite.toml``
-(its drift raised to ``--satellite-drift-deg-day`` for a near-full sky), at each nside.
+(its drift raised to ``--satellite-drift-deg-day``), at each nside, their 4 detectors copied
+``--detector-copies`` times (default nside / 64, satellite nside / 32), each copy shifted by a pixel, so that
+the tracks cover the sky at that resolution as a real focal plane does: fsky about 0.1 and 0.86 at nside 512.
 
 The observed pixels are those of the campaign's real pointing (:class:`mapmaker.model.scan.ChunkPointing`
 over every chunk). The map values are white noise of 1/sqrt(hits) (no solve: the file sizes depend on
@@ -59,6 +61,17 @@ def campaign(kind: str, nside: int, args: argparse.Namespace) -> CampaignSpec:
         data["scan"]["azimuth_min_deg"], data["scan"]["azimuth_max_deg"] = 180.0 - half, 180.0 + half
     else:
         data["scan"]["drift_deg_per_day"] = args.satellite_drift_deg_day
+    # The examples' 4 detectors leave gaps between their tracks finer than nside 64 resolves: copies shifted
+    # by a pixel across and along fill them, as a real focal plane's hundreds of detectors do.
+    per_64 = 2 if kind == "satellite" else 1  # the satellite's rings cross at a wider angle: twice the copies
+    copies = max(1, per_64 * nside // 64) if args.detector_copies is None else args.detector_copies
+    pixel_deg = math.degrees(hp.nside2resol(nside))
+    data["focal_plane"]["detectors"] = [
+        {**detector, "name": f"{detector['name']}c{copy}",
+         "offset_x_deg": detector["offset_x_deg"] + copy * pixel_deg / 2,
+         "offset_y_deg": detector["offset_y_deg"] + copy * pixel_deg}
+        for copy in range(copies) for detector in data["focal_plane"]["detectors"]
+    ]
     return CampaignSpec.model_validate(data)
 
 
@@ -174,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--campaigns", default="ground,satellite")
     parser.add_argument("--ground-azimuth-deg", type=float, default=120.0, help="azimuth range of the ground scans (the example's 120: fsky 0.11)")
     parser.add_argument("--satellite-drift-deg-day", type=float, default=2880.0)
+    parser.add_argument(
+        "--detector-copies", type=int, default=None,
+        help="copies of the examples' 4 detectors, each shifted by a pixel (default nside / 64; satellite nside / 32)",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     kinds = [kind for kind in args.campaigns.split(",") if kind]
