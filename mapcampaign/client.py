@@ -52,7 +52,7 @@ from schemas.api import (
 )
 from schemas.files import atomic_write
 from schemas.io import SpecError, load_spec, spec_from_data
-from schemas.products import DataSpectrum, ProductsSummary
+from schemas.products import DataSpectrum, ProductsSummary, TransferMatrix
 from schemas.spec import CampaignKind, CampaignSpec
 from schemas.states import FINISHED_CAMPAIGN_STATES, CampaignState, PlanState, RealizationState
 
@@ -333,19 +333,23 @@ class Client:
         self,
         map_file: str | PathLike[str],
         *,
-        transfer: int,
         noise: int,
+        transfer: int | None = None,
         covariance: int | None = None,
+        transfer_e: int | None = None,
+        transfer_b: int | None = None,
         timeout: float = 900.0,
     ) -> DataSpectrum:
         """Unbiased bandpowers ``(C_b - N_b) / F_b`` of a HEALPix FITS map (I, Q, U in K) from a signal-only
         ``transfer`` campaign, a noise-only ``noise`` campaign and, for errors, a signal+noise ``covariance``
-        campaign. A wrong combination (another scan key, mask or binning; a campaign of the wrong kind) raises
-        :class:`~mapcampaign.errors.InvalidRequest` naming the field and what differs. ``timeout`` (s): the
-        service computes the map's bandpowers while the request waits (seconds at nside 256)."""
-        params = {"transfer": transfer, "noise": noise}
-        if covariance is not None:
-            params["covariance"] = covariance
+        campaign. With a pure-E ``transfer_e`` and a pure-B ``transfer_b`` campaign instead of ``transfer``,
+        EE, EB, BB are corrected by the inverse of their E/B transfer matrix (``correction`` says which;
+        ``error_matrix`` is the matrix's own error). A wrong combination (another scan key, mask or binning; a
+        campaign of the wrong kind) raises :class:`~mapcampaign.errors.InvalidRequest` naming the field and what
+        differs. ``timeout`` (s): the service computes the map's bandpowers while the request waits (seconds at
+        nside 256)."""
+        given = {"transfer": transfer, "transfer_e": transfer_e, "transfer_b": transfer_b, "covariance": covariance}
+        params = {"noise": noise, **{name: value for name, value in given.items() if value is not None}}
         payload = Path(map_file).read_bytes()
         problem = iqu_map_problem(payload, Path(map_file).name)
         if problem is not None:
@@ -359,6 +363,12 @@ class Client:
             timeout=timeout,
         )
         return DataSpectrum.model_validate_json(answer.content)
+
+    def transfer_matrix(self, pure_e: int, pure_b: int) -> TransferMatrix:
+        """The E/B transfer matrix of a pure-E and a pure-B campaign as it stands: ``matrix`` and ``error``
+        ``[n_bins][out][in]`` over (EE, EB, BB); see :class:`schemas.products.TransferMatrix`."""
+        answer = self._request("GET", "/transfer-matrix", params={"pure_e": pure_e, "pure_b": pure_b})
+        return TransferMatrix.model_validate_json(answer.content)
 
     def bandpower_covariance(self, campaign_id: int) -> tuple[np.ndarray, int, float]:
         """The bandpower covariance of a signal+noise campaign: ``(cov [6 n_bins, 6 n_bins] K^4, n, hartlap)``,

@@ -40,4 +40,5 @@ def anti_sun_direction(unix_s: np.ndarray) -> np.ndarray:
     position = get_body_barycentric("earth", Time(nodes, format="unix")).xyz.to_value(u.km)  # [3, n_nodes]
     position = np.stack([np.interp(times, nodes, position[axis]) for axis in range(3)], axis=-1)
     position = position @ EQUATORIAL_TO_ECLIPTIC.T
-    return position / np.linalg.norm(position, axis=1, keepdims=True)
+    unit: np.ndarray = position / np.linalg.norm(position, axis=1, keepdims=True)
+    return unit

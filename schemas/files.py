@@ -59,11 +59,22 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], *, mode: i
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(partial, mode)
-        os.replace(partial, path)
+        _rename_durably(partial, path, mode=mode)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def move_into_place(written: str | Path, path: str | Path, *, mode: int | None = None) -> None:
+    """Put a file written elsewhere (a body streamed to a temporary file on the same file system) at ``path``,
+    as :func:`atomic_write` ends: its data fsynced, renamed onto ``path``, the folder fsynced."""
+    fsync_path(written)
+    _rename_durably(Path(written), Path(path), mode=mode)
+
+
+def _rename_durably(partial: Path, path: Path, *, mode: int | None) -> None:
+    if mode is not None:
+        os.chmod(partial, mode)
+    os.replace(partial, path)
     fsync_path(path.parent)
 
 

@@ -143,3 +143,197 @@ def debiased_bandpowers(
             return cb, None
         variance = np.diag(np.asarray(covariance, dtype=np.float64)).reshape(data_cb.shape)
         return cb, np.sqrt(variance) / np.abs(transfer_b)
+
+
+# --------------------------------------------------------------------------- E/B transfer matrix
+
+MATRIX_SPECTRA = ("EE", "EB", "BB")  # the order of the transfer matrix's rows (out) and columns (in)
+MATRIX_ROWS = (1, 4, 2)  # their rows in a [6, n_bins] bandpower array (TT EE BB TE EB TB)
+
+
+class TransferMatrix:
+    """The pipeline's E/B transfer matrix per bin, from a pure-E and a pure-B signal-only campaign.
+
+    ``matrix [n_bins, 3, 3]``: ``<C_b^X> = sum_Y T_b[X, Y] m_b^Y`` with X (out) and Y (in) in
+    :data:`MATRIX_SPECTRA` = (EE, EB, BB) and ``m_b^Y`` the input model bandpowers (the input C_l with
+    its beam through the bandpower windows, ``mapmaker.model.bandpowers.model_bandpowers``). Column EE is
+    the pure-E campaign's mean (EE, EB, BB) over its model EE, column BB the pure-B campaign's over its
+    model BB; T_b[BB, EE] is the E -> B leakage that pure-B MASTER leaves (pixelisation, a cut sky) and a
+    per-bin F_b would fold into a multiplicative factor.
+
+    The EB column is the identity, assumed, not measured: neither campaign has an EB input (a sky of E
+    modes only, or of B modes only, has no E-B correlation), and the model's EB is 0 (parity). So the
+    correction removes the EE and BB leakage from a data EB, but does not undo any suppression or mixing
+    of a real EB signal; its ``error`` is 0.
+
+    ``error [n_bins, 3, 3]`` the Monte Carlo error of each element; ``column_covariance [n_bins, 3, 3, 3]``
+    (bin, input column, out, out) the covariance of each column's elements (one campaign's correlated
+    means), which :func:`matrix_debiased_bandpowers` propagates. Elements of a bin whose input model is
+    not positive are NaN.
+    """
+
+    def __init__(self, matrix: np.ndarray, column_covariance: np.ndarray, n_e: int, n_b: int) -> None:
+        self.matrix = np.asarray(matrix, dtype=np.float64)
+        self.column_covariance = np.asarray(column_covariance, dtype=np.float64)
+        self.n_e = n_e
+        self.n_b = n_b
+
+    @property
+    def n_bins(self) -> int:
+        return int(self.matrix.shape[0])
+
+    @property
+    def error(self) -> np.ndarray:
+        """``[n_bins, 3, 3]``: sqrt of each column's variances (0 in the assumed EB column; NaN below 2 realisations)."""
+        variances = np.diagonal(self.column_covariance, axis1=2, axis2=3)  # [n_bins, in, out]
+        return np.sqrt(np.maximum(np.swapaxes(variances, 1, 2), 0.0))
+
+    def inverse(self) -> np.ndarray:
+        """``[n_bins, 3, 3]`` per-bin inverse (NaN for a bin with a NaN or singular matrix)."""
+        inverse = np.full_like(self.matrix, np.nan)
+        for b, block in enumerate(self.matrix):
+            if np.all(np.isfinite(block)) and abs(np.linalg.det(block)) > 0:
+                inverse[b] = np.linalg.inv(block)
+        return inverse
+
+
+def _column(
+    mean_cb: np.ndarray, covariance: np.ndarray | None, n: int, model_cb: np.ndarray, model_row: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One measured column [n_bins, 3] and its covariance [n_bins, 3, 3] (see :func:`transfer_matrix`)."""
+    mean_cb = np.asarray(mean_cb, dtype=np.float64)
+    n_bins = mean_cb.shape[1]
+    model = np.asarray(model_cb, dtype=np.float64)[model_row]
+    scale = np.where(model > 0, 1.0 / np.where(model > 0, model, 1.0), np.nan)  # [n_bins]
+    column = mean_cb[list(MATRIX_ROWS)].T * scale[:, None]
+    column_covariance = np.full((n_bins, 3, 3), np.nan)
+    if covariance is not None and n >= 2:
+        covariance = np.asarray(covariance, dtype=np.float64)
+        for b in range(n_bins):
+            index = [row * n_bins + b for row in MATRIX_ROWS]
+            column_covariance[b] = covariance[np.ix_(index, index)] / n * scale[b] ** 2
+    return column, column_covariance
+
+
+def transfer_matrix(
+    *,
+    e_mean: np.ndarray,
+    e_covariance: np.ndarray | None,
+    e_n: int,
+    e_model: np.ndarray,
+    b_mean: np.ndarray,
+    b_covariance: np.ndarray | None,
+    b_n: int,
+    b_model: np.ndarray,
+) -> TransferMatrix:
+    """The :class:`TransferMatrix` of a pure-E and a pure-B campaign's aggregates.
+
+    Per campaign: ``mean [6, n_bins]`` K^2 the mean decoupled bandpowers of its ``n`` realisations,
+    ``covariance [6 n_bins, 6 n_bins]`` one realisation's (None below 2: NaN errors), ``model [6, n_bins]``
+    its input through the windows. Column EE = ``e_mean[(EE, EB, BB)] / e_model[EE]``, column BB =
+    ``b_mean[(EE, EB, BB)] / b_model[BB]``; their covariances ``cov / n / model^2``; column EB = (0, 1, 0).
+    """
+    e_column, e_cov = _column(e_mean, e_covariance, e_n, e_model, MATRIX_ROWS[0])
+    b_column, b_cov = _column(b_mean, b_covariance, b_n, b_model, MATRIX_ROWS[2])
+    n_bins = e_column.shape[0]
+    if b_column.shape[0] != n_bins:
+        raise ValueError(f"the pure-E campaign has {n_bins} bins, the pure-B one {b_column.shape[0]}")
+    matrix = np.zeros((n_bins, 3, 3))
+    matrix[:, :, 0] = e_column
+    matrix[:, 1, 1] = 1.0
+    matrix[:, :, 2] = b_column
+    column_covariance = np.zeros((n_bins, 3, 3, 3))
+    column_covariance[:, 0] = e_cov
+    column_covariance[:, 2] = b_cov
+    return TransferMatrix(matrix, column_covariance, e_n, b_n)
+
+
+def transfer_matrix_from_samples(
+    e_samples: np.ndarray, e_model: np.ndarray, b_samples: np.ndarray, b_model: np.ndarray
+) -> TransferMatrix:
+    """:func:`transfer_matrix` of stacks of realisations ``[n, 6, n_bins]`` of a pure-E and a pure-B campaign."""
+    def moments(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, int]:
+        samples = np.asarray(samples, dtype=np.float64)
+        n = samples.shape[0]
+        covariance = bandpower_covariance(samples)[0] if n >= 2 else None
+        return samples.mean(axis=0), covariance, n
+
+    e_mean, e_cov, e_n = moments(e_samples)
+    b_mean, b_cov, b_n = moments(b_samples)
+    return transfer_matrix(
+        e_mean=e_mean, e_covariance=e_cov, e_n=e_n, e_model=e_model,
+        b_mean=b_mean, b_covariance=b_cov, b_n=b_n, b_model=b_model,
+    )
+
+
+class MatrixDebiased:
+    """Bandpowers ``cb [6, n_bins]`` K^2 corrected by the inverse transfer matrix, with two error parts.
+
+    ``sigma_data [6, n_bins]`` from the data's Monte Carlo covariance (None without one);
+    ``sigma_matrix [6, n_bins]`` from the transfer matrix's own Monte Carlo error (EE EB BB rows; NaN
+    where it is unknown, 0 for rows corrected by F_b, whose error is stated with F_b). The two are
+    independent: the total is their quadrature sum (:attr:`sigma`).
+    """
+
+    def __init__(self, cb: np.ndarray, sigma_data: np.ndarray | None, sigma_matrix: np.ndarray) -> None:
+        self.cb = cb
+        self.sigma_data = sigma_data
+        self.sigma_matrix = sigma_matrix
+
+    @property
+    def sigma(self) -> np.ndarray | None:
+        if self.sigma_data is None:
+            return None
+        return np.sqrt(self.sigma_data**2 + self.sigma_matrix**2)
+
+
+def matrix_debiased_bandpowers(
+    data_cb: np.ndarray,
+    *,
+    noise_bias_cb: np.ndarray,
+    matrix: TransferMatrix,
+    transfer_b: np.ndarray | None = None,
+    covariance: np.ndarray | None = None,
+) -> MatrixDebiased:
+    """Unbiased bandpowers of a data map with the E/B transfer matrix: ``T_b^-1 (C_b - N_b)`` for (EE, EB, BB).
+
+    ``data_cb``, ``noise_bias_cb`` ``[6, n_bins]`` K^2. The rows TT, TE, TB are ``(C_b - N_b) / F_b``
+    with ``transfer_b [6, n_bins]`` (:func:`transfer_function` of the pure-E campaign, which keeps T and
+    TE), NaN without it. ``covariance [6 n_bins, 6 n_bins]`` of the data's bandpowers (signal+noise
+    realisations) gives ``sigma_data``: per bin ``diag(T^-1 S_b T^-T)`` with S_b its (EE, EB, BB) block.
+    The matrix's error: ``c = T^-1 d`` moves by ``-T^-1 dT c``; the columns come from independent
+    campaigns, so ``var = diag(T^-1 (sum_Y c_Y^2 cov(T[:, Y])) T^-T)`` (first order in dT).
+    The result estimates the sky's bandpowers with the beam, as :func:`debiased_bandpowers`.
+    """
+    data_cb = np.asarray(data_cb, dtype=np.float64)
+    n_bins = data_cb.shape[1]
+    if matrix.n_bins != n_bins:
+        raise ValueError(f"the data have {n_bins} bins, the transfer matrix {matrix.n_bins}")
+    signal = data_cb - np.asarray(noise_bias_cb, dtype=np.float64)
+    rows = list(MATRIX_ROWS)
+    inverse = matrix.inverse()  # [n_bins, 3, 3]
+    cb = np.full_like(signal, np.nan)
+    corrected = np.einsum("bij,jb->ib", inverse, signal[rows])  # [3, n_bins]
+    cb[rows] = corrected
+    other = [row for row in range(signal.shape[0]) if row not in rows]
+    sigma_matrix = np.zeros_like(signal)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if transfer_b is not None:
+            cb[other] = signal[other] / np.asarray(transfer_b)[other]
+        weighted = np.einsum("yb,byij->bij", corrected**2, matrix.column_covariance)  # sum_Y c_Y^2 cov(T[:, Y])
+        matrix_variance = np.einsum("bij,bjk,blk->bil", inverse, weighted, inverse)
+        sigma_matrix[rows] = np.sqrt(np.maximum(np.diagonal(matrix_variance, axis1=1, axis2=2), 0.0)).T
+        sigma_data = None
+        if covariance is not None:
+            covariance = np.asarray(covariance, dtype=np.float64)
+            sigma_data = np.full_like(signal, np.nan)
+            blocks = np.empty((n_bins, 3, 3))
+            for b in range(n_bins):
+                index = [row * n_bins + b for row in rows]
+                blocks[b] = covariance[np.ix_(index, index)]
+            data_variance = np.einsum("bij,bjk,blk->bil", inverse, blocks, inverse)
+            sigma_data[rows] = np.sqrt(np.maximum(np.diagonal(data_variance, axis1=1, axis2=2), 0.0)).T
+            if transfer_b is not None:
+                diagonal = np.diag(covariance).reshape(signal.shape)
+                sigma_data[other] = np.sqrt(diagonal[other]) / np.abs(np.asarray(transfer_b)[other])
+    return MatrixDebiased(cb, sigma_data, sigma_matrix)

@@ -196,8 +196,48 @@ DATA_SPECTRUM_DEFINITION = (
 )
 
 
+TRANSFER_MATRIX_DEFINITION = (
+    "T_b[X, Y] with X (out) and Y (in) in (EE, EB, BB): <C_b^X> = sum_Y T_b[X, Y] m_b^Y, m_b^Y the input C_l "
+    "with its beam through the bandpower windows. Column EE: the pure-E campaign's mean (EE, EB, BB) over its model "
+    "EE; column BB: the pure-B campaign's over its model BB; T_b[BB, EE] is the E -> B leakage. Column EB: the "
+    "identity, assumed (no campaign has an EB input and the model's EB is 0), error 0. error: Monte Carlo error "
+    "of each element (sample covariance of the realisations over n and the model squared)"
+)
+MATRIX_SPECTRUM_DEFINITION = (
+    "(EE, EB, BB)_b = T_b^-1 (C_b^data - N_b) with the E/B transfer matrix T_b of a pure-E and a pure-B campaign; "
+    "TT, TE, TB = (C_b^data - N_b) / F_b with F_b of the pure-E campaign (which keeps T and E). It estimates the "
+    "sky's B_b^2 C_b (beam not deconvolved) whatever its BB, where F_b folds the E -> B leakage into a factor right "
+    "for the simulations' BB only. error: the covariance campaign's errors through T_b^-1; error_matrix: the "
+    "matrix's own Monte Carlo error through T_b^-1 (first order; add in quadrature)"
+)
+
+
+class TransferMatrixCampaigns(ProductsModel):
+    pure_e: int = Field(description="Signal-only campaign with sky.polarization = E-only")
+    pure_b: int = Field(description="Signal-only campaign with sky.polarization = B-only")
+
+
+class TransferMatrix(ProductsModel):
+    """The E/B transfer matrix of a pure-E and a pure-B campaign (``GET /api/v1/transfer-matrix``)."""
+
+    definition: str = TRANSFER_MATRIX_DEFINITION
+    campaigns: TransferMatrixCampaigns
+    n_e: int = Field(description="Realisations of the pure-E campaign behind the matrix")
+    n_b: int = Field(description="Realisations of the pure-B campaign behind the matrix")
+    generations: list[int] = Field(description="Generations of the two campaigns' aggregates (pure E, pure B)")
+    scan_key: str
+    mask_sha256: str
+    purify_b: bool
+    bins: BandpowerBins
+    spectra: list[str] = Field(description="Order of the rows (out) and columns (in): EE, EB, BB")
+    matrix: list[list[list[float | None]]] = Field(description="Per bin, out (rows) by in (columns); null where the model is not positive")
+    error: list[list[list[float | None]]] = Field(description="Monte Carlo errors, laid out as matrix; null below 2 realisations")
+
+
 class SpectrumCampaigns(ProductsModel):
-    transfer: int = Field(description="Signal-only campaign giving F_b")
+    transfer: int | None = Field(None, description="Signal-only campaign giving F_b (or the pair below)")
+    transfer_e: int | None = Field(None, description="Pure-E campaign of the transfer matrix (and F_b of TT, TE)")
+    transfer_b: int | None = Field(None, description="Pure-B campaign of the transfer matrix")
     noise: int = Field(description="Noise-only campaign giving N_b")
     covariance: int | None = Field(None, description="Signal+noise campaign giving the bandpower covariance")
 
@@ -222,6 +262,13 @@ class DataSpectrum(ProductsModel):
     model: dict[SpectrumName, list[float]] | None = Field(
         None, description="The transfer campaign's input C_l with its beam through the windows: what cb estimates "
         "for a sky like the simulations'"
+    )
+    correction: Literal["transfer-function", "transfer-matrix"] = Field(
+        "transfer-function", description="How cb was corrected: per-bin F_b, or the E/B transfer matrix for EE EB BB"
+    )
+    transfer_matrix: TransferMatrix | None = Field(None, description="The matrix used (correction transfer-matrix)")
+    error_matrix: dict[SpectrumName, list[float | None]] | None = Field(
+        None, description="The transfer matrix's own Monte Carlo error on cb (EE, EB, BB; 0 elsewhere); apart from error"
     )
     covariance_n: int | None = Field(None, description="Realisations behind the covariance")
     hartlap: float | None = Field(None, description="Hartlap factor of the whole covariance; null when n <= p + 2")

@@ -37,6 +37,13 @@ SPECTRA_FILES = {"mask": "mask.fits", "spectra": "spectra.npz"}
 PLAN_REPORT_SUFFIX = ".report.json"  # `mapmaker preprocess --report` beside its plan: <plan>.report.json
 SPEC_FILE = "spec.json"  # the campaign spec as the worker hands it to the map-maker
 
+
+def partial_folder_prefix(out_name: str) -> str:
+    """How the map-maker's temporary product folder for ``--out NAME`` begins (``.NAME.partial-XXXX``, renamed
+    to NAME at the end): the worker removes those an attempt left."""
+    return f".{out_name}.partial-"
+
+
 # The task's work folder, shared by the worker and the runner (see worker.runner):
 LIVENESS_FILE = "liveness"  # touched by the worker while it lives
 CANCEL_FILE = "cancel"  # written by the worker: content is a CancelReason

@@ -14,6 +14,9 @@ from schemas.spec import Reduction, ReductionStrategy
 
 RESULT_FORMAT_VERSION = 1
 
+# The stages of a realisation a result times (mapmaker.solve.timing.STAGES, in the order they run).
+Stage = Literal["sky", "pointing", "distribution", "simulate", "coarse", "solve", "gather", "products", "write"]
+
 
 class ResultModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -225,6 +228,15 @@ class RealizationResult(ResultModel):
     timing: TimingSplit
     communication: CommunicationStats
     peak_memory_mb: Spread = Field(description="Peak resident memory per rank (MiB): the RSS high-water mark")
+    stages: dict[Stage, Spread] | None = Field(
+        None,
+        description="Wall seconds per stage of the realisation, per rank, summarised over ranks (a stage a rank "
+        "did not run counts 0 there): sky (synthesis or the map read, on rank 0), pointing (each rank's cache), "
+        "distribution (pixel owners, the reduction, the 3x3 blocks and cut, the sky's broadcast), simulate (the "
+        "TOD simulated and b = P^T N^-1 d), coarse (the two-level set-up), solve (PCG), gather (the maps on rank "
+        "0), products (mask, coupling, spectra, bandpowers) and write (the product files). None in results "
+        "written before stages were timed",
+    )
     kernels: str | None = Field(None, description="Map-maker kernels used: 'fast' (numba + ducc0) or 'numpy' (reference)")
     rng_streams: list[RngStream] = Field(
         default_factory=list,

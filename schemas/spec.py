@@ -420,14 +420,50 @@ def _check_relative_path(
     return value
 
 
+class PowerLawCls(StrictModel):
+    """``C_l = amplitude_k2 (ell / ell_pivot)^index`` for ell >= 2 (0 below): the kept polarisation's input spectrum."""
+
+    amplitude_k2: Float = Field(gt=0, le=1e-6, description="C_l at ell_pivot, K^2 (not D_l)")
+    ell_pivot: Float = Field(80.0, gt=0, le=10_000, description="Multipole where C_l equals amplitude_k2")
+    index: Float = Field(-2.0, ge=-6, le=4, description="Power-law index of C_l")
+
+
+SkyPolarization = Literal["both", "E-only", "B-only"]
+
+
 class CmbSky(StrictModel):
-    """A Gaussian CMB realisation drawn (synfast) from the bundled fiducial C_l."""
+    """A Gaussian CMB realisation drawn (synfast) from the bundled fiducial C_l.
+
+    ``polarization`` keeps the E and B modes ("both"), or only one of them: "E-only" draws B = 0 (T, E and
+    TE as usual), "B-only" draws E = 0 (T and B; TE = 0). A pure-E and a pure-B signal-only campaign of the
+    same scan, rank count, mask settings (``solver.rcond_min``, ``products``) and binning, that is with the
+    same coupling key (:func:`coupling_key`), give the E/B transfer matrix of the pipeline. ``power_law``
+    replaces the kept polarisation's spectrum (EE for E-only, BB for B-only) by a power law: the matrix
+    treats the power inside a bin as a scale factor of the input's, so a shape close to the data's (or a
+    smooth one) is the better input where the fiducial spectrum is steep or has a zero.
+    """
 
     kind: Literal["cmb"] = "cmb"
     cls: Literal["fiducial"] = Field("fiducial", description="C_l to draw from: the bundled fiducial spectrum")
     seed: Integer = Field(0, ge=0, le=2**63 - 1, description="Seed of the sky realisation")
     fwhm_arcmin: Float = Field(0.0, ge=0, le=10_800, description="Gaussian beam full width at half maximum")
     lmax: OptionalInteger = Field(None, ge=2, le=6000, description="Default: 3 nside - 1, at most 6000")
+    polarization: SkyPolarization = Field(
+        "both", description="Polarisation modes drawn: both, E-only (B = 0) or B-only (E = 0); for transfer matrices"
+    )
+    power_law: PowerLawCls | None = Field(
+        None, description="E-only / B-only: the kept spectrum (EE or BB) as a power law instead of the fiducial one"
+    )
+
+    @model_validator(mode="after")
+    def _power_law_needs_one_polarisation(self) -> CmbSky:
+        if self.power_law is not None and self.polarization == "both":
+            raise PydanticCustomError(
+                "power_law_needs_one_polarization",
+                'sky.power_law replaces the kept polarisation\'s spectrum: set sky.polarization = "E-only" or '
+                '"B-only" with it',
+            )
+        return self
 
 
 class MapSky(StrictModel):
@@ -497,6 +533,7 @@ STRATEGY_NAMES: tuple[str, ...] = get_args(ReductionStrategy)
 Reduction = Literal["auto", ReductionStrategy]
 Preconditioner = Literal["block-diagonal", "two-level", "two-level-additive"]
 NoiseFilter = Literal["exact", "finite"]
+PointingMode = Literal["cached", "recomputed"]
 
 
 class SolverSpec(StrictModel):
@@ -528,6 +565,13 @@ class SolverSpec(StrictModel):
     noise_filter_tolerance: Float = Field(
         1e-3, gt=0, le=0.1, description="finite filter: largest relative error of its spectrum against 1/PSD; the "
         "map's noise grows by at most a factor sqrt((1 + t) / (1 - t))"
+    )
+
+    pointing: PointingMode = Field(
+        "cached", description="cached: each sample's local pixel (int32) and IQU weights (3 x float32, relative "
+        "rounding 6e-8) held for the solve, 16 bytes per sample; recomputed: the weights computed again from the "
+        "boresight, a chunk at a time, at every application of P and P^T (as MADmap did), 4 bytes per sample held "
+        "(the local pixel) for more time per iteration. Maps agree to the solver's tolerance"
     )
 
     @field_validator("coarse_nside")
@@ -628,6 +672,12 @@ class CampaignSpec(StrictModel):
             raise ValueError("a noise-only campaign needs noise.enabled = true")
         if self.kind == "signal-only" and isinstance(self.sky, NoSky):
             raise ValueError("a signal-only campaign needs a sky (sky.kind 'cmb' or 'map')")
+        if isinstance(self.sky, CmbSky) and self.sky.polarization != "both" and self.kind != "signal-only":
+            raise ValueError(
+                f"sky.polarization = {self.sky.polarization!r} is for transfer-matrix campaigns: kind must be "
+                f"'signal-only', not {self.kind!r} (pair it with a campaign of the other polarisation and the same "
+                "scan, ranks, solver.rcond_min and products settings)"
+            )
         samples_per_chunk = self.scan.chunk_s * self.focal_plane.sample_rate_hz
         if samples_per_chunk < 2:
             raise ValueError("scan.chunk_s * focal_plane.sample_rate_hz must give at least 2 samples per chunk")
@@ -701,6 +751,10 @@ def scan_key(spec: CampaignSpec) -> str:
     return _sha256(pointing_fingerprint(spec))
 
 
+# Sky fields whose default is left out of the spec hash: specs written before they existed hash as they did.
+SKY_FIELDS_ADDED_LATER: dict[str, Any] = {"polarization": "both", "power_law": None}
+
+
 def spec_hash(spec: CampaignSpec) -> str:
     """Stable hash of the whole spec, defaults included, but for the number of realisations (64 hex characters).
 
@@ -712,6 +766,10 @@ def spec_hash(spec: CampaignSpec) -> str:
     data.pop("realizations", None)
     if data["products"].get("map_precision") == "float64":
         data["products"].pop("map_precision")  # the default keeps the hashes of specs written before the option
+    sky = data.get("sky") or {}
+    for name, default in SKY_FIELDS_ADDED_LATER.items():
+        if name in sky and sky[name] == default:
+            del sky[name]  # a campaign stored before the field existed keeps its hash
     return _sha256(data)
 
 

@@ -30,10 +30,11 @@ from service.access_log import install_access_log_redaction
 from service.admission import AdmissionMiddleware
 from service.auth.errors import InvalidToken, MissingToken
 from service.auth.router import router as login_links_router
+from service.campaigns.reads import campaign_visible
 from service.campaigns.router import router as campaigns_router
-from service.campaigns.service import campaign_visible
 from service.config import Settings
 from service.dashboard import mount_dashboard
+from service.dashboard.router import error_page
 from service.db import Database
 from service.errors import install_error_handlers
 from service.events.router import events_router
@@ -132,7 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.closing = threading.Event()  # set on SIGINT/SIGTERM: open event streams end (service.events)
-    install_error_handlers(app)
+    install_error_handlers(app, error_page=error_page)  # JSON for the API, the dashboard's page for a browser
     app.add_middleware(
         AdmissionMiddleware,
         permits=settings.max_concurrent_requests or settings.db_pool_size,

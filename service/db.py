@@ -220,6 +220,11 @@ def get_database(request: Request) -> Database:
     return request.app.state.database
 
 
+async def get_app_settings(request: Request) -> Settings:
+    # async: no I/O, and a sync dependency costs a turn through the thread pool
+    return request.app.state.settings
+
+
 def get_session(request: Request) -> Iterator[Session]:
     """A session for a request that writes (on SQLite: BEGIN IMMEDIATE)."""
     with get_database(request).session(write=True) as session:
@@ -234,3 +239,4 @@ def get_read_session(request: Request) -> Iterator[Session]:
 
 SessionDep = Annotated[Session, Depends(get_session)]
 ReadSessionDep = Annotated[Session, Depends(get_read_session)]
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]

@@ -1,23 +1,17 @@
-"""The dependencies routers use, declared once."""
+"""The dependencies routers use, declared once: bounded ids here; callers, sessions and settings gathered from
+service.auth.deps and service.db, which never import this module (imports run one way).
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Path, Query, Request
+from fastapi import Depends, Path, Query
 
 from schemas.spec import MAX_REALIZATIONS
 from service.auth.deps import CurrentUser, CurrentWorker, ReadingUser
-from service.config import Settings
-from service.db import Database, ReadSessionDep, SessionDep, get_database
+from service.db import Database, ReadSessionDep, SessionDep, SettingsDep, get_database
 
-
-async def get_app_settings(request: Request) -> Settings:
-    # async: no I/O, and a sync dependency costs a turn through the thread pool
-    return request.app.state.settings
-
-
-SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 DatabaseDep = Annotated[Database, Depends(get_database)]
 
 # Ids in paths and queries, bounded by what the database stores (PostgreSQL's bigint, SQLite's INTEGER):

@@ -2,16 +2,20 @@
 
 Services raise subclasses of :class:`DomainError`; the kind of the base class
 decides the status code. Nothing else in the service builds an error response.
+Whether an error is answered with JSON (the API, the pages' ``/ui`` endpoints)
+or with the dashboard's HTML page (a browser on one of its addresses) is
+decided once, by :func:`answers_with_page`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -26,6 +30,7 @@ class DomainError(Exception):
     status_code = 400
     code = "bad_request"
     headers: dict[str, str] | None = None  # sent with the answer (Retry-After, Connection)
+    page_location: str | None = None  # a dashboard page answers with a redirect there instead of an error page
 
     def __init__(self, detail: str):
         super().__init__(detail)
@@ -51,6 +56,10 @@ class Unauthorized(DomainError):
     status_code = 401
     code = "unauthorized"
 
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.headers = {"WWW-Authenticate": "Bearer"}  # the API's tokens are bearer tokens
+
 
 class Invalid(DomainError):
     """A request that parsed but makes no sense (a field-level problem is a 422 too)."""
@@ -59,11 +68,20 @@ class Invalid(DomainError):
     code = "invalid"
 
 
-class InvalidField(Invalid):
+class InvalidFields(Invalid):
+    """Fields of a request that parsed but hold values the service refuses; answered like a validation error:
+    each problem is the field's location (``("body", "changes", "sky", "nside")``) and the reason."""
+
+    def __init__(self, problems: list[tuple[tuple[str | int, ...], str]]):
+        super().__init__("; ".join(f"{format_location(loc)}: {message}" for loc, message in problems))
+        self.problems = problems
+
+
+class InvalidField(InvalidFields):
     """One field of a request that parsed but holds a value the service refuses; answered like a validation error."""
 
     def __init__(self, loc: tuple[str, ...], message: str):
-        super().__init__(f"{format_location(loc)}: {message}")
+        super().__init__([(loc, message)])
         self.loc = loc
         self.message = message
 
@@ -176,20 +194,62 @@ async def http_exception_json(_request: Request, error: StarletteHTTPException) 
     return error_response(error.status_code, str(error.detail), code, getattr(error, "headers", None))
 
 
-def install_error_handlers(app: FastAPI) -> None:
+# The dashboard's HTML error page for (request, status code, detail); service.app passes it in, so that this
+# module stays below the dashboard that draws it.
+ErrorPage = Callable[[Request, int, str], Awaitable[Response]]
+
+# Addresses that always answer JSON: the API, the dashboard pages' JSON and event stream, the static files.
+JSON_PATHS = ("/api/", "/ui/", "/static/")
+
+
+def answers_with_page(request: Request) -> bool:
+    """Whether an error is answered with the dashboard's HTML page rather than JSON: the one place that decides.
+
+    JSON under :data:`JSON_PATHS` and for the endpoints the OpenAPI description lists (``/healthz``,
+    ``/metrics``). Every other address is the dashboard's (a page, a browser download, an address nobody
+    serves): an HTML page, unless the client asks for JSON only (a script's ``Accept: application/json``).
+    """
+    route = request.scope.get("route")
+    if request.url.path.startswith(JSON_PATHS) or getattr(route, "include_in_schema", False):
+        return False
+    accept = request.headers.get("accept", "")
+    return "text/html" in accept or "application/json" not in accept
+
+
+def page_redirect(url: str) -> RedirectResponse:
+    """A 303 to a page of this site, never cached: after a form post, or to the login form."""
+    return RedirectResponse(url, status_code=303, headers={"Cache-Control": "no-store"})
+
+
+def install_error_handlers(app: FastAPI, error_page: ErrorPage | None = None) -> None:
+    """Answer every error in one of two shapes: the API's JSON, or ``error_page`` (none: JSON everywhere)."""
+
     @app.exception_handler(DomainError)
-    async def _domain(_request: Request, error: DomainError) -> JSONResponse:
-        if isinstance(error, InvalidField):
-            return invalid_request_response([{"loc": error.loc, "msg": error.message, "type": "value_error"}])
-        headers = {"WWW-Authenticate": "Bearer"} if error.status_code == 401 else error.headers
-        return error_response(error.status_code, error.detail, type(error).code, headers)
+    async def _domain(request: Request, error: DomainError) -> Response:
+        if error_page is not None and answers_with_page(request):
+            if error.page_location is not None:  # no session: the login form
+                return page_redirect(error.page_location)
+            return await error_page(request, error.status_code, error.detail)
+        if isinstance(error, InvalidFields):
+            return invalid_request_response(
+                [{"loc": loc, "msg": message, "type": "value_error"} for loc, message in error.problems]
+            )
+        return error_response(error.status_code, error.detail, type(error).code, error.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, error: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, error: RequestValidationError) -> Response:
+        if error_page is not None and answers_with_page(request):  # e.g. /campaigns/99999999999999999999
+            problems = "; ".join(
+                f"{format_location(tuple(item.get('loc', ())))}: {item.get('msg', '')}" for item in error.errors()
+            )
+            return await error_page(request, 422, problems)
         return invalid_request_response(list(error.errors()), _body_model(request))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, error: StarletteHTTPException) -> Response:
+        if error_page is not None and answers_with_page(request):  # e.g. a typo, an old bookmark
+            detail = "There is no page at this address." if error.status_code == 404 else str(error.detail)
+            return await error_page(request, error.status_code, detail)
         return await http_exception_json(request, error)
 
     @app.exception_handler(DBAPIError)

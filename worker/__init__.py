@@ -22,7 +22,8 @@ Modules:
 * :mod:`worker.stages` -- the stages of one task: :mod:`~worker.stages.prepare`,
   :mod:`~worker.stages.run`, :mod:`~worker.stages.report`;
 * :mod:`worker.tasks` -- one claimed task through those stages, as the loop holds it;
-* :mod:`worker.agent` -- the loop: register, claim, heartbeat, drain on SIGTERM.
+* :mod:`worker.agent` -- the loop: register, claim, heartbeat, drain on SIGTERM, one module per job;
+* :mod:`worker.clock` -- the clock the agent and its tasks read and wait on (a test moves its own).
 
 The worker holds no state the service does not also hold: a restarted worker
 starts from nothing, and tasks it lost come back through lease expiry.

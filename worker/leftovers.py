@@ -12,7 +12,7 @@ to nobody alive:
 1. no worker touches its liveness file: the file's modification time (or its
    absence) stays the same over :data:`QUIET_TOUCHES` touch intervals, while a
    live worker touches the folders of its tasks every interval until it removes
-   them (:meth:`worker.agent.Agent._touch_liveness`). Only changes are compared,
+   them (:meth:`worker.agent.heartbeat.Heartbeats._touch_liveness`). Only changes are compared,
    never clocks;
 2. and its runner is gone: it wrote ``status.json``, or ``runner.json`` names
    this host and its runner process is no longer there, or no runner ever
@@ -35,6 +35,7 @@ import psutil
 from pydantic import ValidationError
 
 from schemas.programs import LIVENESS_FILE, RUNNER_FILE, STATUS_FILE, RunnerStarted
+from worker.clock import SYSTEM_CLOCK, Clock
 from worker.layout import remove_entry
 
 log = logging.getLogger("mapcampaign.worker")
@@ -114,7 +115,13 @@ class LeftoverSweep:
 
 
 def start_sweep(
-    work: Path, host: str, *, touch_interval_s: float, stop: threading.Event, owned: Container[str]
+    work: Path,
+    host: str,
+    *,
+    touch_interval_s: float,
+    stop: threading.Event,
+    owned: Container[str],
+    clock: Clock = SYSTEM_CLOCK,
 ) -> threading.Thread:
     """Note the folders now, then in a thread of its own wait QUIET_TOUCHES touch intervals and remove the
     leftovers; then note them again, and so on until ``stop`` is set.
@@ -126,7 +133,7 @@ def start_sweep(
 
     def sweep_while_running() -> None:
         nonlocal sweep
-        while not stop.wait(QUIET_TOUCHES * touch_interval_s):
+        while not clock.wait(stop, QUIET_TOUCHES * touch_interval_s):
             try:
                 sweep.finish(owned)
             except Exception:  # a failed sweep is tried again at the next round; the worker goes on

@@ -68,6 +68,15 @@ class SlurmBlockProvider(SlurmProvider):
     worker would wait for good. An empty answer lets Parsl's own rule apply.
     """
 
+    def __init__(self, *, status_poll_s: int = 60, **options: Any):
+        super().__init__(**options)
+        self._status_poll_s = status_poll_s
+
+    @property
+    def status_polling_interval(self) -> int:
+        """Seconds between Parsl's ``squeue`` calls (Parsl's own Slurm default is 60): the site's choice."""
+        return self._status_poll_s
+
     def execute_wait(self, cmd: str, timeout: float | None = None) -> tuple[int, str, str]:
         retcode, stdout, stderr = super().execute_wait(cmd, timeout)
         if retcode != 0 and cmd.lstrip().startswith("squeue") and "Invalid job id" in (stderr or ""):
@@ -99,6 +108,7 @@ def build_provider(site: SiteConfig, *, worker_init: str) -> ExecutionProvider:
             exclusive=spec.exclusive,
             cmd_timeout=spec.cmd_timeout_s,
             launcher=SimpleLauncher(),
+            status_poll_s=spec.status_poll_s,
             **counts,
         )
     if isinstance(spec, PBSProProviderSpec):

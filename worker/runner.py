@@ -81,6 +81,7 @@ from schemas.programs import (
     RunnerStarted,
     RunnerStatus,
 )
+from worker.clock import SYSTEM_CLOCK, Clock
 
 POLL_S = 0.1  # how often the command's exit and the deadline are checked
 FILE_POLL_S = 1.0  # how often the cancel and liveness files are looked at (metadata load on shared file systems)
@@ -262,13 +263,14 @@ class _Signals:
 
 
 class _Liveness:
-    """Dead-man switch: the liveness file's modification time must change within ``timeout_s``."""
+    """Dead-man switch: the liveness file's modification time must change within ``timeout_s`` of ``clock``."""
 
-    def __init__(self, path: Path, timeout_s: float):
+    def __init__(self, path: Path, timeout_s: float, clock: Clock = SYSTEM_CLOCK):
         self.path = path
         self.timeout_s = timeout_s
+        self.clock = clock
         self.seen = self._stamp()
-        self.changed_at = time.monotonic()
+        self.changed_at = clock.monotonic()
 
     def _stamp(self) -> int | None:
         try:
@@ -278,7 +280,7 @@ class _Liveness:
 
     def stale(self) -> bool:
         stamp = self._stamp()
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if stamp is not None and stamp != self.seen:
             self.seen, self.changed_at = stamp, now
         return now - self.changed_at > self.timeout_s

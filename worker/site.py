@@ -102,6 +102,13 @@ class SlurmProviderSpec(BatchProviderSpec):
     cores_per_node: int | None = Field(None, ge=1, le=100_000)
     mem_per_node_gb: int | None = Field(None, ge=1, le=1_000_000)
     exclusive: bool = Field(True, description="Whole nodes per block (srun needs the CPUs of the block)")
+    status_poll_s: int = Field(
+        60,
+        ge=1,
+        le=3_600,
+        description="Seconds between squeue calls on the site's blocks (Parsl's Slurm default: 60): how soon a "
+        "block Slurm ended (a lost node, a requeue, a time limit) is noticed and replaced",
+    )
 
 
 class PBSProProviderSpec(BatchProviderSpec):

@@ -16,7 +16,6 @@ its report) and the Parsl future.
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from schemas.api import PreprocessTask, RealizeTask
 from schemas.programs import CancelReason
 from worker.client import ServiceClient
+from worker.clock import SYSTEM_CLOCK, Clock
 from worker.layout import SiteLayout
 from worker.outcome import Outcome, Verdict
 from worker.scheduler import BlockEnding, BlockEndings
@@ -44,6 +44,7 @@ class TaskContext:
     client: ServiceClient
     keep_work: bool = False
     block_endings: BlockEndings = field(default_factory=BlockEndings)  # scheduler answers shared by a block's tasks
+    clock: Clock = SYSTEM_CLOCK
 
 
 class TaskRun:
@@ -54,13 +55,13 @@ class TaskRun:
         self.context = context
         self.placement = prepare.place(task, context.layout, marker_prefix=context.marker_prefix)
         self.folder = run.WorkFolder(self.placement.workdir, task_id=task.task_id)
-        self.claimed_at = time.time()
+        self.claimed_at = context.clock.time()
         self.prepared: prepare.PreparedTask | None = None
         self.submitted_at: float | None = None
         self.future: Future[Any] | None = None  # Parsl AppFuture
         self.started_reported = False
         self.stop_reason: CancelReason | None = None
-        self.stop_requested_at: float | None = None  # time.monotonic()
+        self.stop_requested_at: float | None = None  # context.clock.monotonic()
         self.early_verdict: Verdict | None = None  # decided before launch (pre-checks, submit errors)
         self.finishing: Future[dict[str, Any]] | None = None  # finish() on a report thread
 
@@ -86,7 +87,7 @@ class TaskRun:
         """Hand the prepared task to Parsl; return its future."""
         assert self.prepared is not None, "prepare() first"
         self.future = future = run.submit(self.prepared, app)
-        self.submitted_at = time.time()
+        self.submitted_at = self.context.clock.time()
         return future
 
     # ------------------------------------------------------------------ while it runs: the run stage
@@ -115,7 +116,7 @@ class TaskRun:
             return
         if self.stop_reason is None or reason is CancelReason.LOST:
             self.stop_reason = reason
-        self.stop_requested_at = self.stop_requested_at or time.monotonic()
+        self.stop_requested_at = self.stop_requested_at or self.context.clock.monotonic()
         self.folder.write_cancel(reason)
 
     def report_started(self) -> None:
@@ -166,7 +167,7 @@ class TaskRun:
         timeline.update(reported.figures)
         if reported.unreported is not None:
             timeline["unreported"] = reported.unreported
-        timeline["reported_at"] = time.time()
+        timeline["reported_at"] = self.context.clock.time()
         timeline["outcome"] = reported.outcome.value
         report.tidy(self.placement, self.folder, reported, timeline=timeline, keep_work=self.context.keep_work)
         return timeline

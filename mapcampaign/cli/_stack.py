@@ -82,8 +82,8 @@ class LocalStack:
         self.log_dir = settings.data_dir / "logs"
         self.site = site
         self.max_tasks = max_tasks or max(1, (os.cpu_count() or 2) // 2)
-        self.serve: subprocess.Popen | None = None
-        self.worker: subprocess.Popen | None = None
+        self.serve: subprocess.Popen[bytes] | None = None
+        self.worker: subprocess.Popen[bytes] | None = None
         self._stopping = False
         self._lock: IO[str] | None = None  # <data dir>/up/up.lock, held (flock) for the process lifetime
         self._previous_handlers: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
@@ -119,7 +119,7 @@ class LocalStack:
         env.pop("MAPCAMPAIGN_TOKEN_FILE", None)  # a user's token file must not become the worker's
         return env
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 -- the child keeps it open; ours closes below
         try:
@@ -270,7 +270,7 @@ class LocalStack:
             record.unlink(missing_ok=True)
 
 
-def _terminate(process: subprocess.Popen | None, *, timeout_s: float) -> None:
+def _terminate(process: subprocess.Popen[bytes] | None, *, timeout_s: float) -> None:
     if process is None or process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)

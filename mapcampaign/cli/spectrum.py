@@ -1,7 +1,10 @@
 """``mapcampaign spectrum MAP.fits --transfer ID --noise ID [--covariance ID]``: a data map's unbiased bandpowers.
 
 The service computes the map's decoupled bandpowers on the campaigns' mask and returns
-``(C_b - N_b) / F_b`` (``POST /api/v1/spectrum``), with errors from the covariance campaign. Printed as
+``(C_b - N_b) / F_b`` (``POST /api/v1/spectrum``), with errors from the covariance campaign. With
+``--transfer-e ID --transfer-b ID`` (a pure-E and a pure-B campaign) instead of ``--transfer``, EE and BB are
+corrected by the inverse E/B transfer matrix (TT and TE by the pure-E campaign's F_b), and the matrix's own
+Monte Carlo error is printed beside the covariance's as ``(+e)``. Printed as
 D_b = l(l + 1) C_b / 2 pi in uK^2 at the bin centres, of the sky through the beam (the beam is not
 deconvolved); ``*`` marks the bins where F_b is not to be trusted (above 2 nside, or poorly determined:
 ``schemas.montecarlo.transfer_unreliable``), and a warning on stderr lists them. ``--json`` prints the
@@ -42,8 +45,19 @@ def spectrum(
     map_file: Annotated[
         Path, typer.Argument(metavar="MAP.fits", help="HEALPix FITS map: I, Q, U in K (RING, the campaigns' nside)")
     ],
-    transfer: Annotated[int, typer.Option("--transfer", min=1, metavar="ID", help="Signal-only campaign: F_b")],
     noise: Annotated[int, typer.Option("--noise", min=1, metavar="ID", help="Noise-only campaign: N_b")],
+    transfer: Annotated[
+        int | None,
+        typer.Option("--transfer", min=1, metavar="ID", help="Signal-only campaign: F_b (or --transfer-e and -b)"),
+    ] = None,
+    transfer_e: Annotated[
+        int | None,
+        typer.Option("--transfer-e", min=1, metavar="ID", help="Pure-E campaign of the E/B transfer matrix"),
+    ] = None,
+    transfer_b: Annotated[
+        int | None,
+        typer.Option("--transfer-b", min=1, metavar="ID", help="Pure-B campaign of the E/B transfer matrix"),
+    ] = None,
     covariance: Annotated[
         int | None,
         typer.Option("--covariance", min=1, metavar="ID", help="Signal+noise campaign: the errors (optional)"),
@@ -51,8 +65,15 @@ def spectrum(
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout (for scripts)")] = False,
 ) -> None:
     """Unbiased bandpowers (C_b - N_b) / F_b of a data map, from a transfer, a noise and (for errors) a
-    covariance campaign that share the map's pointing, mask and binning."""
+    covariance campaign that share the map's pointing, mask and binning; with --transfer-e and --transfer-b
+    (pure-E and pure-B campaigns) instead of --transfer, EE and BB corrected by the inverse E/B transfer matrix."""
     from mapcampaign.client import iqu_map_problem
+
+    pair = (transfer_e is not None, transfer_b is not None)
+    if transfer is not None and any(pair):
+        fail("give --transfer (F_b) or --transfer-e and --transfer-b (the E/B transfer matrix), not both", code=2)
+    if transfer is None and not all(pair):
+        fail("give --transfer ID, or --transfer-e ID and --transfer-b ID (a pure-E and a pure-B campaign)", code=2)
 
     try:
         payload = map_file.read_bytes()
@@ -61,9 +82,8 @@ def spectrum(
     problem = iqu_map_problem(payload, str(map_file))
     if problem is not None:
         fail(problem, code=2)
-    params: dict[str, Any] = {"transfer": transfer, "noise": noise}
-    if covariance is not None:
-        params["covariance"] = covariance
+    given = {"transfer": transfer, "transfer_e": transfer_e, "transfer_b": transfer_b, "covariance": covariance}
+    params: dict[str, Any] = {"noise": noise, **{name: value for name, value in given.items() if value is not None}}
     # The service computes the map's bandpowers while the request waits: seconds at nside 256, more above.
     with ApiClient(timeout=900.0) as client:
         answer = client.request(
@@ -73,26 +93,45 @@ def spectrum(
         print_json(answer)
         return
     errors = answer.get("error") or {}
+    matrix_errors = answer.get("error_matrix") or {}
+    by_matrix = ("EE", "BB") if answer.get("correction") == "transfer-matrix" else ()
+    correction = (
+        f"transfer campaign {transfer}"
+        if not by_matrix
+        else f"E/B transfer matrix of campaigns {transfer_e} (pure E) and {transfer_b} (pure B) for EE, BB"
+    )
     typer.echo(
-        f"spectrum of {map_file.name}: transfer campaign {transfer}, noise campaign {noise}, "
+        f"spectrum of {map_file.name}: {correction}, noise campaign {noise}, "
         + (f"covariance campaign {covariance} (n = {answer['covariance_n']})" if covariance else "no errors")
     )
+    if by_matrix:
+        typer.echo("EE and BB: the covariance's error, then (+) the matrix's own Monte Carlo error")
     typer.echo(
         f"removed: monopole {answer['monopole_k'] * 1e6:.4g} uK; D_b in uK^2 of the sky through the beam "
         "(the beam is not deconvolved: divide by B_b^2); C_b in K^2 with --json"
     )
     bins = answer["bins"]
-    unreliable = {name: _unreliable(answer["transfer_function"][name], bins["reliable"]) for name in SHOWN}
-    typer.echo(f"{'ell':>11}  " + "  ".join(f"{name:>21}" for name in SHOWN))
+    unreliable = {
+        # EE and BB corrected by the matrix do not divide by F_b: only the bins above 2 nside are marked
+        name: [not r for r in bins["reliable"]]
+        if name in by_matrix
+        else _unreliable(answer["transfer_function"][name], bins["reliable"])
+        for name in SHOWN
+    }
+    width = 31 if by_matrix else 21
+    typer.echo(f"{'ell':>11}  " + "  ".join(f"{name:>{width}}" for name in SHOWN))
     for b, (lo, hi) in enumerate(zip(bins["ell_lo"], bins["ell_hi"], strict=True)):
         ell = bins["ell_center"][b]
         cells = []
         for name in SHOWN:
             error = errors.get(name)
             cell = _cell(_d_ell(ell, answer["cb"][name][b]), None if not error else _d_ell(ell, error[b]))
+            matrix_error = matrix_errors.get(name) if name in by_matrix else None
+            if matrix_error and matrix_error[b] is not None and answer["cb"][name][b] is not None:
+                cell += f" (+{_d_ell(ell, matrix_error[b]):.2g})"
             cells.append(cell + ("*" if unreliable[name][b] else " "))
         flag = "" if bins["reliable"][b] else "  (above 2 nside)"
-        typer.echo(f"{lo:>5}-{hi:<5}  " + "  ".join(f"{cell:>21}" for cell in cells) + flag)
+        typer.echo(f"{lo:>5}-{hi:<5}  " + "  ".join(f"{cell:>{width}}" for cell in cells) + flag)
     poorly = [
         f"{name} {bins['ell_lo'][b]}-{bins['ell_hi'][b]}"
         for name in SHOWN
@@ -106,7 +145,7 @@ def spectrum(
             f"warning: * marks bins where F_b is poorly determined (Monte Carlo error above "
             f"{POORLY_DETERMINED:.0%} of F_b) or above 2 nside; dividing by it is not to be trusted: "
             + ", ".join(poorly)
-            + f" (more realisations of campaign {transfer} narrow F_b)",
+            + f" (more realisations of campaign {transfer if transfer is not None else transfer_e} narrow F_b)",
             err=True,
         )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -153,7 +153,7 @@ def demo(
     raise typer.Exit(code)
 
 
-def _download_products(stack: object, detail: dict, out: Path | None) -> Path | None:
+def _download_products(stack: object, detail: dict[str, Any], out: Path | None) -> Path | None:
     """Fetch the campaign's Monte Carlo products (FITS) while the service is still up; None when there are none."""
     from mapcampaign.cli._stack import LocalStack
     from mapcampaign.cli.products import Format, products
@@ -172,19 +172,20 @@ def _download_products(stack: object, detail: dict, out: Path | None) -> Path | 
     return target
 
 
-def _describe_results(stack: object, detail: dict, products_dir: Path | None, *, stay: bool) -> None:
+def _describe_results(stack: object, detail: dict[str, Any], products_dir: Path | None, *, stay: bool) -> None:
     from mapcampaign.cli._stack import LocalStack
+    from schemas.programs import MAP_FILES
     from service.storage import CampaignStorage
 
     assert isinstance(stack, LocalStack)
     campaign_id = detail["id"]
     counts = detail["progress"]["counts"]
     folder = CampaignStorage(stack.settings.products_dir).realizations_dir(campaign_id)
-    maps = sorted(folder.glob("*/map_iqu.fits"))
+    maps = sorted(folder.glob(f"*/{MAP_FILES['iqu']}"))
     lines = [
         f"campaign {campaign_id} {detail['state']}: {counts.get('succeeded', 0)} of {detail['realizations']} "
         f"realisations succeeded" + (f" ({detail['failure_cause']})" if detail.get("failure_cause") else ""),
-        f"maps (HEALPix RING, K) of each realisation: {folder}/<n>/map_iqu.fits ({len(maps)} found)",
+        f"maps (HEALPix RING, K) of each realisation: {folder}/<n>/{MAP_FILES['iqu']} ({len(maps)} found)",
         (
             f"Monte Carlo products (mean and variance maps, mask, spectra): {products_dir}"
             if products_dir

@@ -206,7 +206,7 @@ class PlanWait:
         self.refresh_s = refresh_s
         self.clock = clock  # seconds; tests move their own
         self.asked = 0  # GET /plans made
-        self._key: tuple | None = None
+        self._key: tuple[Any, ...] | None = None
         self._answer = ""
         self._asked_at = float("-inf")
 
@@ -224,7 +224,7 @@ def watch_campaign(
 ) -> dict[str, Any]:
     """Follow the campaign until it ends; return its final detail."""
     poker = EventPoker(client, campaign_id)
-    detail = client.get(f"/campaigns/{campaign_id}")  # 404 ends the command before any thread starts
+    detail: dict[str, Any] = client.get(f"/campaigns/{campaign_id}")  # 404 ends the command before any thread starts
     if detail["state"] in FINISHED:
         with ProgressView(campaign_id, quiet=quiet) as view:
             view.show(detail)

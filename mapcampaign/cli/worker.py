@@ -79,7 +79,7 @@ def worker(
     raise typer.Exit(run_worker(settings, site_config, token))
 
 
-def _setting_name(location: tuple) -> str:
+def _setting_name(location: tuple[int | str, ...]) -> str:
     field = str(location[0]) if location else "settings"
     if field.startswith("MAPCAMPAIGN_"):
         return field

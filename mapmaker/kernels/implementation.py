@@ -31,7 +31,8 @@ DEFAULT = "fast"
 # family -> module of mapmaker.kernels per implementation. What each family's module provides:
 #   boresight   satellite(times_s, **angles), ground(times_s, **angles) -> quaternions [n, 4]
 #   pointing    detector_pointing(q_boresight, q_detector, nside) -> pixels [n], weights [n, 3]
-#   projection  P: project_map_to_tod; P^T: accumulate_tod_to_map; first_visit_order (pixel rows)
+#   projection  P: project_map_to_tod; P^T: accumulate_tod_to_map, accumulate_tod_to_rows (of some rows' samples);
+#               first_visit_order (pixel rows)
 #   blocks      3x3 blocks: accumulate_blocks, apply (the preconditioner)
 #   noise       N^-1 per stationary interval: inverse_noise_filters, apply_inverse_noise, apply_inverse_white
 #   operator    the PCG operator P^T N^-1 P: apply_inverse_noise_operator, apply_white_operator
@@ -90,18 +91,21 @@ def warm_up(name: str = DEFAULT) -> float:
     starts, lengths = np.array([0], dtype=np.int64), np.array([4], dtype=np.int64)
     index = pixels.astype(np.int32)  # the pointing cache's index type (see mapmaker.kernels.pixels)
     kernels.projection.first_visit_order(index.copy(), 12)
-    tod = kernels.projection.project_map_to_tod(local_map, index, weights)
-    kernels.projection.accumulate_tod_to_map(tod, index, weights, 12)
-    kernels.blocks.accumulate_blocks(index, weights, 12)
-    kernels.blocks.accumulate_blocks(index, weights, 12, np.ones(4))
-    kernels.blocks.apply(np.ones((12, 3, 3)), local_map)
     filters = kernels.noise.inverse_noise_filters([np.ones(3), np.ones(3)], {0: 4, 1: 5})
     kernels.noise.CirculantFilter(np.ones(5), 8, four_step_from=0).apply(np.ones(8))  # the four-step kernels
-    kernels.noise.apply_inverse_noise(tod, starts, lengths, np.zeros(1, dtype=np.int64), filters)
+    # float32: the cached weights (solver.pointing = "cached"); float64: recomputed ones.
+    for sample_weights in (weights.astype(np.float32), weights):
+        tod = kernels.projection.project_map_to_tod(local_map, index, sample_weights)
+        kernels.projection.accumulate_tod_to_map(tod, index, sample_weights, 12)
+        kernels.projection.accumulate_tod_to_rows(tod, index, sample_weights, np.ones(12, dtype=bool), True, local_map.copy())
+        kernels.blocks.accumulate_blocks(index, sample_weights, 12)
+        kernels.blocks.accumulate_blocks(index, sample_weights, 12, np.ones(4))
+        kernels.noise.apply_inverse_noise(tod, starts, lengths, np.zeros(1, dtype=np.int64), filters)
+        kernels.operator.apply_inverse_noise_operator(local_map, index, sample_weights, starts, lengths,
+                                                      np.zeros(1, dtype=np.int64), filters)
+        kernels.operator.apply_white_operator(local_map, index, sample_weights, starts, lengths, np.ones(1))
+    kernels.blocks.apply(np.ones((12, 3, 3)), local_map)
     kernels.noise.apply_inverse_noise(np.ones(5), starts, lengths + 1, np.ones(1, dtype=np.int64), filters)
-    kernels.operator.apply_inverse_noise_operator(local_map, index, weights, starts, lengths,
-                                                  np.zeros(1, dtype=np.int64), filters)
-    kernels.operator.apply_white_operator(local_map, index, weights, starts, lengths, np.ones(1))
     return time.perf_counter() - started
 
 

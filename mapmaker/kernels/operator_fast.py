@@ -4,8 +4,7 @@ The numpy reference writes the TOD ``P x`` for all of a rank's samples
 (8 bytes per sample, a scratch array as large as the TOD), transforms it
 in place, and reads it again in P^T. Here back-to-back stationary
 intervals are taken in batches of up to :func:`batch_samples_for` the
-local map -- 256k samples for a map that stays in cache, else 4M, or 32 per
-local pixel for large maps -- (never
+local map -- 256k samples for a map that stays in cache, else 4M -- (never
 fewer than one interval), each through a per-thread buffer:
 
     gather P x for the whole batch -> FFT, multiply, inverse FFT each interval -> scatter P^T for the batch
@@ -17,7 +16,7 @@ buffer then stays in L2/L3) needs both the input and the output map in
 cache at once and measured up to 2x slower once the local map outgrows a
 third of the L3 (nside 256), and no faster below. What must stream from
 memory per sample: the pointing cache twice (``local_index`` 4 bytes +
-``weights`` 24 bytes per pass) and the batch buffer (written, read and
+``weights`` 12 bytes, float32, per pass) and the batch buffer (written, read and
 written by the FFTs, read).
 
 Threads: contiguous groups of intervals balanced by sample count, one per
@@ -40,15 +39,16 @@ from mapmaker.kernels.noise_fast import CirculantFilter
 from mapmaker.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row_for_read, prefetch_row_for_write
 from mapmaker.kernels.projection_fast import add_partial_maps, scatter_samples
 
-# Samples per batch of back-to-back intervals: at least BATCH_SAMPLES (32 MiB of buffer per thread), and
-# SAMPLES_PER_LOCAL_PIXEL per local pixel when the map is large; never more than a thread's own samples.
-# Every batch brings both maps back into cache (the batch's FFTs and pointing stream evict them), which
-# costs in proportion to the map: at nside 256 (550,000 local pixels) ~12 ms a batch, 15% of the operator
-# with 4M-sample batches (measured on 12M samples: 0.173 s with 4M, 0.148 s with one batch, median of 6).
-# 32 samples per pixel keeps that below ~6%, for 256 bytes of buffer per local pixel -- less than two
-# of the solver's own map vectors (24 bytes per pixel each, ~6 of them).
+# Samples per batch of back-to-back intervals: BATCH_SAMPLES (32 MiB of buffer per thread), never more than a
+# thread's own samples. Every batch brings both maps back into cache (the batch's FFTs and pointing stream evict
+# them), which costs in proportion to the map: at nside 256 (550,000 local pixels) ~12 ms a batch, up to 15% of
+# the operator with 4M-sample batches against one batch of all 12M samples (0.173 s against 0.148 s, float64
+# weights). A batch sized by the map (32 samples per local pixel) would hide that, but its buffer is then 8 bytes
+# per sample of the rank up to 32 per pixel -- the largest array of the solve at a collaboration's resolution
+# (800 MiB per thread at nside 512) --, so the batch stays fixed: the float32 weights' saved bandwidth pays for
+# the reloads (10.4M samples at nside 256: 0.196 s a call in 4M batches with float32 weights against 0.206 s in
+# one batch with float64 ones, medians of 9 alternating calls on a loaded 2-core machine).
 BATCH_SAMPLES = 1 << 22
-SAMPLES_PER_LOCAL_PIXEL = 32
 # A small local map (both maps, 48 bytes per pixel, at most 6 MiB) stays in L3 whatever the batch, so
 # there the batch is short instead (one interval, or several up to 2 MiB of buffer): gather, FFTs and
 # scatter then find the TOD in L2/L3 rather than in memory. On the satellite example (49,152 local
@@ -59,10 +59,10 @@ SMALL_MAP_BATCH_SAMPLES = 1 << 18
 
 
 def batch_samples_for(n_local: int) -> int:
-    """Samples per operator batch for a local map of ``n_local`` pixels (see SAMPLES_PER_LOCAL_PIXEL)."""
+    """Samples per operator batch for a local map of ``n_local`` pixels (see BATCH_SAMPLES)."""
     if n_local <= SMALL_MAP_PIXELS:
         return SMALL_MAP_BATCH_SAMPLES
-    return max(BATCH_SAMPLES, SAMPLES_PER_LOCAL_PIXEL * n_local)
+    return BATCH_SAMPLES
 
 
 @njit(nogil=True, cache=True)
@@ -136,10 +136,12 @@ def apply_inverse_noise_operator(
     threads: int = 1,
     out: np.ndarray | None = None,
     batch_samples: int | None = None,
+    accumulate: bool = False,
 ) -> np.ndarray:
-    """``P^T N^-1 P x`` for 1/f noise: x = local_map [n_local, 3] -> [n_local, 3] (``out`` overwritten).
+    """``P^T N^-1 P x`` for 1/f noise: x = local_map [n_local, 3] -> [n_local, 3] (``out`` overwritten, or
+    added to with ``accumulate``).
 
-    local_index [n_samp] int32/int64, weights [n_samp, 3] float64, intervals
+    local_index [n_samp] int32/int64, weights [n_samp, 3] float32/float64, intervals
     as in :func:`mapmaker.kernels.noise_fast.apply_inverse_noise` (samples
     outside every interval are left out). Back-to-back intervals are taken
     in batches of up to ``batch_samples`` samples (default
@@ -157,12 +159,13 @@ def apply_inverse_noise_operator(
     chosen = filter_index.tolist()
     groups = threading.balanced_groups(lengths, threads)
     partial = _private_maps(max(len(groups) - 1, 0), n_local)
-    if not groups:
+    if not groups and not accumulate:
         out[:] = 0.0
 
     def run(g: int) -> None:
         target = out if g == 0 else partial[g - 1]
-        target[:] = 0.0
+        if g > 0 or not accumulate:
+            target[:] = 0.0
         work = batches(starts, lengths, groups[g], batch_samples)
         buffer = _buffer(g, max(samples for _, samples, _ in work))
         for begin, samples, intervals in work:
@@ -212,11 +215,14 @@ def apply_white_operator(
     interval_lengths: np.ndarray,
     inverse_variance: np.ndarray,
     out: np.ndarray | None = None,
+    accumulate: bool = False,
 ) -> np.ndarray:
-    """``P^T N^-1 P x`` for white noise: ``N^-1 = 1 / sigma^2`` of each interval [n_int] (K^-2)."""
+    """``P^T N^-1 P x`` for white noise: ``N^-1 = 1 / sigma^2`` of each interval [n_int] (K^-2); ``out``
+    overwritten, or added to with ``accumulate``."""
     if out is None:
-        out = np.empty((local_map.shape[0], 3), dtype=np.float64)
-    out[:] = 0.0
+        out = np.zeros((local_map.shape[0], 3), dtype=np.float64)
+    elif not accumulate:
+        out[:] = 0.0
     groups = threading.balanced_groups(interval_lengths.tolist(), numba.get_num_threads())
     bounds = np.array([g.start for g in groups] + [groups[-1].stop if groups else 0], dtype=np.int64)
     _white_operator(

@@ -16,7 +16,7 @@ def accumulate_blocks(
 ) -> np.ndarray:
     """``sum_t sample_weight[t] w_t w_t^T`` per pixel, packed.
 
-    local_index [n_samp] int64, weights [n_samp, 3] float64,
+    local_index [n_samp] int64, weights [n_samp, 3] float32/float64 (products in float64),
     sample_weight [n_samp] float64 or None (unit weight: the *geometric*
     hit matrix, whose II entry is the hit count; the diagonal of N^-1 in
     K^-2: the white-noise approximation of P^T N^-1 P).
@@ -24,7 +24,7 @@ def accumulate_blocks(
     """
     blocks = np.empty((n_local, 6), dtype=np.float64)
     for column, (i, j) in enumerate(PACKED):
-        product = weights[:, i] * weights[:, j]
+        product = weights[:, i].astype(np.float64) * weights[:, j]  # float64 whatever the weights' type
         if sample_weight is not None:
             product *= sample_weight
         blocks[:, column] = np.bincount(local_index, weights=product, minlength=n_local)

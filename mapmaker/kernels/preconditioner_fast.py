@@ -22,7 +22,8 @@ def _blocks_range(local_index, weights, sample_weight, use_weight, first, stop, 
         if t + PREFETCH_DISTANCE < stop:
             prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
         p = local_index[t]
-        w0, w1, w2 = weights[t, 0], weights[t, 1], weights[t, 2]
+        # float64 products whatever the weights' type (the pointing cache holds float32 weights)
+        w0, w1, w2 = np.float64(weights[t, 0]), np.float64(weights[t, 1]), np.float64(weights[t, 2])
         if use_weight:
             s = sample_weight[t]
             out[p, 0] += w0 * w0 * s
@@ -62,7 +63,7 @@ def accumulate_blocks(
 ) -> np.ndarray:
     """``sum_t sample_weight[t] w_t w_t^T`` per pixel, packed ``(II, IQ, IU, QQ, QU, UU)`` [n_local, 6].
 
-    local_index [n_samp] int32/int64, weights [n_samp, 3] float64,
+    local_index [n_samp] int32/int64, weights [n_samp, 3] float32/float64 (products in float64),
     sample_weight [n_samp] float64 (K^-2) or None for unit weight.
     """
     out = np.zeros((n_local, 6), dtype=np.float64)

@@ -46,6 +46,17 @@ def accumulate_tod_to_map(
     return out
 
 
+def accumulate_tod_to_rows(
+    tod: np.ndarray, local_index: np.ndarray, weights: np.ndarray, rows: np.ndarray, keep: bool, out: np.ndarray
+) -> np.ndarray:
+    """P^T of the samples whose pixel row ``p`` has ``rows[p] == keep``, *added* to out [n_local, 3].
+
+    rows [n_local] bool (a per-pixel mask); the other samples add nothing.
+    """
+    chosen = np.where(rows[local_index] == keep, tod, 0.0)
+    return accumulate_tod_to_map(chosen, local_index, weights, out.shape[0], out=out)
+
+
 def first_visit_order(local_index: np.ndarray, n_local: int) -> tuple[np.ndarray, np.ndarray]:
     """Renumber local pixels in the order the samples first visit them, in place; returns ``(order, position)``.
 

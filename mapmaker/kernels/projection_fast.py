@@ -99,6 +99,47 @@ def accumulate_tod_to_map(
     return out
 
 
+@njit(inline="always", cache=True)
+def scatter_samples_in_rows(tod, local_index, weights, rows, keep, out):
+    """:func:`scatter_samples` of the samples whose pixel row has ``rows[row] == keep`` alone."""
+    n = len(tod)
+    for t in range(n):
+        if t + PREFETCH_DISTANCE < n:
+            prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
+        p = local_index[t]
+        if rows[p] != keep:
+            continue
+        y = tod[t]
+        out[p, 0] += y * weights[t, 0]
+        out[p, 1] += y * weights[t, 1]
+        out[p, 2] += y * weights[t, 2]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _accumulate_in_rows(tod, local_index, weights, rows, keep, out, blocks):
+    n = len(tod)
+    if blocks == 1:
+        scatter_samples_in_rows(tod, local_index, weights, rows, keep, out)
+        return
+    partial = np.zeros((blocks, out.shape[0], 3))
+    for b in prange(blocks):
+        first, stop = b * n // blocks, (b + 1) * n // blocks
+        scatter_samples_in_rows(tod[first:stop], local_index[first:stop], weights[first:stop], rows, keep, partial[b])
+    add_partial_maps(partial, out)
+
+
+def accumulate_tod_to_rows(
+    tod: np.ndarray, local_index: np.ndarray, weights: np.ndarray, rows: np.ndarray, keep: bool, out: np.ndarray
+) -> np.ndarray:
+    """P^T of the samples whose pixel row ``p`` has ``rows[p] == keep``, *added* to out [n_local, 3].
+
+    rows [n_local] bool (a per-pixel mask: no per-sample array); the other samples add nothing.
+    """
+    blocks = max(1, min(numba.get_num_threads(), len(tod) // SERIAL_SAMPLES_PER_THREAD))
+    _accumulate_in_rows(tod, local_index, weights, rows, keep, out, blocks)
+    return out
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def triad(a, b, c, scalar):
     """STREAM triad ``a = b + scalar c`` [n] float64: the memory-bandwidth yardstick of ``mapmaker bench``."""

@@ -19,6 +19,13 @@ Which sky a realisation sees (``CampaignKind``):
 * ``noise-only``: no sky.
 * A user map (``sky.kind = "map"``) is the same in every realisation.
 
+Pure-E and pure-B skies (``sky.polarization``): :func:`sky_input_cls` zeroes the
+spectra of the modes left out (BB for "E-only"; EE and TE for "B-only"), so
+their a_lm are exactly 0 and T is drawn as usual; with ``sky.power_law`` the
+kept spectrum (EE or BB) is the power law. The deviates are the same as the
+"both" sky's, so a pure-E sky of a seed holds that sky's E modes (with the
+fiducial spectrum).
+
 A CMB draw uses its own Philox stream (:func:`mapmaker.model.rng.sky_key`):
 ``3 * n_alm * 2`` standard normals in the order (T, E, B) x (healpy a_lm
 index) x (real, imaginary); for m = 0 the imaginary deviate is unused.
@@ -46,6 +53,30 @@ def load_fiducial_cls() -> np.ndarray:
     """Fiducial spectra [lmax + 1, 4]: columns TT, EE, BB, TE in K^2, row = ell."""
     table = np.loadtxt(FIDUCIAL_CLS)
     return table[:, 1:5]
+
+
+def power_law_cls(amplitude_k2: float, ell_pivot: float, index: float, n_ell: int) -> np.ndarray:
+    """``C_l = amplitude_k2 (ell / ell_pivot)^index`` [n_ell] K^2 for ell >= 2, 0 for ell 0 and 1."""
+    ell = np.arange(n_ell, dtype=np.float64)
+    cl = np.zeros(n_ell)
+    cl[2:] = amplitude_k2 * (ell[2:] / ell_pivot) ** index
+    return cl
+
+
+def sky_input_cls(sky: CmbSky) -> np.ndarray:
+    """The spectra [n_ell, 4] (TT, EE, BB, TE; K^2, row = ell) a CMB sky is drawn from: the fiducial ones
+    with the modes ``sky.polarization`` leaves out set to 0, and ``sky.power_law`` as the kept EE or BB."""
+    cls = load_fiducial_cls().copy()
+    if sky.polarization == "E-only":
+        cls[:, 2] = 0.0
+    elif sky.polarization == "B-only":
+        cls[:, 1] = 0.0
+        cls[:, 3] = 0.0
+    if sky.power_law is not None:
+        kept = 1 if sky.polarization == "E-only" else 2
+        law = sky.power_law
+        cls[:, kept] = power_law_cls(law.amplitude_k2, law.ell_pivot, law.index, cls.shape[0])
+    return cls
 
 
 def sky_varies_with_realization(spec: CampaignSpec) -> bool:
@@ -125,7 +156,7 @@ def build_sky(spec: CampaignSpec, realization: int, sky_root: str | Path | None)
     nside = spec.pixelization.nside
     if isinstance(spec.sky, MapSky):
         return read_sky_map(resolve_sky_path(sky_root, spec.sky.path), nside, spec.sky.fwhm_arcmin * ARCMIN)
-    cls = load_fiducial_cls()
+    cls = sky_input_cls(spec.sky)
     lmax = min(spec.sky.lmax or 3 * nside - 1, len(cls) - 1)
     generator = rng.generator(sky_stream_key(spec, realization))
     return synthesize_cmb(cls, nside, lmax, spec.sky.fwhm_arcmin * ARCMIN, generator)

@@ -52,7 +52,7 @@ import healpy as hp
 import numpy as np
 
 from mapmaker.model import bandpowers
-from mapmaker.model.sky import ARCMIN, load_fiducial_cls
+from mapmaker.model.sky import ARCMIN, sky_input_cls
 from schemas.spec import CampaignSpec, CmbSky, MapSky
 
 SPECTRA = bandpowers.SPECTRA  # TT EE BB TE EB TB: healpy.anafast order for (I, Q, U)
@@ -125,7 +125,7 @@ def sky_model_spectra(cls_in: np.ndarray, fwhm_rad: float, sky_lmax: int, lmax: 
     """Expected full-sky spectra [6, lmax + 1] of the simulated sky: ``C_l^in B_l^2`` (TT, EE, BB, TE; EB = TB = 0).
 
     ``cls_in [>= sky_lmax + 1, 4]`` holds TT, EE, BB, TE (K^2) per ell, as
-    :func:`mapmaker.model.sky.load_fiducial_cls` gives them; multipoles above the
+    :func:`mapmaker.model.sky.sky_input_cls` gives them; multipoles above the
     sky's band limit ``sky_lmax`` are 0. The beams are those
     :func:`mapmaker.model.sky.synthesize_cmb` applies. No pixel window (module doc).
     """
@@ -234,7 +234,7 @@ def campaign_sky_model(spec: CampaignSpec) -> SkyModel | None:
     """The input C_l, beam and band limit of the CMB sky a campaign simulates; None if it simulates none."""
     if not (spec.simulates_signal and isinstance(spec.sky, CmbSky)):
         return None
-    cls_in = load_fiducial_cls()
+    cls_in = sky_input_cls(spec.sky)  # E-only / B-only skies: the other modes' spectra are 0
     nside = spec.pixelization.nside
     return SkyModel(
         cls_in=cls_in,

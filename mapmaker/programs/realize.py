@@ -45,7 +45,7 @@ from mapmaker.programs import products
 from mapmaker.programs.products import OutputUnusable, ProductFolder, refuse_unwritable
 from mapmaker.programs.versions import package_versions
 from mapmaker.solve.realization import Progress, SolveOutcome, run_realization
-from mapmaker.solve.timing import Timers, peak_memory_mib
+from mapmaker.solve.timing import STAGES, Timers, peak_memory_mib
 from schemas.files import atomic_write, sha256_file
 from schemas.result import CoarseRecord, ProductFile, RealizationResult
 from schemas.spec import CampaignSpec, scan_key, spec_hash
@@ -221,19 +221,19 @@ def write_products(
     Returns the folder (not yet committed: ``result.json`` goes in last), the files' records,
     the measured spectra and how the coupling came.
     """
-    with timers("calc"):
+    with timers.stage("products"), timers("calc"):
         mask = spectra.campaign_mask(spec, outcome.iqu, outcome.hits)
         coupling, coupling_record = campaign_coupling(spec, mask, coupling_path, progress, coupling_in_file)
-    with timers("io"):
+    with timers.stage("write"), timers("io"):
         folder = ProductFolder(out)
         header = [("REALIZ", realization), ("SCANKEY", scan_key(spec))]
         coord = "E" if spec.scan.kind in ("satellite", "satellite-schedule") else "C"  # ecliptic / equatorial
         records = products.write_maps(
             folder, outcome.iqu, outcome.hits, outcome.rcond, header, coord, spec.products.map_precision
         )
-    with timers("calc"):
+    with timers.stage("products"), timers("calc"):
         measured = spectra.for_campaign(spec, outcome.iqu, coupling)
-    with timers("io"):
+    with timers.stage("write"), timers("io"):
         # The mask goes with the coupling: written by the realisation that built the site's coupling
         # file, and by realisation 0 so that every campaign's service receives it once.
         with_mask = realization == 0 or (coupling_record["source"] == "built" and coupling_path is not None)
@@ -243,11 +243,12 @@ def write_products(
     return folder, records, measured, coupling_record
 
 
-def gather_rank_figures(comm: MPI.Comm, outcome: SolveOutcome, timers: Timers) -> list[dict[str, float]] | None:
-    """Collective: each rank's seconds per kind, reduction figures per iteration and peak memory, on root."""
+def gather_rank_figures(comm: MPI.Comm, outcome: SolveOutcome, timers: Timers) -> list[dict[str, Any]] | None:
+    """Collective: each rank's seconds per kind and per stage, reduction figures per iteration and peak memory, on root."""
     return comm.gather(
         {
             **timers.seconds,
+            "stages": dict(timers.stages),
             "bytes": outcome.stats.reduce_bytes,
             "messages": outcome.stats.reduce_messages,
             "reduce_seconds": outcome.stats.reduce_seconds_in_solve / max(outcome.pcg.iterations, 1),
@@ -261,7 +262,7 @@ def realization_result(
     spec: CampaignSpec,
     realization: int,
     outcome: SolveOutcome,
-    per_rank: list[dict[str, float]],
+    per_rank: list[dict[str, Any]],
     *,
     ranks: int,
     threads: int,
@@ -309,6 +310,7 @@ def realization_result(
             "selection": None if outcome.selection is None else selection_record(outcome.selection),
         },
         peak_memory_mb=_spread([r["memory"] for r in per_rank]),
+        stages=stage_spreads(per_rank),
         kernels=kernels,
         rng_streams=streams,
         rng_scheme=rng.RNG_SCHEME,
@@ -384,6 +386,15 @@ def selection_record(selection: Selection) -> dict[str, Any]:
         "iterations": selection.iterations,
         "realizations": selection.realizations,
         "modeled": selection.modeled,
+    }
+
+
+def stage_spreads(per_rank: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Seconds per stage over ranks (max and mean; 0 on a rank that did not run it), for the stages any rank ran."""
+    return {
+        stage: _spread([r["stages"].get(stage, 0.0) for r in per_rank])
+        for stage in STAGES
+        if any(stage in r["stages"] for r in per_rank)
     }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import healpy as hp
 import numpy as np
+from astropy.io import fits
 from threadpoolctl import threadpool_limits
 
 from mapmaker.model import bandpowers
@@ -36,6 +37,18 @@ def _read(path: Path, fields: int | tuple[int, ...], what: str) -> np.ndarray:
         raise MapUnusable(
             f"the {what} is not a HEALPix FITS map with {fields} field(s) ({type(error).__name__})"
         ) from None
+
+
+def _map_fields(path: Path) -> int | None:
+    """The number of columns of a HEALPix FITS map's first table (``TFIELDS``), or None when the header does not
+    say (then the read itself reports the problem). Only the header is read."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fields = fits.getheader(str(path), 1).get("TFIELDS")
+    except Exception:  # noqa: BLE001 - not a FITS table: the read below names the problem
+        return None
+    return fields if isinstance(fields, int) else None
 
 
 def map_bandpowers(
@@ -59,6 +72,12 @@ def map_bandpowers(
     if bandpowers.mask_checksum(mask) != mask_sha256:
         raise bandpowers.CouplingMismatch(
             f"the mask file's sha256 is {bandpowers.mask_checksum(mask)}, the campaigns' mask is {mask_sha256}"
+        )
+    fields = _map_fields(map_path)
+    if fields is not None and fields < 3:
+        raise MapUnusable(
+            f"the map has {fields} field{'s' if fields > 1 else ''} (I only?): the bandpowers need I, Q and U; "
+            "for TT alone, write Q and U as zeros"
         )
     iqu = _read(map_path, (0, 1, 2), "map")
     if iqu.shape != (3, mask.size):

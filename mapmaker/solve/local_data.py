@@ -1,17 +1,34 @@
 """One rank's share of the observation, held for the length of one solve.
 
 A rank computes the pointing of *its own* chunks on the fly (never the
-whole campaign's) and caches, for the duration of the solve, the local
-pixel index and the IQU weights of each of its samples: 28 bytes per
-sample (``local_index`` int32, 4 bytes; ``weights`` 3 x float64, 24
-bytes). Every PCG iteration applies P and P^T, and the cache pays: reading
-28 bytes costs ~2 ns per sample at this machine's ~15 GB/s, recomputing
-the pointing (quaternions, atan2, vec2pix) ~40 ns with the fast kernels
-and ~110 ns with numpy (``python -m mapmaker bench`` prints both rates).
-Weights stay float64 so that P is exact to round-off; float32 weights or
-a float32 psi would save 12-20 bytes per sample but change the model at
-1e-7. The cut pixels' samples are marked by zero weights, and whether a
-sample is cut is looked up from the per-pixel ``cut`` mask, not stored per
+whole campaign's). What it keeps for the solve depends on
+``solver.pointing``:
+
+``"cached"`` (the default)
+    the local pixel index and the IQU weights of each sample: 16 bytes per
+    sample (``local_index`` int32, 4 bytes; ``weights`` 3 x float32, 12
+    bytes). Every PCG iteration applies P and P^T, and the cache pays:
+    reading 16 bytes costs ~1 ns per sample at this machine's ~15 GB/s,
+    recomputing the pointing (quaternions, atan2, vec2pix) ~40 ns with the
+    fast kernels and ~110 ns with numpy (``python -m mapmaker bench`` prints
+    both rates). The weights ``(1, cos 2psi, sin 2psi)`` are rounded to
+    float32 (relative error <= 2^-24 = 6e-8 each); every product with them
+    is formed in float64, and P and P^T read the same rounded weights, so
+    the system stays symmetric positive definite and its solution moves by
+    ~1e-7 relative, under any solver tolerance the spec allows to matter
+    (docs/explanation/numerics.md states the budget).
+``"recomputed"``
+    the local pixel index only (4 bytes per sample); the weights are
+    computed again from the boresight, one chunk at a time, at every
+    application of P, P^T and the operator, as MADmap computed its pointing
+    on the fly. The pixel index stays cached: turning a recomputed RING
+    pixel into the rank's local row would need a full-sky lookup table
+    (4 bytes per sky pixel) or a binary search per sample. Each iteration
+    costs the pointing's ~40 ns per sample on top of the operator.
+
+The cut pixels' samples are marked by zero weights (cached) or by the
+per-pixel ``cut`` mask (recomputed; looked up when the weights are made),
+and whether a sample is cut is looked up from ``cut``, not stored per
 sample.
 
 The TOD is never cached: it is simulated chunk by chunk to form
@@ -19,9 +36,12 @@ The TOD is never cached: it is simulated chunk by chunk to form
 (:mod:`mapmaker.kernels.operator_fast`) applies ``P^T N^-1 P`` in batches
 of intervals through a per-thread buffer, so no TOD-sized scratch exists
 during the solve either (the numpy reference makes one per application,
-8 bytes per sample). Peak memory per rank is therefore about 28 bytes per local
-sample plus a few full-map arrays, whatever the total number of samples
-(per-sample weights for the preconditioner are made per slab of intervals).
+8 bytes per sample; the overlapped operator, used with the overlap
+reductions and cached pointing only, makes two and a mask, 17 bytes per
+sample). Peak memory per rank is therefore about 16 (cached) or 4
+(recomputed) bytes per local sample plus a few full-map arrays and one
+chunk's pointing, whatever the total number of samples (per-sample
+weights for the preconditioner are made per slab of intervals).
 
 Map rows. Pixel vectors leave and enter this class in the order of
 ``local_pixels`` (sorted global ids: what the reductions, dot products
@@ -53,9 +73,10 @@ from mapmaker.kernels.pixels import index_dtype, observed_pixels
 from mapmaker.model.decomposition import Chunk, ChunkLayout
 from mapmaker.model.noise import NoiseModel
 from mapmaker.model.scan import ChunkPointing
-from schemas.spec import CampaignSpec
+from schemas.spec import CampaignSpec, PointingMode
 
 SLAB_SAMPLES = 1 << 22  # samples whose per-sample N^-1 diagonal exists at once (32 MiB)
+RECOMPUTE_SAMPLES = 1 << 20  # recomputed pointing: samples whose float64 weights exist at once (24 MiB)
 
 
 @dataclass
@@ -67,8 +88,9 @@ class LocalData:
     unique global pixel ids; local_index [n_samp] int32 (int64 beyond 2^31
     local pixels): each sample's row in *compute order*, the sorted order
     permuted by ``order`` [n_local] int64 (compute row -> sorted row; None:
-    the identity) whose inverse is ``position``; weights [n_samp, 3] float64
-    (rows of cut samples are zero); cut [n_local] bool, compute order
+    the identity) whose inverse is ``position``; weights [n_samp, 3] float32
+    (rows of cut samples are zero), or None when ``pointer`` recomputes them
+    chunk by chunk (``solver.pointing = "recomputed"``); cut [n_local] bool, compute order
     (pixels left out of the solve); kernels: the implementation
     (:mod:`mapmaker.kernels.implementation`) of P, P^T, the blocks, N^-1
     and the PCG operator; intervals: starts / lengths /
@@ -83,7 +105,7 @@ class LocalData:
     chunk_offsets: np.ndarray
     local_pixels: np.ndarray
     local_index: np.ndarray
-    weights: np.ndarray
+    weights: np.ndarray | None
     interval_starts: np.ndarray
     interval_lengths: np.ndarray
     interval_detector: np.ndarray
@@ -100,6 +122,7 @@ class LocalData:
     kernels: Kernels = field(default_factory=implementation.get)
     half_widths: list[int | None] | None = None  # finite N^-1: kernel half-width per filter (None: exact)
     filter_error: float = 0.0  # finite N^-1: largest relative spectral error delta of any filter (0: exact)
+    pointer: ChunkPointing | None = field(default=None, repr=False)  # recomputes the weights (weights None)
     _filters: list | None = field(default=None, repr=False)
 
     @property
@@ -130,6 +153,8 @@ class LocalData:
         one slab at a time (8 bytes per slab sample, not per rank sample).
         """
         accumulate = self.kernels.blocks.accumulate_blocks
+        if self.weights is None:
+            return self.accumulate_both_blocks()[:, 6:] if noise_weighted else self.accumulate_both_blocks()[:, :6]
         if not noise_weighted:
             return self.to_sorted(accumulate(self.local_index, self.weights, self.n_local))
         blocks = np.zeros((self.n_local, 6))
@@ -138,6 +163,26 @@ class LocalData:
             sample_weight = np.repeat(self.noise_diagonal[first:stop], self.interval_lengths[first:stop])
             blocks += accumulate(self.local_index[samples], self.weights[samples], self.n_local, sample_weight)
         return self.to_sorted(blocks)
+
+    def accumulate_both_blocks(self) -> np.ndarray:
+        """The geometric and the N^-1-weighted blocks side by side, [n_local, 12] (sorted order).
+
+        Recomputed pointing makes each chunk's weights once for both (the pointing is most of their cost).
+        """
+        both = np.empty((self.n_local, 12))
+        if self.weights is not None:
+            both[:, :6] = self.accumulate_blocks(noise_weighted=False)
+            both[:, 6:] = self.accumulate_blocks(noise_weighted=True)
+            return both
+        accumulate = self.kernels.blocks.accumulate_blocks
+        both.fill(0.0)
+        for first, stop in self.chunk_runs():
+            samples, weights = self.run_samples(first, stop), self.run_weights(first, stop)
+            intervals = slice(int(self.interval_offsets[first]), int(self.interval_offsets[stop]))
+            sample_weight = np.repeat(self.noise_diagonal[intervals], self.interval_lengths[intervals])
+            both[:, :6] += accumulate(self.local_index[samples], weights, self.n_local)
+            both[:, 6:] += accumulate(self.local_index[samples], weights, self.n_local, sample_weight)
+        return self.to_sorted(both)
 
     def _interval_slabs(self) -> list[tuple[int, int]]:
         """Runs ``[first, stop)`` of back-to-back intervals of at most SLAB_SAMPLES samples (or one interval)."""
@@ -151,16 +196,62 @@ class LocalData:
                 first = i
         return slabs
 
-    def project(self, local_map: np.ndarray, samples: slice, out: np.ndarray) -> np.ndarray:
-        """P on the samples ``samples``: local_map [n_local, 3] in *compute* order -> out [n]."""
-        return self.kernels.projection.project_map_to_tod(
-            local_map, self.local_index[samples], self.weights[samples], out=out
-        )
+    def chunk_samples(self, i: int) -> slice:
+        """The flat samples of the rank's i-th chunk."""
+        return self.run_samples(i, i + 1)
 
-    def accumulate(self, tod: np.ndarray, samples: slice, out: np.ndarray) -> np.ndarray:
-        """P^T of the samples ``samples`` added into out [n_local, 3], *compute* order."""
+    def run_samples(self, first: int, stop: int) -> slice:
+        """The flat samples of the rank's chunks ``first`` to ``stop - 1`` (back to back)."""
+        return slice(int(self.chunk_offsets[first]), int(self.chunk_offsets[stop]))
+
+    def chunk_weights(self, i: int) -> np.ndarray:
+        """IQU weights [n, 3] of the rank's i-th chunk (zero for cut samples): the cache's float32 rows, or
+        float64 weights recomputed from the boresight (``pointer``)."""
+        return self.run_weights(i, i + 1)
+
+    def run_weights(self, first: int, stop: int) -> np.ndarray:
+        """IQU weights [n, 3] of the chunks ``first`` to ``stop - 1``, as :meth:`chunk_weights`."""
+        samples = self.run_samples(first, stop)
+        if self.weights is not None:
+            return self.weights[samples]
+        weights = np.empty((samples.stop - samples.start, 3))
+        for i in range(first, stop):
+            chunk = self.chunks[i]
+            begin = int(self.chunk_offsets[i]) - samples.start
+            weights[begin : begin + chunk.n_samples] = self.pointer(chunk.time_chunk, chunk.detector)[1]
+        if self.cut is not None:
+            weights[self.cut[self.local_index[samples]]] = 0.0
+        return weights
+
+    def chunk_runs(self) -> list[tuple[int, int]]:
+        """Runs ``[first, stop)`` of the rank's chunks of at most RECOMPUTE_SAMPLES samples (or one chunk).
+
+        Recomputed pointing makes the weights of a run at a time: every kernel call costs a pass over the
+        local map (zeroing, adding private maps), so chunks of a few thousand samples each would pay that
+        hundreds of times per iteration; a run's float64 weights are 24 bytes per run sample.
+        """
+        runs, first = [], 0
+        offsets = self.chunk_offsets.tolist()
+        for i in range(1, len(self.chunks) + 1):
+            if i == len(self.chunks) or offsets[i + 1] - offsets[first] > RECOMPUTE_SAMPLES:
+                runs.append((first, i))
+                first = i
+        return runs
+
+    def project(self, local_map: np.ndarray, i: int, out: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """P on the rank's i-th chunk: local_map [n_local, 3] in *compute* order -> out [n].
+
+        ``weights``: the chunk's :meth:`chunk_weights`, when the caller has them already.
+        """
+        weights = self.chunk_weights(i) if weights is None else weights
+        return self.kernels.projection.project_map_to_tod(local_map, self.local_index[self.chunk_samples(i)], weights, out=out)
+
+    def accumulate(self, tod: np.ndarray, i: int, out: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """P^T of the rank's i-th chunk's TOD [n] added into out [n_local, 3], *compute* order (``weights`` as in
+        :meth:`project`)."""
+        weights = self.chunk_weights(i) if weights is None else weights
         return self.kernels.projection.accumulate_tod_to_map(
-            tod, self.local_index[samples], self.weights[samples], self.n_local, out=out
+            tod, self.local_index[self.chunk_samples(i)], weights, self.n_local, out=out
         )
 
     def exclude_pixels(self, cut: np.ndarray) -> int:
@@ -171,6 +262,9 @@ class LocalData:
         are zeroed before N^-1.
         """
         self.cut = self.to_compute(np.asarray(cut, dtype=bool))
+        if self.weights is None:  # chunk_weights zeroes them as it makes them
+            return sum(int(np.count_nonzero(self.cut[self.local_index[self.chunk_samples(i)]]))
+                       for i in range(len(self.chunks)))
         excluded = self.cut[self.local_index]
         self.weights[excluded] = 0.0
         return int(excluded.sum())
@@ -230,17 +324,12 @@ class LocalData:
         """
         compute_map = self.to_compute(local_map)
         straight_into_out = out if self.position is None else None  # no permutation after: write out directly
-        chosen = slice(None) if intervals is None else intervals
-        starts, lengths = self.interval_starts[chosen], self.interval_lengths[chosen]
-        if self.white:
-            product = self.kernels.operator.apply_white_operator(
-                compute_map, self.local_index, self.weights, starts, lengths,
-                self.inverse_variance[chosen], out=straight_into_out,
-            )
+        if self.weights is None:
+            product = self._apply_operator_recomputed(compute_map, workers, straight_into_out, intervals)
         else:
-            product = self.kernels.operator.apply_inverse_noise_operator(
-                compute_map, self.local_index, self.weights, starts, lengths,
-                self.filter_index[chosen], self.noise_filters, threads=workers, out=straight_into_out,
+            chosen = slice(None) if intervals is None else intervals
+            product = self._operator_kernel(
+                compute_map, self.local_index, self.weights, chosen, 0, workers, straight_into_out, False
             )
         if out is None:
             return self.to_sorted(product)
@@ -248,6 +337,40 @@ class LocalData:
             out[:] = self.to_sorted(product)
         return out
 
+    def _operator_kernel(self, compute_map: np.ndarray, local_index: np.ndarray, weights: np.ndarray,
+                         chosen: slice | np.ndarray, offset: int, workers: int, out: np.ndarray | None,
+                         accumulate: bool) -> np.ndarray:
+        """The kernels' operator on the intervals ``chosen`` of samples held from flat sample ``offset`` on."""
+        starts, lengths = self.interval_starts[chosen] - offset, self.interval_lengths[chosen]
+        if self.white:
+            return self.kernels.operator.apply_white_operator(
+                compute_map, local_index, weights, starts, lengths, self.inverse_variance[chosen], out=out,
+                accumulate=accumulate,
+            )
+        return self.kernels.operator.apply_inverse_noise_operator(
+            compute_map, local_index, weights, starts, lengths, self.filter_index[chosen], self.noise_filters,
+            threads=workers, out=out, accumulate=accumulate,
+        )
+
+    def _apply_operator_recomputed(self, compute_map: np.ndarray, workers: int, out: np.ndarray | None,
+                                   intervals: np.ndarray | None) -> np.ndarray:
+        """The operator a run of chunks at a time (:meth:`chunk_runs`), each run's weights recomputed (compute order in and out)."""
+        if out is None:
+            out = np.zeros((self.n_local, 3))
+        else:
+            out.fill(0.0)
+        owner = None if intervals is None else np.searchsorted(self.interval_offsets, intervals, side="right") - 1
+        for first, stop in self.chunk_runs():
+            if owner is None:
+                chosen = np.arange(self.interval_offsets[first], self.interval_offsets[stop])
+            else:
+                chosen = intervals[(owner >= first) & (owner < stop)]
+            if len(chosen) == 0:
+                continue
+            samples = self.run_samples(first, stop)
+            self._operator_kernel(compute_map, self.local_index[samples], self.run_weights(first, stop), chosen,
+                                  samples.start, workers, out, True)
+        return out
 
     def intervals_visiting(self, parent: np.ndarray, n_parents: int) -> list[np.ndarray]:
         """For each of ``n_parents`` groups of pixels, the stationary intervals [m] int64 with a sample in it.
@@ -266,53 +389,57 @@ class LocalData:
         return [np.array(v, dtype=np.int64) for v in visits]
 
     def operator_split(self, shared_rows: np.ndarray) -> OperatorSplit:
-        """Which samples fall in shared pixel rows, for :meth:`apply_operator_overlapped`.
+        """Which pixel rows a reduction exchanges, for :meth:`apply_operator_overlapped`.
 
-        shared_rows [n_local] bool, sorted order: the rows a reduction
-        exchanges. Costs 1 byte per sample (a mask).
+        shared_rows [n_local] bool, sorted order. A per-pixel mask in compute order: no per-sample array.
         """
-        return OperatorSplit(self.to_compute(np.asarray(shared_rows, dtype=bool))[self.local_index])
+        return OperatorSplit(self.to_compute(np.asarray(shared_rows, dtype=bool)), self.local_index)
 
     def apply_operator_overlapped(self, local_map: np.ndarray, split: OperatorSplit, start: Callable[[np.ndarray], None],
                                   workers: int = 1, out: np.ndarray | None = None) -> np.ndarray:
         """``P^T N^-1 P`` [n_local, 3] -> [n_local, 3] (sorted order), with ``start(out)`` called in the middle.
 
         P and N^-1 on the whole TOD (8 bytes per sample of scratch: the fused
-        fast operator cannot stop half-way), then P^T of the TOD with the
-        samples of private rows zeroed: the shared rows are final and
-        ``start(out)`` may send them; then P^T of the other samples, added
-        into the rows only this rank observes while the shared rows' messages
-        travel. Both P^T passes stream every sample (a zero adds nothing):
-        gathering the samples of each part would copy 28 bytes per sample
-        each time, a masked pass reads them in order. Equal to
+        fast operator cannot stop half-way), then P^T of the samples in shared
+        rows: the shared rows are final and ``start(out)`` may send them; then
+        P^T of the other samples, added into the rows only this rank observes
+        while the shared rows' messages travel. Both P^T passes stream every
+        sample and skip those of the other part by a per-pixel lookup (no
+        masked copy of the TOD, no per-sample mask). Equal to
         :meth:`apply_operator` to round-off (the sums run in another order).
+        Cached pointing only (``weights`` held).
         """
         if out is None:
             out = np.empty((self.n_local, 3))
         projection = self.kernels.projection
         tod = projection.project_map_to_tod(self.to_compute(local_map), self.local_index, self.weights)
         self.apply_inverse_noise(tod, workers=workers)
-        part = np.where(split.shared_samples, tod, 0.0)
-        partial = projection.accumulate_tod_to_map(part, self.local_index, self.weights, self.n_local)
+        partial = np.zeros((self.n_local, 3))
+        projection.accumulate_tod_to_rows(tod, self.local_index, self.weights, split.shared_rows, True, partial)
         out[:] = self.to_sorted(partial)
         start(out)
-        np.subtract(tod, part, out=part)  # the private rows' samples (exactly: x - x = 0, x - 0 = x)
         partial.fill(0.0)
-        projection.accumulate_tod_to_map(part, self.local_index, self.weights, self.n_local, out=partial)
+        projection.accumulate_tod_to_rows(tod, self.local_index, self.weights, split.shared_rows, False, partial)
         out += self.to_sorted(partial)  # zero on the shared rows: adding it leaves them as sent
         return out
 
 
 @dataclass
 class OperatorSplit:
-    """shared_samples [n_samp] bool: the samples falling in shared rows (compute order of the rank's samples)."""
+    """shared_rows [n_local] bool, compute order: the pixel rows a reduction exchanges; local_index as LocalData's."""
 
-    shared_samples: np.ndarray
+    shared_rows: np.ndarray
+    local_index: np.ndarray = field(repr=False)
 
     @property
     def private_fraction(self) -> float:
-        n = len(self.shared_samples)
-        return float(n - np.count_nonzero(self.shared_samples)) / n if n else 0.0
+        """The fraction of the rank's samples in rows no other rank observes (counted on demand)."""
+        n = len(self.local_index)
+        if n == 0:
+            return 0.0
+        shared = sum(int(np.count_nonzero(self.shared_rows[self.local_index[first : first + (1 << 22)]]))
+                     for first in range(0, n, 1 << 22))
+        return float(n - shared) / n
 
 
 # Samples per local pixel above which the fast path renumbers pixels in visit order (see the module docstring).
@@ -326,6 +453,7 @@ def build_local_data(
     noise: NoiseModel,
     kernels: str = implementation.DEFAULT,
     pixel_order: str = "auto",
+    pointing: PointingMode = "cached",
 ) -> LocalData:
     """Pointing of ``chunks`` (computed here, chunk by chunk, with ``kernels``) and their stationary intervals.
 
@@ -333,22 +461,28 @@ def build_local_data(
     ``pixel_order``: ``"sorted"``, ``"visit"`` or ``"auto"`` (visit order
     above VISIT_ORDER_SAMPLES_PER_PIXEL samples per local pixel with compiled
     kernels; the numpy reference's gathers gain nothing from it).
+    ``pointing``: ``"cached"`` keeps float32 weights, ``"recomputed"`` none
+    (``solver.pointing``; see the module docstring).
 
     Memory: the global pixel of each sample is written as int32 (nside <= 8192)
     and turned into the local index in place, so the build peaks at the
-    cache's 28 bytes per sample plus one chunk's pointing.
+    cache's 16 (cached) or 4 (recomputed) bytes per sample plus one chunk's pointing.
     """
     sizes = np.array([c.n_samples for c in chunks], dtype=np.int64)
     chunk_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     n_samples = int(chunk_offsets[-1])
+    if pointing not in ("cached", "recomputed"):
+        raise ValueError(f"unknown pointing mode {pointing!r}")
     pixels = np.empty(n_samples, dtype=index_dtype(spec.pixelization.npix))
-    weights = np.empty((n_samples, 3), dtype=np.float64)
+    weights = np.empty((n_samples, 3), dtype=np.float32) if pointing == "cached" else None
     kernel_set = implementation.get(kernels)
     pointer = ChunkPointing(spec, layout, kernel_set)
     for chunk, start in zip(chunks, chunk_offsets[:-1].tolist(), strict=True):
-        pixels[start : start + chunk.n_samples], weights[start : start + chunk.n_samples] = pointer(
-            chunk.time_chunk, chunk.detector
-        )
+        chunk_pixels, chunk_weights = pointer(chunk.time_chunk, chunk.detector)
+        pixels[start : start + chunk.n_samples] = chunk_pixels
+        if weights is not None:
+            weights[start : start + chunk.n_samples] = chunk_weights
+        del chunk_pixels, chunk_weights
     local_pixels, local_index = observed_pixels(pixels, spec.pixelization.npix)
     del pixels
     order = position = None
@@ -418,4 +552,5 @@ def build_local_data(
         kernels=kernel_set,
         half_widths=half_widths if any(half_widths) else None,
         filter_error=filter_error,
+        pointer=pointer if weights is None else None,
     )

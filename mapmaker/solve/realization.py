@@ -202,14 +202,15 @@ def set_up_realization(
 
     # 1. the sky, on root; every rank learns whether it exists before going on.
     sky_full, sky_problem = None, None
-    if rank == 0:
-        try:
-            with timers("io" if isinstance(spec.sky, MapSky) else "calc"):
-                sky_full = build_sky(spec, realization, sky_root)
-        except SkyError as error:
-            sky_problem = str(error)
-    with timers("comm"):
-        sky_problem, has_sky = comm.bcast((sky_problem, sky_full is not None), root=0)
+    with timers.stage("sky"):
+        if rank == 0:
+            try:
+                with timers("io" if isinstance(spec.sky, MapSky) else "calc"):
+                    sky_full = build_sky(spec, realization, sky_root)
+            except SkyError as error:
+                sky_problem = str(error)
+        with timers("comm"):
+            sky_problem, has_sky = comm.bcast((sky_problem, sky_full is not None), root=0)
     if sky_problem is not None:
         raise SkyError(sky_problem)
 
@@ -217,8 +218,9 @@ def set_up_realization(
     layout = chunk_layout(spec)
     decomposition = decompose(layout, size)
     noise = NoiseModel(spec, layout)
-    with timers("calc"):
-        local = build_local_data(spec, layout, decomposition.chunks_of(rank), noise, kernels.name)
+    with timers.stage("pointing"), timers("calc"):
+        local = build_local_data(spec, layout, decomposition.chunks_of(rank), noise, kernels.name,
+                                 pointing=spec.solver.pointing)
     if local.half_widths is not None:
         widths = sorted({w for w in local.half_widths if w})
         say(f"N^-1: finite correlation length, kernel half-width(s) {widths} samples, spectral error "
@@ -230,58 +232,57 @@ def set_up_realization(
         f"({local.n_samples} samples, {local.n_local} pixels on rank 0)"
     )
 
-    # 3. pixel distribution and reduction (the overlap plan built here when needed and not given).
-    buffer_pixels = spec.solver.allreduce_buffer_pixels
-    plan_source, plan_build_s = ("file" if plan is not None else None), None
-    if plan is not None:
-        check_plan_pixels(comm, plan, local.local_pixels)
-    elif needs_plan(requested, size):
+    with timers.stage("distribution"):
+        # 3. pixel distribution and reduction (the overlap plan built here when needed and not given).
+        buffer_pixels = spec.solver.allreduce_buffer_pixels
+        plan_source, plan_build_s = ("file" if plan is not None else None), None
+        if plan is not None:
+            check_plan_pixels(comm, plan, local.local_pixels)
+        elif needs_plan(requested, size):
+            with timers("comm"):
+                started = MPI.Wtime()
+                plan = build_overlap_plan(comm, local.local_pixels, npix, buffer_pixels)
+                plan_source, plan_build_s = "memory", MPI.Wtime() - started
         with timers("comm"):
-            started = MPI.Wtime()
-            plan = build_overlap_plan(comm, local.local_pixels, npix, buffer_pixels)
-            plan_source, plan_build_s = "memory", MPI.Wtime() - started
-    with timers("comm"):
-        pixels = DistributedPixels(
-            comm, local.local_pixels, npix, buffer_pixels, owner=None if plan is None else plan.owner
-        )
-        reduction = make_reduction(
-            requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan,
-            machine=machine, workload=Workload.of_spec(spec),
-        )
+            pixels = DistributedPixels(
+                comm, local.local_pixels, npix, buffer_pixels, owner=None if plan is None else plan.owner
+            )
+            reduction = make_reduction(
+                requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan,
+                machine=machine, workload=Workload.of_spec(spec),
+            )
 
-    # 4. hit matrices, rcond cut, preconditioner.
-    with timers("calc"):
-        both = np.empty((local.n_local, 12))
-        both[:, :6] = local.accumulate_blocks(noise_weighted=False)
-        both[:, 6:] = local.accumulate_blocks(noise_weighted=True)
-    with timers("comm"):
-        reduction.reduce(both)
-    with timers("calc"):
-        geometric, weighted = both[:, :6], both[:, 6:]
-        hits = geometric[:, 0]
-        pixel_rcond = blocks.rcond(geometric)
-        # A singular block (rcond 0) cannot be solved whatever rcond_min says.
-        cut = pixel_rcond < max(spec.solver.rcond_min, SINGULAR_RCOND)
-        excluded_local = local.exclude_pixels(cut)
-        inverse_blocks = blocks.invert(weighted, ~cut)
-        del both, geometric, weighted
-    with timers("comm"):
-        cut_pixels = round(pixels.sum_owned(cut.astype(np.float64)))
-        excluded_samples = int(comm.allreduce(excluded_local, op=MPI.SUM))
-    say(f"pixels: {pixels.n_observed} observed, {cut_pixels} cut by rcond < {spec.solver.rcond_min:g}")
-    if cut_pixels >= pixels.n_observed:  # global figures: every rank raises alike
-        raise NothingToSolve(
-            f"all {pixels.n_observed} observed pixels are cut by rcond < {spec.solver.rcond_min:g}: the scan "
-            "and the detectors' polarisation angles do not separate I, Q and U in any pixel (observe longer, "
-            "add detectors at other angles, or lower solver.rcond_min)"
-        )
-
-    # 5. the sky at this rank's pixels.
-    sky_local = None
-    if has_sky:
+        # 4. hit matrices, rcond cut, preconditioner.
+        with timers("calc"):
+            both = local.accumulate_both_blocks()
         with timers("comm"):
-            sky_local = pixels.broadcast_from_root(sky_full.T if rank == 0 else None, 3)
-        del sky_full
+            reduction.reduce(both)
+        with timers("calc"):
+            geometric, weighted = both[:, :6], both[:, 6:]
+            hits = geometric[:, 0]
+            pixel_rcond = blocks.rcond(geometric)
+            # A singular block (rcond 0) cannot be solved whatever rcond_min says.
+            cut = pixel_rcond < max(spec.solver.rcond_min, SINGULAR_RCOND)
+            excluded_local = local.exclude_pixels(cut)
+            inverse_blocks = blocks.invert(weighted, ~cut)
+            del both, geometric, weighted
+        with timers("comm"):
+            cut_pixels = round(pixels.sum_owned(cut.astype(np.float64)))
+            excluded_samples = int(comm.allreduce(excluded_local, op=MPI.SUM))
+        say(f"pixels: {pixels.n_observed} observed, {cut_pixels} cut by rcond < {spec.solver.rcond_min:g}")
+        if cut_pixels >= pixels.n_observed:  # global figures: every rank raises alike
+            raise NothingToSolve(
+                f"all {pixels.n_observed} observed pixels are cut by rcond < {spec.solver.rcond_min:g}: the scan "
+                "and the detectors' polarisation angles do not separate I, Q and U in any pixel (observe longer, "
+                "add detectors at other angles, or lower solver.rcond_min)"
+            )
+
+        # 5. the sky at this rank's pixels.
+        sky_local = None
+        if has_sky:
+            with timers("comm"):
+                sky_local = pixels.broadcast_from_root(sky_full.T if rank == 0 else None, 3)
+            del sky_full
 
     return RealizationSetUp(
         spec=spec, realization=realization, kernels=kernels, threads=threads, local=local, noise=noise,
@@ -302,16 +303,17 @@ def right_hand_side(setup: RealizationSetUp, timers: Timers) -> np.ndarray:
         b = np.zeros((local.n_local, 3))  # compute order until the loop ends
         sky_compute = local.to_compute(setup.sky_local) if setup.sky_local is not None else None
         for i, chunk in enumerate(local.chunks):
-            samples = slice(int(local.chunk_offsets[i]), int(local.chunk_offsets[i + 1]))
+            samples = local.chunk_samples(i)
+            weights = local.chunk_weights(i)
             tod = np.zeros(chunk.n_samples)
             if sky_compute is not None:
-                local.project(sky_compute, samples, out=tod)
+                local.project(sky_compute, i, out=tod, weights=weights)
             if noise.simulated:
                 tod += noise.simulate_chunk(chunk, spec.seed, setup.realization)
             tod[local.excluded_in(samples)] = 0.0
             local.apply_inverse_noise_chunk(i, tod, workers=setup.threads)
-            local.accumulate(tod, samples, out=b)
-            del tod
+            local.accumulate(tod, i, out=b, weights=weights)
+            del tod, weights
         b = local.to_sorted(b)
         del sky_compute
     with timers("comm"):
@@ -336,7 +338,8 @@ def solve_realization(
     """
     spec, local, reduction, threads = setup.spec, setup.local, setup.reduction, setup.threads
     if b is None:
-        b = right_hand_side(setup, timers)
+        with timers.stage("simulate"):
+            b = right_hand_side(setup, timers)
     stats = RankStats(samples=local.n_samples, local_pixels=local.n_local)
     # The solver is done with each result before the next call: one buffer each, no pages faulted per iteration.
     product_buffer, preconditioned_buffer = np.empty_like(b), np.empty_like(b)
@@ -352,7 +355,9 @@ def solve_realization(
 
     # Overlap variants: the exchange of the shared rows starts half-way through the operator, the rest of
     # P^T (the rows only this rank observes) runs while it travels; the time counted is start + finish.
-    split = local.operator_split(reduction.shared_rows) if getattr(reduction, "overlaps", False) else None
+    # Recomputed pointing has no flat weights to stream: it runs the blocking operator a chunk at a time.
+    overlaps = getattr(reduction, "overlaps", False) and local.weights is not None
+    split = local.operator_split(reduction.shared_rows) if overlaps else None
 
     def start(partial: np.ndarray) -> None:
         started = MPI.Wtime()
@@ -379,7 +384,7 @@ def solve_realization(
     x0 = initial_residual = None
     if spec.solver.preconditioner in TWO_LEVEL:
         started = MPI.Wtime()
-        with timers("calc"):
+        with timers.stage("coarse"), timers("calc"):
             two_level = build_two_level(setup, coarse_cache, stats, say)
             x0, initial_residual = two_level.start(b)
         stats.coarse_columns = two_level.n_columns
@@ -395,18 +400,19 @@ def solve_realization(
 
     say(f"solve: PCG to ||r||/||b|| < {spec.solver.tol:g}, reduction {reduction.name} (requested {setup.requested}), "
         f"{spec.solver.preconditioner} preconditioner")
-    result = pcg(
-        apply_matrix if split is None else apply_matrix_overlapped,
-        apply_preconditioner,
-        dot,
-        b,
-        tol=spec.solver.tol,
-        max_iter=spec.solver.max_iter,
-        x0=x0,
-        initial_residual=initial_residual,
-        on_iteration=lambda k, residual: say(f"iteration {k:4d}  residual {residual:.3e}"),
-        on_estimate=on_estimate,
-    )
+    with timers.stage("solve"):
+        result = pcg(
+            apply_matrix if split is None else apply_matrix_overlapped,
+            apply_preconditioner,
+            dot,
+            b,
+            tol=spec.solver.tol,
+            max_iter=spec.solver.max_iter,
+            x0=x0,
+            initial_residual=initial_residual,
+            on_iteration=lambda k, residual: say(f"iteration {k:4d}  residual {residual:.3e}"),
+            on_estimate=on_estimate,
+        )
     stats.reduce_bytes, stats.reduce_messages = reduction.bytes_sent, reduction.messages_sent
     stats.reductions = reduction.calls
     return result, stats
@@ -476,7 +482,7 @@ def build_two_level(
 
 def gather_realization(setup: RealizationSetUp, result: PCGResult, stats: RankStats, *, timers: Timers) -> SolveOutcome:
     """Collective: step 8, the full-sky maps on root, and the outcome of the run on every rank."""
-    with timers("comm"):
+    with timers.stage("gather"), timers("comm"):
         maps = gather_maps(setup.pixels, result.solution, setup.hits, setup.pixel_rcond, setup.cut)
     reduction = setup.reduction
     outcome = SolveOutcome(

@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from schemas.api import ErrorBody, LoginLinkInfo
+from service.auth.deps import CurrentUser
 from service.auth.login_links import LINK_PATH, create_login_link
-from service.deps import CurrentUser, SessionDep
+from service.db import SessionDep
 
 router = APIRouter(
     prefix="/login-links", tags=["auth"], responses={401: {"model": ErrorBody}, 403: {"model": ErrorBody}}

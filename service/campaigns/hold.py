@@ -5,7 +5,7 @@ A missing input, a bad option or a broken installation fails every realisation a
 spec's ``hold_after_failures``), counted since it was last queued or released, are failures with one
 signature, of more than one realisation, the campaign goes to ``held``: the claim no longer hands out its queued
 realisations, the running ones finish, and the reason is kept as its ``failure_cause`` and in a ``campaign``
-event. ``retry`` releases it (:func:`service.campaigns.service.retry_failed`).
+event. ``retry`` releases it (:func:`service.campaigns.lifecycle.retry_failed`).
 
 The signature is the failure class with the last line of the log tail, digits and hexadecimal runs
 blanked: "realisation 3 ... FileNotFoundError: sky_0003.fits" and the same for realisation 7 match.

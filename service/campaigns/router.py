@@ -24,7 +24,7 @@ from schemas.api import (
 )
 from schemas.spec import CampaignKind, CampaignSpec
 from service.auth.deps import BearerCredentials, bearer_token, reading_user
-from service.campaigns import service
+from service.campaigns import creation, lifecycle, reads
 from service.campaigns.errors import CampaignNotFound
 from service.conditional import NOT_MODIFIED, json_with_etag
 from service.db import get_database
@@ -74,8 +74,8 @@ def create_campaign(
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> CampaignDetail:
-    service.check_sky_map(session=session, spec=spec)
-    campaign, created = service.create_campaign(
+    creation.check_sky_map(session=session, spec=spec)
+    campaign, created = creation.create_campaign(
         session=session,
         owner_id=user.user_id,
         spec=spec,
@@ -86,7 +86,7 @@ def create_campaign(
         response.status_code = status.HTTP_200_OK
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"{router.prefix}/{campaign.id}"
-    return service.detail(
+    return reads.detail(
         session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
     )
 
@@ -102,7 +102,7 @@ def list_campaigns(
     cursor: Annotated[str | None, Query(max_length=500)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> CampaignPage:
-    campaigns, next_cursor = service.list_campaigns(
+    campaigns, next_cursor = reads.list_campaigns(
         session=session,
         owner_id=user.user_id,
         state=state,
@@ -111,7 +111,7 @@ def list_campaigns(
         cursor=cursor,
         limit=min(limit, settings.page_size_max),
     )
-    return CampaignPage(items=[service.summary(c, user.user_name) for c in campaigns], next_cursor=next_cursor)
+    return CampaignPage(items=[reads.summary(c, user.user_name) for c in campaigns], next_cursor=next_cursor)
 
 
 IfNoneMatch = Annotated[
@@ -136,14 +136,14 @@ async def get_campaign(
         token = bearer_token(credentials)
         database = get_database(request)
         with database.read_connection() as connection:
-            detail = service.status_for_token(
+            detail = reads.status_for_token(
                 connection=connection, token=token, campaign_id=campaign_id, window_s=settings.throughput_window_s
             )
         if detail is None:  # found nothing: the ordinary checks say why (401, 403, 404)
             with database.session(write=False) as session:
                 user = reading_user(request, session, credentials)
-                campaign = service.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
-                detail = service.detail(
+                campaign = reads.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+                detail = reads.detail(
                     session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
                 )
         return detail.model_dump_json().encode()
@@ -156,17 +156,17 @@ def cancel_campaign(
     campaign_id: RowId, user: CurrentUser, session: SessionDep, settings: SettingsDep, body: CancelRequest | None = None
 ) -> CampaignDetail:
     reason = (body or CancelRequest()).reason
-    campaign = service.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
+    campaign = lifecycle.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
     ArtifactStore(settings.products_dir).discard(campaign_id=campaign.id)  # uploads of attempts that will not finish
-    return service.detail(
+    return reads.detail(
         session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
     )
 
 
 @router.post("/{campaign_id}/retry", response_model=RetryAnswer, responses={409: {"model": ErrorBody}})
 def retry_failed(campaign_id: RowId, user: CurrentUser, session: SessionDep) -> RetryAnswer:
-    campaign, requeued = service.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
-    return RetryAnswer(requeued=requeued, campaign=service.summary(campaign, user.user_name))
+    campaign, requeued = lifecycle.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    return RetryAnswer(requeued=requeued, campaign=reads.summary(campaign, user.user_name))
 
 
 @router.post(
@@ -178,10 +178,10 @@ def extend_campaign(
     campaign_id: RowId, body: ExtendRequest, user: CurrentUser, session: SessionDep, settings: SettingsDep
 ) -> CampaignDetail:
     """Add realisations to the campaign (running or finished, not cancelled): same spec, aggregates and plan."""
-    campaign = service.extend_campaign(
+    campaign = lifecycle.extend_campaign(
         session=session, owner_id=user.user_id, campaign_id=campaign_id, more=body.realizations
     )
-    return service.detail(
+    return reads.detail(
         session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
     )
 
@@ -202,25 +202,25 @@ def clone_campaign(
     idempotency_key: IdempotencyKey = None,
 ) -> CampaignDetail:
     """A new campaign from this one's spec with ``changes``; it shares the plan when its scan key is the same."""
-    spec = service.clone_spec(
+    spec = creation.clone_spec(
         session=session, owner_id=user.user_id, campaign_id=campaign_id, changes=(body or CloneRequest()).changes
     )
-    service.check_sky_map(session=session, spec=spec, field=("body", "changes", "sky", "path"))
-    campaign, created = service.create_campaign(
+    creation.check_sky_map(session=session, spec=spec, field=("body", "changes", "sky", "path"))
+    campaign, created = creation.create_campaign(
         session=session, owner_id=user.user_id, spec=spec, idempotency_key=idempotency_key
     )
     if not created:
         response.status_code = status.HTTP_200_OK
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"{router.prefix}/{campaign.id}"
-    return service.detail(
+    return reads.detail(
         session=session, campaign=campaign, owner=user.user_name, window_s=settings.throughput_window_s
     )
 
 
 @router.delete("/{campaign_id}", status_code=status.HTTP_204_NO_CONTENT, responses={409: {"model": ErrorBody}})
 def delete_campaign(campaign_id: RowId, user: CurrentUser, session: SessionDep, settings: SettingsDep) -> Response:
-    service.delete_campaign(
+    lifecycle.delete_campaign(
         session=session, owner_id=user.user_id, campaign_id=campaign_id, products_dir=settings.products_dir
     )
     return Response(status_code=status.HTTP_204_NO_CONTENT)
@@ -241,7 +241,7 @@ async def list_realizations(
     def read() -> bytes:  # one statement (token check and page) in one turn through the thread pool, as get_campaign
         token = bearer_token(credentials)
         page = functools.partial(
-            service.list_realizations,
+            reads.list_realizations,
             campaign_id=campaign_id,
             state=state,
             cursor=cursor,
@@ -250,7 +250,7 @@ async def list_realizations(
         database = get_database(request)
         try:
             with database.read_connection() as connection:
-                items, next_cursor = page(bind=connection, owner_id=service.ByToken(token))
+                items, next_cursor = page(bind=connection, owner_id=reads.ByToken(token))
         except CampaignNotFound:  # or the token is not a user's: the ordinary checks say which (401, 403, 404)
             with database.session(write=False) as session:
                 items, next_cursor = page(bind=session, owner_id=reading_user(request, session, credentials).user_id)
@@ -263,4 +263,4 @@ async def list_realizations(
 def get_realization(
     campaign_id: RowId, index: RealizationIndex, user: ReadingUser, session: ReadSessionDep
 ) -> RealizationDetail:
-    return service.get_realization(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)
+    return reads.get_realization(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)

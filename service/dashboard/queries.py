@@ -1,7 +1,7 @@
 """Read queries of the dashboard pages: a fixed number of statements per page, whatever the campaign size.
 
 Every function takes the owner's user id and reaches only that user's
-campaigns (:func:`service.campaigns.service.get_campaign` answers 404 for the
+campaigns (:func:`service.campaigns.reads.get_campaign` answers 404 for the
 others). Result JSON is read field by field in SQL (``result["timing"]``), so
 large fields such as spectra never leave the database for a chart.
 """

@@ -1,17 +1,15 @@
 """HTTP for the dashboard: pages at ``/``, JSON and the event stream under ``/ui``, static files at ``/static``.
 
-Pages and ``/ui`` authenticate with the session cookie (see ``session.py``);
-a page without a session redirects to the login form, ``/ui`` answers 401.
-Errors of a page (another user's campaign: 404) are HTML pages.
+Pages and ``/ui`` authenticate with the session cookie (:mod:`service.auth.session`; the login and logout
+routes are :mod:`service.auth.pages`, drawn with this module's :func:`render`); a page without a session
+redirects to the login form, ``/ui`` answers 401. Errors of a page (another user's campaign: 404) are HTML
+pages drawn by :func:`error_page`: :mod:`service.errors` decides which errors get one.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import mimetypes
-import secrets
-from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -20,36 +18,18 @@ from urllib.parse import quote, urlencode
 
 import anyio
 from fastapi import APIRouter, Form, Header, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES
-from schemas.io import format_location
 from schemas.states import CampaignState, RealizationState
-from service.auth.login_links import LINK_PATH, LINK_TTL_S, login_link_user, redeem_login_link
-from service.auth.service import principal_for_token
-from service.campaigns import service as campaigns
+from service.auth.session import CSRF_FIELD, DashboardUser, check_csrf, optional_session
+from service.campaigns import lifecycle
+from service.campaigns import reads as campaigns
 from service.dashboard import queries
 from service.dashboard import service as dashboard
 from service.dashboard.quicklook import FIELDS, MapUnreadable, quicklook_png
-from service.dashboard.session import (
-    CSRF_FIELD,
-    CsrfRejected,
-    DashboardUser,
-    LoginRequired,
-    MaybeDashboardUser,
-    check_csrf,
-    clear_session_cookie,
-    login_form_token,
-    make_cookie,
-    optional_session,
-    same_origin,
-    session_key,
-    set_session_cookie,
-)
 from service.db import utcnow
 from service.deps import (
     EventPositionQuery,
@@ -60,7 +40,7 @@ from service.deps import (
     SessionDep,
     SettingsDep,
 )
-from service.errors import DomainError, NotFound, http_exception_json
+from service.errors import NotFound, page_redirect
 from service.events.router import open_event_stream
 from service.storage import ArtifactStore, CampaignStorage
 
@@ -83,7 +63,6 @@ NOTICES = {
     "cancelled": "Campaign cancelled.",
     "retried": "Failed realisations are back in the queue.",
     "nothing-to-retry": "No failed realisations to retry.",
-    "logged-out": "You are logged out.",
 }
 
 
@@ -183,30 +162,21 @@ def render(
 # --------------------------------------------------------------------------- routes
 
 
-class PageRoute(APIRoute):
-    """A page: a domain error (404, 409...) or an address out of range (422) becomes an HTML page instead of JSON."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def page_handler(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except DomainError as error:
-                if asks_json(request):
-                    raise  # a script or API client that asked for JSON gets the API's error body
-                return error_page(request, error.status_code, error.detail)
-            except RequestValidationError as error:  # e.g. /campaigns/99999999999999999999
-                problems = "; ".join(
-                    f"{format_location(tuple(item.get('loc', ())))}: {item.get('msg', '')}" for item in error.errors()
-                )
-                return error_page(request, 422, problems)
-
-        return page_handler
+# What service.products.pages names as its routes' class: every dashboard address answers its errors with a page
+# (service.errors.answers_with_page), whatever its route class.
+PageRoute = APIRoute
 
 
-def error_page(request: Request, status_code: int, detail: str, *, user: Any = None) -> HTMLResponse:
-    user = user or getattr(request.state, "dashboard_session", None)
+async def error_page(request: Request, status_code: int, detail: str) -> HTMLResponse:
+    """The dashboard's error page, with the user's menu when the request has a valid session cookie."""
+
+    def who() -> Any:
+        try:
+            return optional_session(request)  # the page's own dependency has often looked already
+        except Exception:  # noqa: BLE001 -- the error page must not fail for want of a session
+            return None
+
+    user = await anyio.to_thread.run_sync(who)
     titles = {
         401: "Log in first",
         403: "Not allowed",
@@ -218,133 +188,13 @@ def error_page(request: Request, status_code: int, detail: str, *, user: Any = N
         request,
         "error.html",
         {"status_code": status_code, "title": titles.get(status_code, "Error"), "detail": detail},
-        user=user or None,
+        user=user,
         status_code=status_code,
     )
 
 
-pages = APIRouter(route_class=PageRoute, include_in_schema=False)
+pages = APIRouter(include_in_schema=False)
 ui = APIRouter(prefix="/ui", include_in_schema=False)
-
-
-def safe_next(target: str | None) -> str:
-    """Only a path of this site: never another origin (``//host``, ``/\\host``, ``https://``)."""
-    if not target or not target.startswith("/") or target.startswith(("//", "/\\")):
-        return "/"
-    return target
-
-
-def redirect(url: str) -> RedirectResponse:
-    return RedirectResponse(url, status_code=303, headers={"Cache-Control": "no-store"})
-
-
-@pages.get("/login", response_class=HTMLResponse)
-def login_form(
-    request: Request, user: MaybeDashboardUser, next: Annotated[str | None, Query(max_length=2_000)] = None
-) -> Response:
-    if user is not None:
-        return redirect(safe_next(next))
-    notice = NOTICES.get(request.query_params.get("notice", ""), "")
-    return render(request, "login.html", {"next": safe_next(next), "error": "", "notice": notice})
-
-
-@pages.post("/login", response_class=HTMLResponse)
-def login(
-    request: Request,
-    session: ReadSessionDep,
-    settings: SettingsDep,
-    token: Annotated[str, Form(max_length=500)] = "",
-    next: Annotated[str, Form(max_length=2_000)] = "/",
-) -> Response:
-    if not same_origin(request):
-        raise CsrfRejected("this login form was not sent by this dashboard")
-    principal = principal_for_token(session=session, token=token.strip()) if token.strip() else None
-    error = ""
-    if principal is None:
-        error = "That token is unknown or revoked. Paste the contents of a user token file."
-    elif principal.kind != "user":
-        error = "That is a worker token; log in with a user token (mapcampaign token create --user NAME)."
-    if error or principal is None:
-        return render(request, "login.html", {"next": safe_next(next), "error": error, "notice": ""}, status_code=401)
-    response = redirect(safe_next(next))
-    cookie = make_cookie(session_key(request), principal=principal, max_age_s=settings.session_max_age_s)
-    set_session_cookie(response, value=cookie, settings=settings)
-    return response
-
-
-LINK_FORM_COOKIE = "mapcampaign_login_form"
-LINK_REFUSED = "This login link was used already, has expired or was never made here."
-
-
-def _link_refused(request: Request) -> HTMLResponse:
-    context = {"next": "/", "error": LINK_REFUSED, "notice": "", "link_refused": True}
-    return render(request, "login.html", context, status_code=401)
-
-
-@pages.get(LINK_PATH, response_class=HTMLResponse)
-def confirm_login_link(
-    request: Request,
-    session: ReadSessionDep,
-    settings: SettingsDep,
-    user: MaybeDashboardUser,
-    secret: Annotated[str, Query(max_length=200)] = "",
-) -> Response:
-    """A one-time login link (``mapcampaign up`` and ``mapcampaign login`` print one): a page naming the user
-    the link logs in, whose button POSTs the secret. Opening the link spends nothing and sets no session, so
-    a link from someone else cannot log a browser into their account unseen (login CSRF)."""
-    link_user = login_link_user(session=session, secret=secret)
-    if link_user is None:
-        return _link_refused(request)
-    nonce = secrets.token_urlsafe(16)
-    form_token = login_form_token(session_key(request), nonce)
-    context = {"secret": secret, "link_user": link_user, "login_path": LINK_PATH, "form_token": form_token}
-    response = render(request, "login_link.html", context, user=user)
-    response.set_cookie(
-        LINK_FORM_COOKIE,
-        nonce,
-        max_age=int(LINK_TTL_S),
-        path=LINK_PATH,
-        httponly=True,
-        samesite="lax",
-        secure=settings.cookie_secure,
-    )
-    return response
-
-
-@pages.post(LINK_PATH, response_class=HTMLResponse)
-def login_with_link(
-    request: Request,
-    session: SessionDep,
-    settings: SettingsDep,
-    secret: Annotated[str, Form(max_length=200)] = "",
-    csrf_token: Annotated[str, Form(max_length=200)] = "",
-) -> Response:
-    """The confirmation page's button: log in as the link's user, once."""
-    nonce = request.cookies.get(LINK_FORM_COOKIE, "")
-    expected = login_form_token(session_key(request), nonce) if nonce else ""
-    if not same_origin(request) or not expected or not hmac.compare_digest(csrf_token.encode(), expected.encode()):
-        raise CsrfRejected("this login form was not sent by this dashboard; open the login link again")
-    principal = redeem_login_link(session=session, secret=secret)
-    if principal is None:
-        return _link_refused(request)
-    session.commit()
-    response = redirect("/")
-    cookie = make_cookie(session_key(request), principal=principal, max_age_s=settings.session_max_age_s)
-    set_session_cookie(response, value=cookie, settings=settings)
-    response.delete_cookie(
-        LINK_FORM_COOKIE, path=LINK_PATH, httponly=True, samesite="lax", secure=settings.cookie_secure
-    )
-    return response
-
-
-@pages.post("/logout")
-def logout(
-    request: Request, user: DashboardUser, settings: SettingsDep, csrf_token: Annotated[str, Form(max_length=200)] = ""
-) -> Response:
-    check_csrf(request, user, csrf_token)
-    response = redirect("/login?notice=logged-out")
-    clear_session_cookie(response, settings=settings)
-    return response
 
 
 @pages.get("/", response_class=HTMLResponse)
@@ -428,9 +278,9 @@ def cancel(
 ) -> Response:
     check_csrf(request, user, csrf_token)
     reason = reason.strip() or f"cancelled by {user.user_name} in the dashboard"
-    campaign = campaigns.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
+    campaign = lifecycle.cancel_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id, reason=reason)
     ArtifactStore(settings.products_dir).discard(campaign_id=campaign.id)  # uploads of attempts that will not finish
-    return redirect(f"/campaigns/{campaign.id}?notice=cancelled")
+    return page_redirect(f"/campaigns/{campaign.id}?notice=cancelled")
 
 
 @pages.post("/campaigns/{campaign_id}/retry")
@@ -442,8 +292,8 @@ def retry(
     csrf_token: Annotated[str, Form(max_length=200)] = "",
 ) -> Response:
     check_csrf(request, user, csrf_token)
-    campaign, requeued = campaigns.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
-    return redirect(f"/campaigns/{campaign.id}?notice={'retried' if requeued else 'nothing-to-retry'}")
+    campaign, requeued = lifecycle.retry_failed(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    return page_redirect(f"/campaigns/{campaign.id}?notice={'retried' if requeued else 'nothing-to-retry'}")
 
 
 @pages.get("/campaigns/{campaign_id}/realizations/{index}/maps/{field}.png")
@@ -606,48 +456,3 @@ async def events(
     return await open_event_stream(
         request, user.principal, settings, campaign_id, after, last_event_id, check_campaign=campaigns.campaign_visible
     )
-
-
-# --------------------------------------------------------------------------- wiring
-
-
-def asks_json(request: Request) -> bool:
-    accept = request.headers.get("accept", "")
-    return "application/json" in accept and "text/html" not in accept
-
-
-def wants_html(request: Request) -> bool:
-    """A browser navigating (it asks for text/html), not a script or an API client."""
-    return "text/html" in request.headers.get("accept", "")
-
-
-def install_dashboard_handlers(app: Any) -> None:
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, error: StarletteHTTPException) -> Response:
-        path = request.url.path
-        if wants_html(request) and not path.startswith(("/api/", "/ui/", "/static/")):
-            # A path nobody serves (a typo, an old bookmark): the dashboard's page, with the user's menu.
-            def who() -> Any:
-                try:
-                    return optional_session(request)
-                except Exception:  # noqa: BLE001 -- the error page must not fail for want of a session
-                    return None
-
-            user = await anyio.to_thread.run_sync(who)
-            detail = "There is no page at this address." if error.status_code == 404 else str(error.detail)
-            return error_page(request, error.status_code, detail, user=user)
-        return await http_exception_json(request, error)
-
-    @app.exception_handler(LoginRequired)
-    async def _login_required(request: Request, _error: LoginRequired) -> Response:
-        if request.url.path.startswith("/ui/"):
-            return JSONResponse({"detail": "log in to the dashboard first", "code": "login_required"}, status_code=401)
-        # A page comes back after the login; a form post (its session expired) goes back to the overview.
-        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        return redirect("/login?" + urlencode({"next": target if request.method == "GET" else "/"}))
-
-    @app.exception_handler(CsrfRejected)
-    async def _csrf(request: Request, error: CsrfRejected) -> Response:
-        if request.url.path.startswith("/ui/"):
-            return JSONResponse({"detail": str(error), "code": "csrf_rejected"}, status_code=403)
-        return error_page(request, 403, str(error))

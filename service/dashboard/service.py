@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from schemas.api import CampaignProgress
 from schemas.states import CampaignState, RealizationState
-from service.campaigns import service as campaigns
+from service.campaigns import progress as campaign_progress
+from service.campaigns import reads as campaigns
 from service.campaigns.models import Campaign
 from service.config import Settings
 from service.dashboard import queries
@@ -55,7 +56,7 @@ def overview(
     rows, next_cursor = campaigns.list_campaigns(
         session=session, owner_id=owner_id, state=state, name=name, cursor=cursor, limit=CAMPAIGNS_PER_PAGE
     )
-    progress = campaigns.progress_many(session=session, campaigns=rows, window_s=settings.throughput_window_s)
+    progress = campaign_progress.progress_many(session=session, campaigns=rows, window_s=settings.throughput_window_s)
     return {
         "campaigns": [{"campaign": campaign, "progress": progress[campaign.id]} for campaign in rows],
         "next_cursor": next_cursor,
@@ -65,7 +66,7 @@ def overview(
 
 def overview_progress(*, session: Session, owner_id: int, settings: Settings, ids: list[int]) -> list[dict[str, Any]]:
     rows = queries.campaigns_by_ids(session=session, owner_id=owner_id, ids=ids)
-    progress = campaigns.progress_many(session=session, campaigns=rows, window_s=settings.throughput_window_s)
+    progress = campaign_progress.progress_many(session=session, campaigns=rows, window_s=settings.throughput_window_s)
     return [progress_json(campaign, progress[campaign.id]) for campaign in rows]
 
 
@@ -84,7 +85,7 @@ def map_json(campaign_id: int, product: queries.MapProduct | None) -> dict[str, 
 def campaign_status(*, session: Session, owner_id: int, campaign_id: int, settings: Settings) -> dict[str, Any]:
     """What the campaign page refreshes after events: progress, plans, failures, the latest map."""
     campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
-    progress = campaigns.progress(session=session, campaign=campaign, window_s=settings.throughput_window_s)
+    progress = campaign_progress.progress(session=session, campaign=campaign, window_s=settings.throughput_window_s)
     failures = queries.failure_summary(session=session, campaign_id=campaign.id)
     for failure in failures["recent"]:
         failure["ended_at"] = iso(failure["ended_at"])
@@ -110,7 +111,7 @@ def campaign_page(
 ) -> dict[str, Any]:
     after_event = latest_event_id(session=session)
     campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
-    progress = campaigns.progress(session=session, campaign=campaign, window_s=settings.throughput_window_s)
+    progress = campaign_progress.progress(session=session, campaign=campaign, window_s=settings.throughput_window_s)
     realizations, next_cursor = campaigns.list_realizations(
         bind=session,
         owner_id=owner_id,

@@ -15,7 +15,6 @@ next start (:func:`sweep_stale_uploads`).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from schemas.api import InstrumentFile
+from schemas.files import move_into_place
 from schemas.instrument import UPLOAD_SUFFIXES, UPLOADS, FocalPlaneFileError, check_instrument_file, upload_path
 from schemas.states import UNFINISHED_CAMPAIGN_STATES
 from service.campaigns.models import Campaign
@@ -144,9 +144,8 @@ def store_upload(
         # Put in place after the row is committed, and even when a file is there: a delete by another owner
         # that removed the last row before this one was committed may have removed it meanwhile.
         try:
-            os.chmod(received.path, file_mode)
             _open_folder_to(target.parent, file_mode)
-            os.replace(received.path, target)
+            move_into_place(received.path, target, mode=file_mode)
         except OSError as error:
             raise InsufficientStorage(f"cannot keep the instrument file: {error.strerror or error}") from None
         if new:

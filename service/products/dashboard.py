@@ -15,7 +15,11 @@ aggregates it shows:
   errors;
 * then the pseudo-C_l charts: ``mc-spectra`` (mean pseudo-spectra with a band of one realisation's
   scatter), ``mc-noise-bias`` (N_l, noise-only) or ``mc-transfer`` (the pseudo-C_l ratio F_l, labelled
-  a full-sky approximation: it is biased on a masked sky).
+  a full-sky approximation: it is biased on a masked sky);
+* ``mc-transfer-matrix`` on each campaign of a pure-E / pure-B pair (a signal-only campaign of one pure
+  polarisation whose owner has one of the other with the same coupling key,
+  :func:`service.products.spectrum.matrix_partner`): the E/B transfer matrix's elements per bin, symlog y,
+  error bars = Monte Carlo error, bins above 2 nside hollow and shaded.
 
 Each chart's JSON flags unreliable bins (above 2 nside; for F_b and F_l also where the ratio is poorly
 determined, ``schemas.montecarlo.transfer_unreliable``), which the renderer leaves out of the axis range
@@ -41,11 +45,11 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from schemas import montecarlo
 from schemas.files import atomic_write_bytes
 from schemas.result import SpectrumName
-from service.campaigns import service as campaigns
+from service.campaigns import reads as campaigns
 from service.dashboard.panels import ChartRef, FigureRef, ProductsPanel
 from service.dashboard.session import DashboardUser
 from service.deps import ReadSessionDep, SettingsDep
-from service.errors import NotFound
+from service.errors import InvalidField, NotFound
 from service.products import formats
 from service.products.aggregates import (
     AggregateState,
@@ -56,11 +60,17 @@ from service.products.aggregates import (
     spectra_aggregates,
 )
 from service.products.service import ProductsNotReady, snapshot
+from service.products.spectrum import MatrixPair, matrix_partner, sky_polarization, transfer_matrix_pair
 from service.storage import CampaignProducts
 
 FIELDS = ("I", "Q", "U")
 UK2 = 1e12  # K^2 -> uK^2
-CHARTS = ("spectra", "noise-bias", "transfer", "bandpowers", "bandpower-transfer", "bandpower-noise")
+CHARTS = ("spectra", "noise-bias", "transfer", "bandpowers", "bandpower-transfer", "bandpower-noise", "transfer-matrix")
+# The transfer matrix's elements drawn, (out, in) over (EE, EB, BB), labelled input -> output.
+MATRIX_ELEMENTS = {(0, 0): "E→E", (2, 2): "B→B", (2, 0): "E→B", (0, 2): "B→E", (1, 0): "E→EB", (1, 2): "B→EB"}
+# The renderer's symlog is linear within +-1; the matrix is drawn in units of this so that leakage of
+# 1e-4 .. 1e-2 of the input (the size that matters against a lensing BB 100 times below EE) is logarithmic.
+MATRIX_UNIT = 1e-4
 
 _render_lock = threading.Lock()  # one render at a time per process: the CPU is shared with the workers
 
@@ -117,6 +127,20 @@ def mc_products_panel(*, session: Any, campaign: Any, settings: Any) -> Products
                     "hollow circles: F_l poorly determined",
                 )
             )
+    partner = matrix_partner(session=session, owner_id=campaign.owner_id, campaign=campaign)
+    if partner is not None:
+        pure_e, pure_b = (campaign, partner) if sky_polarization(campaign.spec) == "E-only" else (partner, campaign)
+        charts.insert(
+            0,
+            ChartRef(
+                kind="mc-transfer-matrix",
+                src=f"/ui/campaigns/{campaign.id}/products/transfer-matrix",
+                title=f"E/B transfer matrix of campaigns {pure_e.id} (pure E) and {pure_b.id} (pure B): T_b[out, in] "
+                "per bin, labelled in→out, error bars = Monte Carlo error",
+                caption=f"in units of {MATRIX_UNIT:g}, symlog y; E→B is the E -> B leakage that F_b folds into a "
+                "factor; hollow and grey: above 2 nside; the EB column is assumed (identity)",
+            ),
+        )
     return ProductsPanel(figures=figures, charts=charts, note=panel_note(state))
 
 
@@ -244,6 +268,48 @@ def bandpower_chart_data(bandpowers: BandpowerAggregates, chart: str) -> dict[st
     }
 
 
+def matrix_chart_data(pair: MatrixPair) -> dict[str, Any]:
+    """The JSON of the transfer-matrix chart (as :func:`bandpower_chart_data`'s): one series per element in units
+    of :data:`MATRIX_UNIT`, with error-bar ends and the bins above 2 nside flagged."""
+    bandpowers = pair.pure_e.bandpowers
+    x = bandpowers.ell_center
+    above = ~np.asarray(bandpowers.reliable, dtype=bool)
+    n = min(pair.matrix.n_e, pair.matrix.n_b)
+    series = []
+    for (out, into), label in MATRIX_ELEMENTS.items():
+        error = pair.matrix.error[:, out, into] / MATRIX_UNIT if n >= 2 else None
+        series.append({"label": label, **_bars(x, pair.matrix.matrix[:, out, into] / MATRIX_UNIT, error, above)})
+    return {
+        "n": n,
+        "generation": pair.pure_e.state.generation + pair.pure_b.state.generation,
+        "xLabel": "multipole ell (bin centre)",
+        "yLabel": f"T_b[out, in] / {MATRIX_UNIT:g}",
+        "label": f"E/B transfer matrix from {pair.matrix.n_e} pure-E and {pair.matrix.n_b} pure-B realisations",
+        "shade": _shade(bandpowers.ell_lo, x, ~above),
+        "yScale": "symlog",
+        "scales": ["symlog", "linear"],
+        "reference": None,
+        "unit": MATRIX_UNIT,
+        "series": series,
+    }
+
+
+def transfer_matrix_chart(session: Any, user: Any, campaign_id: int, products_dir: Path) -> dict[str, Any]:
+    """The matrix chart's JSON for a campaign of a pair; no series (with a note) while the pair cannot give one."""
+    campaign = campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
+    partner = matrix_partner(session=session, owner_id=user.user_id, campaign=campaign)
+    if partner is None:
+        return {"generation": 0, "series": [], "note": "no campaign of the other pure polarisation shares its coupling"}
+    pure_e, pure_b = (campaign, partner) if sky_polarization(campaign.spec) == "E-only" else (partner, campaign)
+    try:
+        pair = transfer_matrix_pair(
+            session=session, owner_id=user.user_id, products_dir=products_dir, pure_e_id=pure_e.id, pure_b_id=pure_b.id
+        )
+    except (ProductsNotReady, InvalidField) as not_yet:
+        return {"generation": 0, "series": [], "note": str(not_yet)}
+    return matrix_chart_data(pair)
+
+
 def panel_note(state: AggregateState) -> str:
     return (
         f"Monte Carlo aggregates of {state.n_included} realisation(s): "
@@ -343,6 +409,9 @@ def products_chart(
 ) -> JSONResponse:
     if chart not in CHARTS:
         raise NotFound(f"no products chart {chart!r}")
+    if chart == "transfer-matrix":
+        payload = transfer_matrix_chart(session, user, campaign_id, settings.products_dir)
+        return JSONResponse(payload, headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
     _owned(session, user, campaign_id)
     files = CampaignProducts(settings.products_dir, campaign_id)
     try:

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
-from service.campaigns import service as campaigns
+from service.campaigns import reads as campaigns
 from service.config import Settings
 from service.dashboard.router import PageRoute, render
 from service.dashboard.session import DashboardUser

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse, Response
 
 from schemas.api import ErrorBody
-from schemas.products import DataSpectrum, DownloadFormat, MapFormat, ProductsSummary, RealizationSpectra
+from schemas.products import (
+    DataSpectrum,
+    DownloadFormat,
+    MapFormat,
+    ProductsSummary,
+    RealizationSpectra,
+    TransferMatrix,
+)
 from service.db import get_database
 from service.deps import MAX_ROW_ID, CurrentUser, ReadSessionDep, RealizationIndex, RowId, SettingsDep
 from service.errors import InvalidField, UnsupportedMediaType
@@ -236,17 +243,27 @@ async def data_spectrum(
     request: Request,
     user: CurrentUser,
     settings: SettingsDep,
-    transfer: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign giving F_b")],
     noise: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Noise-only campaign giving N_b")],
+    transfer: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign giving F_b (or transfer_e + transfer_b)")
+    ] = None,
+    transfer_e: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Pure-E campaign of the E/B transfer matrix (with transfer_b)")
+    ] = None,
+    transfer_b: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="Pure-B campaign of the E/B transfer matrix (with transfer_e)")
+    ] = None,
     covariance: Annotated[
         int | None, Query(ge=1, le=MAX_ROW_ID, description="Signal+noise campaign giving the errors")
     ] = None,
     content_type: Annotated[str | None, Header()] = None,
 ) -> DataSpectrum:
     """Unbiased bandpowers (C_b - N_b) / F_b of the uploaded map (the request body, a HEALPix FITS file,
-    ``application/fits``), with errors from the covariance campaign. The campaigns must share the map's
-    pointing (scan key), mask and binning, and be of the kind their role needs: else 422 naming the query
-    field and what differs.
+    ``application/fits``), with errors from the covariance campaign; with a transfer_e and transfer_b pair
+    instead of transfer, EE, EB, BB are T_b^-1 (C_b - N_b) with their E/B transfer matrix (TT, TE by the
+    pure-E campaign's F_b), and error_matrix gives the matrix's own error. The campaigns must share the
+    map's pointing (scan key), mask and binning, and be of the kind their role needs: else 422 naming the
+    query field and what differs.
 
     The token, the media type (415), the campaigns and the caller's limit of running spectra
     (``MAPCAMPAIGN_SPECTRUM_PER_USER``; 429 with Retry-After) are checked before the body is read; the
@@ -266,6 +283,8 @@ async def data_spectrum(
                 transfer_id=transfer,
                 noise_id=noise,
                 covariance_id=covariance,
+                transfer_e_id=transfer_e,
+                transfer_b_id=transfer_b,
             )
 
     with _spectrum_slots(request).hold(user.user_id, settings.spectrum_per_user):
@@ -287,3 +306,37 @@ async def data_spectrum(
         finally:
             received.path.unlink(missing_ok=True)
     return spectrum.data_spectrum(roles, measured)
+
+
+@spectrum_router.get(
+    "/transfer-matrix",
+    response_model=TransferMatrix,
+    responses={200: {"content": {MEDIA_TYPES["npz"]: {}}}, 422: {"model": ErrorBody}},
+)
+def transfer_matrix(
+    user: CurrentUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
+    pure_e: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign with sky.polarization E-only")],
+    pure_b: Annotated[int, Query(ge=1, le=MAX_ROW_ID, description="Signal-only campaign with sky.polarization B-only")],
+    format: Annotated[Literal["json", "npz"], Query(description="json (this model) or npz (arrays)")] = "json",
+) -> Response | TransferMatrix:
+    """The E/B transfer matrix per bin, (EE, EB, BB) out over (EE, EB, BB) in, with Monte Carlo errors, from the
+    current aggregates of a pure-E and a pure-B campaign with the same coupling key (it follows their
+    realisations as they arrive). 422 naming the query field when a campaign has another kind or sky
+    polarisation, or the two differ in scan key, mask, binning or estimator."""
+    pair = spectrum.transfer_matrix_pair(
+        session=session, owner_id=user.user_id, products_dir=settings.products_dir, pure_e_id=pure_e,
+        pure_b_id=pure_b, fields=("pure_e", "pure_b"),
+    )
+    if format == "json":
+        return spectrum.transfer_matrix_product(pair)
+    return Response(
+        content=spectrum.transfer_matrix_npz(pair),
+        media_type=MEDIA_TYPES["npz"],
+        headers={
+            "Content-Disposition": f'attachment; filename="transfer-matrix-{pure_e}-{pure_b}.npz"',
+            "Cache-Control": "private, no-cache",
+            "X-Content-Type-Options": "nosniff",
+        },
+    )

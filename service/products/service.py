@@ -38,7 +38,7 @@ from schemas.products import (
 )
 from schemas.result import SPECTRA
 from schemas.states import RealizationState
-from service.campaigns import service as campaigns
+from service.campaigns import reads as campaigns
 from service.campaigns.models import Campaign, Realization
 from service.errors import Invalid, NotFound
 from service.products import formats

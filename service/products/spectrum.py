@@ -9,6 +9,11 @@ program ``python -m mapmaker bandpowers``, started here as the worker starts ``r
 as a program also keeps pspy's spin-waiting OpenMP threads and healpy's import out of the API
 process. The debiasing itself is :func:`schemas.montecarlo.debiased_bandpowers`.
 
+Or, with a pure-E and a pure-B campaign in place of the transfer campaign, ``T_b^-1 (C_b - N_b)`` for EE, EB,
+BB with their E/B transfer matrix (:func:`transfer_matrix_pair`, also served as a product of its own,
+``GET /api/v1/transfer-matrix``) and :func:`schemas.montecarlo.matrix_debiased_bandpowers`; the pure-E
+campaign then plays the transfer campaign's part (its mask, its F_b for TT and TE).
+
 The costly part is the map's bandpowers, and in them the mode coupling of the campaigns' mask. The
 coupling lives at the sites (their coupling files, ``service.queue.couplings``), not at the service: the
 service keeps its own, one file per coupling key and mask under ``<data_dir>/couplings`` (written by the
@@ -20,6 +25,7 @@ database session across the next: the campaigns are looked up and compared in on
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
@@ -33,14 +39,24 @@ from pathlib import Path
 
 import anyio
 import numpy as np
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from schemas import montecarlo
-from schemas.products import BandpowerBins, BandpowerEstimate, DataSpectrum, SpectrumCampaigns
+from schemas.products import (
+    TRANSFER_MATRIX_DEFINITION,
+    BandpowerBins,
+    BandpowerEstimate,
+    DataSpectrum,
+    SpectrumCampaigns,
+    TransferMatrix,
+    TransferMatrixCampaigns,
+)
 from schemas.programs import MapmakerExit, mapmaker_bandpowers_args
 from schemas.result import SPECTRA, MapBandpowers
 from schemas.spec import CampaignSpec, coupling_key
-from service.campaigns import service as campaigns
+from service.campaigns import reads as campaigns
+from service.campaigns.models import Campaign
 from service.errors import InvalidField, TooManyRequests
 from service.products.aggregates import AggregateState, BandpowerAggregates, bandpower_aggregates
 from service.products.service import ProductsNotReady, snapshot
@@ -56,9 +72,15 @@ STALE_WORK_AGE_S = 2 * 3_600.0  # older than any running request's folder (BANDP
 # What each role needs: the campaign kind, and what it gives.
 ROLES = {
     "transfer": ("signal-only", "the transfer function F_b"),
+    "transfer_e": ("signal-only", "the E column of the transfer matrix"),
+    "transfer_b": ("signal-only", "the B column of the transfer matrix"),
     "noise": ("noise-only", "the noise bias N_b"),
     "covariance": ("signal+noise", "the bandpower covariance"),
 }
+# The sky option (spec sky.polarization) each role needs.
+POLARIZATION_OF_ROLE = {"transfer_e": "E-only", "transfer_b": "B-only"}
+# Roles whose campaign's mask the data map's bandpowers are computed on.
+MASK_ROLES = ("transfer", "transfer_e")
 
 
 @dataclass(frozen=True)
@@ -80,7 +102,11 @@ class RoleCampaign:
     bandpowers: BandpowerAggregates
 
 
-def _role_campaign(*, session: Session, owner_id: int, products_dir: Path, role: str, campaign_id: int) -> RoleCampaign:
+def _role_campaign(
+    *, session: Session, owner_id: int, products_dir: Path, role: str, campaign_id: int, field: str | None = None
+) -> RoleCampaign:
+    """The campaign ``campaign_id`` checked for ``role``; a refusal names the query ``field`` (default: the role)."""
+    field = field or role
     row = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
     campaign = CampaignRef(
         id=row.id,
@@ -91,8 +117,17 @@ def _role_campaign(*, session: Session, owner_id: int, products_dir: Path, role:
     kind, gives = ROLES[role]
     if campaign.kind != kind:
         raise InvalidField(
-            ("query", role), f"campaign {campaign_id} is {campaign.kind}: {gives} comes from a {kind} campaign"
+            ("query", field), f"campaign {campaign_id} is {campaign.kind}: {gives} comes from a {kind} campaign"
         )
+    wanted_polarization = POLARIZATION_OF_ROLE.get(role)
+    if wanted_polarization is not None:
+        polarization = sky_polarization(row.spec)
+        if polarization != wanted_polarization:
+            raise InvalidField(
+                ("query", field),
+                f"campaign {campaign_id} has sky.polarization {polarization!r}: {gives} comes from a signal-only "
+                f"campaign with sky.polarization = {wanted_polarization!r}",
+            )
     files = CampaignProducts(products_dir, campaign.id)
 
     def read(state: AggregateState) -> tuple[AggregateState, BandpowerAggregates | None]:
@@ -101,11 +136,11 @@ def _role_campaign(*, session: Session, owner_id: int, products_dir: Path, role:
     state, bandpowers = snapshot(files, read)
     if bandpowers is None:
         raise ProductsNotReady(f"campaign {campaign.id} has no decoupled bandpowers yet")
-    if role == "transfer" and not bandpowers.transfer_available:
-        raise InvalidField(("query", role), f"campaign {campaign_id} simulated no CMB sky: it has no input model")
-    if role in ("transfer", "covariance") and bandpowers.n < 2:
+    if role in ("transfer", "transfer_e", "transfer_b") and not bandpowers.transfer_available:
+        raise InvalidField(("query", field), f"campaign {campaign_id} simulated no CMB sky: it has no input model")
+    if role != "noise" and bandpowers.n < 2:
         raise ProductsNotReady(f"campaign {campaign_id} has {bandpowers.n} realisation: {gives} needs two")
-    if role == "transfer" and state.mask is None:
+    if role in MASK_ROLES and state.mask is None:
         raise ProductsNotReady(f"campaign {campaign.id} has no stored mask yet")
     return RoleCampaign(role, campaign, files, state, bandpowers)
 
@@ -125,6 +160,141 @@ def _differences(reference: RoleCampaign, other: RoleCampaign) -> list[str]:
     if mine.purify_b != theirs.purify_b:
         found.append(f"purify_b {theirs.purify_b} (not {mine.purify_b})")
     return found
+
+
+@dataclass(frozen=True)
+class MatrixPair:
+    """A pure-E and a pure-B campaign of one coupling, and their transfer matrix."""
+
+    pure_e: RoleCampaign
+    pure_b: RoleCampaign
+    matrix: montecarlo.TransferMatrix
+
+
+def _pair(pure_e: RoleCampaign, pure_b: RoleCampaign, field: str) -> MatrixPair:
+    """The matrix of two checked campaigns; 422 on ``field`` when they differ in what the matrix needs alike."""
+    differences = _differences(pure_e, pure_b)
+    if differences:
+        raise InvalidField(
+            ("query", field),
+            f"campaign {pure_b.campaign.id} differs from the pure-E campaign {pure_e.campaign.id} in "
+            f"{'; '.join(differences)}: the two need the same coupling key (scan, ranks, solver.rcond_min, "
+            "products settings)",
+        )
+    e, b = pure_e.bandpowers, pure_b.bandpowers
+    assert e.model is not None and b.model is not None  # transfer_available, checked by _role_campaign
+    matrix = montecarlo.transfer_matrix(
+        e_mean=e.mean, e_covariance=e.covariance, e_n=e.n, e_model=e.model,
+        b_mean=b.mean, b_covariance=b.covariance, b_n=b.n, b_model=b.model,
+    )
+    return MatrixPair(pure_e, pure_b, matrix)
+
+
+def transfer_matrix_pair(
+    *, session: Session, owner_id: int, products_dir: Path, pure_e_id: int, pure_b_id: int,
+    fields: tuple[str, str] = ("transfer_e", "transfer_b"),
+) -> MatrixPair:
+    """The E/B transfer matrix (:func:`schemas.montecarlo.transfer_matrix`) of the two campaigns' current aggregates.
+
+    Each must be the caller's (else 404), signal-only with its ``sky.polarization`` (else 422 on its query
+    field, ``fields``), with two realisations (404 ``products_not_ready`` before); the two must agree in scan
+    key, mask, binning and estimator (422 on the pure-B field): the matrix needs one coupling.
+    """
+    pure_e = _role_campaign(
+        session=session, owner_id=owner_id, products_dir=products_dir, role="transfer_e", campaign_id=pure_e_id,
+        field=fields[0],
+    )
+    pure_b = _role_campaign(
+        session=session, owner_id=owner_id, products_dir=products_dir, role="transfer_b", campaign_id=pure_b_id,
+        field=fields[1],
+    )
+    return _pair(pure_e, pure_b, fields[1])
+
+
+def sky_polarization(spec: dict) -> str | None:
+    """A stored spec's ``sky.polarization`` ("both" when left out), None for a sky that is not a CMB draw."""
+    sky = (spec or {}).get("sky") or {}
+    return sky.get("polarization", "both") if sky.get("kind", "cmb") == "cmb" else None
+
+
+def matrix_partner(*, session: Session, owner_id: int, campaign: Campaign) -> Campaign | None:
+    """The owner's latest signal-only campaign of the other pure polarisation with ``campaign``'s coupling key
+    (a pure-E campaign's pure-B partner, or the other way round), None when ``campaign`` is not pure or has none."""
+    polarization = sky_polarization(campaign.spec)
+    if campaign.kind != "signal-only" or polarization not in ("E-only", "B-only"):
+        return None
+    wanted = "B-only" if polarization == "E-only" else "E-only"
+    key = coupling_key(CampaignSpec.model_validate(campaign.spec))
+    candidates = session.scalars(
+        select(Campaign)
+        .where(
+            Campaign.owner_id == owner_id,
+            Campaign.kind == "signal-only",
+            Campaign.scan_key == campaign.scan_key,
+            Campaign.id != campaign.id,
+        )
+        .order_by(Campaign.id.desc())
+    )
+    for candidate in candidates:
+        if sky_polarization(candidate.spec) == wanted and coupling_key(CampaignSpec.model_validate(candidate.spec)) == key:
+            return candidate
+    return None
+
+
+def _matrix_values(values: np.ndarray) -> list[list[list[float | None]]]:
+    return [[_finite(row) for row in block] for block in values]
+
+
+def transfer_matrix_product(pair: MatrixPair) -> TransferMatrix:
+    """The API's view of a :class:`MatrixPair` (:class:`schemas.products.TransferMatrix`)."""
+    bandpowers = pair.pure_e.bandpowers
+    return TransferMatrix(
+        campaigns=TransferMatrixCampaigns(pure_e=pair.pure_e.campaign.id, pure_b=pair.pure_b.campaign.id),
+        n_e=pair.matrix.n_e,
+        n_b=pair.matrix.n_b,
+        generations=[pair.pure_e.state.generation, pair.pure_b.state.generation],
+        scan_key=pair.pure_e.campaign.scan_key,
+        mask_sha256=bandpowers.mask_sha256,
+        purify_b=bandpowers.purify_b,
+        bins=_bins(bandpowers),
+        spectra=list(montecarlo.MATRIX_SPECTRA),
+        matrix=_matrix_values(pair.matrix.matrix),
+        error=_matrix_values(pair.matrix.error),
+    )
+
+
+def transfer_matrix_npz(pair: MatrixPair) -> bytes:
+    """The matrix as an npz of arrays: ``matrix`` and ``error`` [n_bins, 3, 3] (out, in: ``spectra``), the bins,
+    ``reliable``, ``n_e``, ``n_b``, the campaigns and the definition."""
+    bandpowers = pair.pure_e.bandpowers
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        matrix=pair.matrix.matrix,
+        error=pair.matrix.error,
+        spectra=np.array(montecarlo.MATRIX_SPECTRA),
+        ell_lo=bandpowers.ell_lo,
+        ell_hi=bandpowers.ell_hi,
+        ell_center=bandpowers.ell_center,
+        reliable=bandpowers.reliable,
+        n_e=np.int64(pair.matrix.n_e),
+        n_b=np.int64(pair.matrix.n_b),
+        pure_e=np.int64(pair.pure_e.campaign.id),
+        pure_b=np.int64(pair.pure_b.campaign.id),
+        definition=np.str_(TRANSFER_MATRIX_DEFINITION),
+    )
+    return buffer.getvalue()
+
+
+def _bins(bandpowers: BandpowerAggregates) -> BandpowerBins:
+    return BandpowerBins(
+        ell_lo=[int(v) for v in bandpowers.ell_lo],
+        ell_hi=[int(v) for v in bandpowers.ell_hi],
+        ell_center=[float(v) for v in bandpowers.ell_center],
+        lmax=bandpowers.lmax,
+        bin_width=bandpowers.bin_width,
+        reliable=[bool(v) for v in bandpowers.reliable],
+    )
 
 
 def _estimates(value: np.ndarray, error: np.ndarray) -> dict[str, BandpowerEstimate]:
@@ -231,19 +401,59 @@ def sweep_spectrum_work(work_dir: Path, *, now: float | None = None) -> int:
 
 
 def resolve_campaigns(
-    *, session: Session, owner_id: int, products_dir: Path, transfer_id: int, noise_id: int, covariance_id: int | None
+    *,
+    session: Session,
+    owner_id: int,
+    products_dir: Path,
+    transfer_id: int | None,
+    noise_id: int,
+    covariance_id: int | None,
+    transfer_e_id: int | None = None,
+    transfer_b_id: int | None = None,
 ) -> dict[str, RoleCampaign]:
     """The request's campaigns by role, checked: the caller's (else 404), of the kind each role needs, with
     bandpowers, and agreeing with the transfer campaign in scan key, mask, binning and estimator (else 422
-    naming the query field and what differs)."""
-    wanted = {"transfer": transfer_id, "noise": noise_id, "covariance": covariance_id}
-    roles = {
-        role: _role_campaign(
-            session=session, owner_id=owner_id, products_dir=products_dir, role=role, campaign_id=campaign_id
+    naming the query field and what differs).
+
+    The correction comes from a ``transfer`` campaign (F_b) or a ``transfer_e`` and ``transfer_b`` pair (the
+    E/B transfer matrix), one or the other (else 422). With the pair, the pure-E campaign is the answer's
+    ``"transfer"`` (its mask, its F_b for TT and TE) and the pure-B one its ``"transfer_b"``.
+    """
+    pair_given = (transfer_e_id is not None, transfer_b_id is not None)
+    if transfer_id is not None and any(pair_given):
+        raise InvalidField(
+            ("query", "transfer"),
+            "give a transfer campaign (F_b) or a transfer_e and transfer_b pair (the matrix), not both",
         )
-        for role, campaign_id in wanted.items()
-        if campaign_id is not None
-    }
+    if transfer_id is None and not all(pair_given):
+        missing = "transfer_b" if pair_given[0] else "transfer_e" if pair_given[1] else "transfer"
+        raise InvalidField(
+            ("query", missing),
+            "a transfer campaign (F_b) or a transfer_e and transfer_b pair (the E/B transfer matrix) is required",
+        )
+    if transfer_id is None:
+        assert transfer_e_id is not None and transfer_b_id is not None
+        pair = transfer_matrix_pair(
+            session=session, owner_id=owner_id, products_dir=products_dir, pure_e_id=transfer_e_id,
+            pure_b_id=transfer_b_id,
+        )
+        roles = {"transfer": pair.pure_e, "transfer_b": pair.pure_b}
+    else:
+        roles = {
+            "transfer": _role_campaign(
+                session=session, owner_id=owner_id, products_dir=products_dir, role="transfer", campaign_id=transfer_id
+            )
+        }
+    wanted = {"noise": noise_id, "covariance": covariance_id}
+    roles.update(
+        {
+            role: _role_campaign(
+                session=session, owner_id=owner_id, products_dir=products_dir, role=role, campaign_id=campaign_id
+            )
+            for role, campaign_id in wanted.items()
+            if campaign_id is not None
+        }
+    )
     transfer = roles["transfer"]
     for role in ("noise", "covariance"):
         if role in roles:
@@ -258,25 +468,34 @@ def resolve_campaigns(
 
 
 def data_spectrum(roles: dict[str, RoleCampaign], measured: MapBandpowers) -> DataSpectrum:
-    """Unbiased bandpowers ``(C_b - N_b) / F_b`` of a map whose bandpowers are ``measured``, with Monte Carlo
-    errors from the covariance campaign when there is one (``roles`` from :func:`resolve_campaigns`)."""
+    """Unbiased bandpowers of a map whose bandpowers are ``measured``, with Monte Carlo errors from the covariance
+    campaign when there is one (``roles`` from :func:`resolve_campaigns`): ``(C_b - N_b) / F_b``, or with a
+    pure-B campaign among the roles ``T_b^-1 (C_b - N_b)`` for EE, EB, BB and the matrix's own error apart."""
     transfer = roles["transfer"]
+    pair = _pair(transfer, roles["transfer_b"], "transfer_b") if "transfer_b" in roles else None
     data_cb = np.array([measured.cb[name] for name in SPECTRA])
     transfer_b, transfer_error = transfer.bandpowers.transfer_function()
     noise_b, noise_error = roles["noise"].bandpowers.noise_bias()
     covariance = roles["covariance"].bandpowers if "covariance" in roles else None
-    cb, sigma = montecarlo.debiased_bandpowers(
-        data_cb,
-        noise_bias_cb=noise_b,
-        transfer_b=transfer_b,
-        covariance=None if covariance is None else covariance.covariance,
-    )
+    covariance_matrix = None if covariance is None else covariance.covariance
+    matrix_error = None
+    if pair is None:
+        cb, sigma = montecarlo.debiased_bandpowers(
+            data_cb, noise_bias_cb=noise_b, transfer_b=transfer_b, covariance=covariance_matrix
+        )
+    else:
+        corrected = montecarlo.matrix_debiased_bandpowers(
+            data_cb, noise_bias_cb=noise_b, matrix=pair.matrix, transfer_b=transfer_b, covariance=covariance_matrix
+        )
+        cb, sigma, matrix_error = corrected.cb, corrected.sigma_data, corrected.sigma_matrix
     bandpowers = transfer.bandpowers
     model = bandpowers.model
     hartlap = None if covariance is None else covariance.hartlap
     return DataSpectrum(
         campaigns=SpectrumCampaigns(
-            transfer=transfer.campaign.id,
+            transfer=transfer.campaign.id if pair is None else None,
+            transfer_e=None if pair is None else pair.pure_e.campaign.id,
+            transfer_b=None if pair is None else pair.pure_b.campaign.id,
             noise=roles["noise"].campaign.id,
             covariance=roles["covariance"].campaign.id if "covariance" in roles else None,
         ),
@@ -284,20 +503,18 @@ def data_spectrum(roles: dict[str, RoleCampaign], measured: MapBandpowers) -> Da
         mask_sha256=bandpowers.mask_sha256,
         purify_b=bandpowers.purify_b,
         nside=measured.nside,
-        bins=BandpowerBins(
-            ell_lo=[int(v) for v in bandpowers.ell_lo],
-            ell_hi=[int(v) for v in bandpowers.ell_hi],
-            ell_center=[float(v) for v in bandpowers.ell_center],
-            lmax=bandpowers.lmax,
-            bin_width=bandpowers.bin_width,
-            reliable=[bool(v) for v in bandpowers.reliable],
-        ),
+        bins=_bins(bandpowers),
         cb={name: _finite(cb[row]) for row, name in enumerate(SPECTRA)},
         error=None if sigma is None else {name: _finite(sigma[row]) for row, name in enumerate(SPECTRA)},
         data_cb=measured.cb,
         noise_bias=_estimates(noise_b, noise_error),
         transfer_function=_estimates(transfer_b, transfer_error),
         model=None if model is None else {name: [float(v) for v in model[row]] for row, name in enumerate(SPECTRA)},
+        correction="transfer-function" if pair is None else "transfer-matrix",
+        transfer_matrix=None if pair is None else transfer_matrix_product(pair),
+        error_matrix=None
+        if matrix_error is None
+        else {name: _finite(matrix_error[row]) for row, name in enumerate(SPECTRA)},
         covariance_n=None if covariance is None else covariance.n,
         hartlap=hartlap if hartlap is not None and math.isfinite(hartlap) else None,
         monopole_k=measured.monopole_k,

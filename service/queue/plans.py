@@ -28,8 +28,8 @@ from schemas.states import (
     RealizationState,
     advance,
 )
+from service.campaigns.lifecycle import fail_unfinished, settle_campaign
 from service.campaigns.models import Campaign
-from service.campaigns.service import fail_unfinished, settle_campaign
 from service.db import Database, utcnow
 from service.events.service import record_event
 from service.queue.errors import LeaseLost, PlanNotFound

@@ -24,8 +24,8 @@ from schemas.states import (
     RealizationState,
     advance,
 )
+from service.campaigns.lifecycle import settle_campaign
 from service.campaigns.models import Attempt, Campaign, Realization
-from service.campaigns.service import settle_campaign
 from service.config import Settings
 from service.db import Database, in_chunks, utcnow
 from service.events.service import record_event

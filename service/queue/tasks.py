@@ -39,8 +39,8 @@ from schemas.states import (
 from service.auth.service import Principal
 from service.campaigns.hold import NOT_THE_SPECS_DOING, hold_if_failing_alike
 from service.campaigns.hooks import AcceptedResult
+from service.campaigns.lifecycle import settle_campaign
 from service.campaigns.models import Attempt, Campaign, Realization
-from service.campaigns.service import settle_campaign
 from service.config import Settings
 from service.db import Database, in_chunks, utcnow
 from service.errors import InvalidField

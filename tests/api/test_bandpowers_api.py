@@ -380,6 +380,10 @@ def test_a_wrong_combination_is_refused_naming_what_differs(api, skies, tmp_path
     assert field == "body" and "nside 32" in message and "nside 64" in message
     field, message = problem(spectrum(api, b"not a FITS file", **ids))
     assert field == "body" and "not a HEALPix FITS map" in message
+    i_only = tmp_path / "i_only.fits"
+    hp.write_map(str(i_only), made.sky_map("signal+noise", np.random.default_rng(6))[0], dtype=np.float64)
+    field, message = problem(spectrum(api, i_only.read_bytes(), **ids))
+    assert field == "body" and "1 field" in message and "I, Q and U" in message and "zeros" in message, message
     field, message = problem(spectrum(api, b"", **ids))
     assert field == "body"
     unlabelled = api.post("/spectrum", params=ids, content=data, headers={"Content-Type": "application/octet-stream"})

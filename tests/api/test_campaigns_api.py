@@ -85,6 +85,25 @@ def test_invalid_spec_names_the_field_and_stores_nothing(api):
     assert count_rows(api, Campaign) == 0 and count_rows(api, Realization) == 0
 
 
+def test_a_clone_s_bad_change_is_answered_as_a_request_validation_error(api):
+    """The spec a clone's changes make is validated by the service, not by the request's model; its 422 reads
+    like any other: each problem's field, its pydantic ``loc`` under ``body.changes``, the reason, the type."""
+    source = api.create(realizations=1)
+    answer = api.post(
+        f"/campaigns/{source['id']}/clone", json={"changes": {"pixelisation": {"nside": 16}, "pixelization": {"nside": 33}}}
+    )
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert body["code"] == "invalid_request" and set(body) == {"detail", "code"}
+    by_field = {problem["field"]: problem for problem in body["detail"]}
+    assert set(by_field) == {"body.changes.pixelisation", "body.changes.pixelization.nside"}
+    typo, nside = by_field["body.changes.pixelisation"], by_field["body.changes.pixelization.nside"]
+    assert typo["loc"] == ["body", "changes", "pixelisation"] and typo["type"] == "value_error"
+    assert "did you mean 'pixelization'" in typo["msg"]
+    assert nside["loc"] == ["body", "changes", "pixelization", "nside"] and nside["type"] == "value_error"
+    assert count_rows(api, Campaign) == 1
+
+
 def test_cancel(api):
     campaign = api.create(realizations=3)
     worker = api.register()

@@ -15,9 +15,9 @@ from sqlalchemy import update
 from schemas.api import ARTIFACT_SHA256_HEADER
 from service.auth.models import ApiToken
 from service.auth.service import Principal
+from service.auth.session import COOKIE_NAME, load_session_key, make_cookie, read_cookie
 from service.dashboard import panels, quicklook
 from service.dashboard.router import STATIC_DIR, TEMPLATES_DIR
-from service.dashboard.session import COOKIE_NAME, load_session_key, make_cookie, read_cookie
 from tests.support.databases import statements_sent
 from tests.support.fake_worker import iqu_map_fits
 
@@ -359,3 +359,19 @@ def test_a_form_post_without_a_session_goes_to_the_login(api):
     assert answer.status_code == 303 and answer.headers["location"] == "/login?next=%2F"
     assert api.campaign(campaign["id"])["state"] == "queued"
     assert api.client.get("/ui/overview").status_code == 401
+
+
+def test_realisation_page_shows_the_seconds_per_stage(api):
+    from tests.support.service_helpers import result_for
+
+    campaign, worker = running_campaign(api, realizations=1)
+    task = api.claim(worker, max_tasks=1)[0]
+    result = result_for(task["spec"], task["realization"], None)
+    result["stages"] = {"pointing": {"max": 2.5, "mean": 2.0}, "solve": {"max": 40.0, "mean": 39.0}}
+    assert api.wpost(f"/tasks/{task['task_id']}/succeeded", json={"result": result}).status_code == 200
+    login(api)
+    page = api.client.get(f"/campaigns/{campaign['id']}/realizations/0").text
+    stages = re.search(r'<dd class="stages">(.*?)</dd>', page, re.DOTALL)
+    assert stages is not None
+    assert stages.group(1).index("pointing") < stages.group(1).index("solve")
+    assert "Stages (mean / max over ranks)" in page

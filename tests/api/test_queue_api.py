@@ -452,7 +452,7 @@ def _a_claimed_task(api) -> tuple[dict, dict]:
 
 def _cancel_as_the_endpoint_does(api, campaign_id: int) -> None:
     """What POST /campaigns/{id}/cancel does, from another session while an upload is in progress."""
-    from service.campaigns import service as campaigns
+    from service.campaigns import lifecycle as campaigns
     from service.storage import ArtifactStore
 
     with api.database.session() as session:
@@ -512,7 +512,7 @@ def test_a_report_racing_its_campaigns_deletion_is_a_404(api, monkeypatch):
     """The campaign is deleted after the report has read its attempt but before it locks the rows."""
     from sqlalchemy.orm import Session
 
-    from service.campaigns import service as campaigns
+    from service.campaigns import lifecycle as campaigns
     from service.campaigns.models import Attempt
 
     campaign, task = _a_claimed_task(api)

@@ -17,7 +17,7 @@ from sqlalchemy import select, text, update
 from service import db
 from service.auth.models import ApiToken, User
 from service.auth.service import hash_token
-from service.campaigns import service
+from service.campaigns import reads
 from service.conditional import etag_of, tag_matches
 from service.config import Settings
 from service.db import Database
@@ -174,7 +174,7 @@ def test_a_status_read_and_a_page_are_one_statement_each(api):
 
 
 def test_the_one_statement_status_is_the_status_of_the_ordinary_reads(api, clock, monkeypatch):
-    """Counts, throughput and ETA from the one statement equal those of ``service.detail`` (the answer of
+    """Counts, throughput and ETA from the one statement equal those of ``reads.detail`` (the answer of
     the writing endpoints), for a running campaign and for one that ended (its span, not the window)."""
     running = api.create(realizations=10)
     ended = api.create(realizations=2)
@@ -193,9 +193,9 @@ def test_the_one_statement_status_is_the_status_of_the_ordinary_reads(api, clock
     with api.database.session(write=False) as session:
         owner = session.scalar(select(User).where(User.name == "alice"))
         expected = {
-            campaign_id: service.detail(
+            campaign_id: reads.detail(
                 session=session,
-                campaign=service.get_campaign(session=session, owner_id=owner.id, campaign_id=campaign_id),
+                campaign=reads.get_campaign(session=session, owner_id=owner.id, campaign_id=campaign_id),
                 owner="alice",
                 window_s=Settings().throughput_window_s,
             ).model_dump(mode="json")

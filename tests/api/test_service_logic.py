@@ -12,8 +12,10 @@ from schemas.api import parse_task_id, preprocess_task_id, realize_task_id
 from schemas.spec import CampaignSpec
 from service.auth.models import User
 from service.auth.service import create_token, principal_for_token
+from service.campaigns.creation import create_campaign
+from service.campaigns.lifecycle import settle_campaign
 from service.campaigns.models import Campaign, Realization
-from service.campaigns.service import create_campaign, list_campaigns, settle_campaign
+from service.campaigns.reads import list_campaigns
 from service.db import make_engine
 from service.pagination import BadCursor, decode_cursor, encode_cursor
 from tests.support.service_helpers import spec_data

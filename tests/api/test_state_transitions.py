@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import select, update
 
 from schemas.states import TRANSITIONS, Entity, State, observe_transitions
+from service.campaigns.lifecycle import settle_campaign
 from service.campaigns.models import Campaign, Realization
-from service.campaigns.service import settle_campaign
 from tests.api.conftest import Api, MovableClock
 
 Seen = set[tuple[Entity, State, State]]

@@ -1,16 +1,16 @@
 """Peak memory per rank scales with the samples *per rank*, not with the total (fast kernels).
 
-The bound stated in README ("Memory") and mapmaker/solve/local_data.py:
+The bound stated in README ("Memory") and mapmaker/solve/local_data.py, issue 35's figure for the
+default configuration:
 
-    peak RSS per rank <= baseline + 48 bytes x samples per rank + 32 MiB
+    peak RSS per rank <= baseline + 24 bytes x samples per rank + 32 MiB
 
 where the baseline is the same program on a tiny observation (interpreter,
-imports, numba and the compiled kernels, MPI), 48 bytes covers the pointing
-cache (28), the operator's batch buffer (at most 8 bytes per sample; at nside 16
-its 4M-sample minimum is more than the samples) and headroom, and the 32 MiB covers per-chunk buffers and
-map-sized arrays at nside 16. Measured: 270 MiB tiny, 363 MiB at 3M samples
-per rank (34.5 bytes per sample). ``peak_memory_mb`` is the RSS high-water
-mark (getrusage ru_maxrss) of each rank.
+imports, numba and the compiled kernels, MPI), 24 bytes covers the pointing
+cache (16: an int32 pixel and float32 weights), the operator's batch buffer
+(bounded: 2 MiB at nside 16) and headroom, and the 32 MiB covers per-chunk
+buffers and map-sized arrays at nside 16. ``peak_memory_mb`` is the RSS
+high-water mark (getrusage ru_maxrss) of each rank.
 """
 import pytest
 from mpi_support import realize
@@ -58,7 +58,7 @@ max_iter = 4
 """
 
 SAMPLES_PER_SECOND = 4 * 50.0
-BYTES_PER_SAMPLE = 48
+BYTES_PER_SAMPLE = 24
 SLACK_MIB = 32
 
 

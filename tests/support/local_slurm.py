@@ -166,7 +166,7 @@ def write_slurm_site(
     site["name"] = "slurm-test"
     if python is not None:
         site["python"] = str(python)
-    site["provider"].update(partition=partition, walltime=walltime)
+    site["provider"].update(partition=partition, walltime=walltime, status_poll_s=5)  # a lost block seen in seconds
     if scheduler_options is not None:
         site["provider"]["scheduler_options"] = scheduler_options
     site["executor"].update(

@@ -106,3 +106,66 @@ def test_the_command_line_is_where_the_service_and_worker_are_reached():
     """The exemption for mapcampaign/cli/ is not vacuous: the CLI does import both (serve, worker)."""
     reached = set().union(*(others for module, others in project_imports("mapcampaign").items() if module.startswith(TOP)))
     assert {"service", "worker"} <= reached
+
+
+# Where the service may raise the web framework's own exceptions: modules that are routers (they define an
+# ``APIRouter`` or are named ``router.py``) and the one place domain errors become HTTP answers.
+HTTP_RAISERS = {"service/errors.py"}
+WEB_FRAMEWORKS = ("fastapi", "starlette")
+
+
+def http_exceptions_raised(path: Path) -> list[int]:
+    """Lines of ``path`` that raise a name imported from FastAPI or Starlette (``raise HTTPException(...)``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    web_names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in WEB_FRAMEWORKS:
+            web_names.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            web_names.update(
+                alias.asname or alias.name.split(".")[0]
+                for alias in node.names
+                if alias.name.split(".")[0] in WEB_FRAMEWORKS
+            )
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            while isinstance(target, ast.Attribute):
+                target = target.value
+            if isinstance(target, ast.Name) and target.id in web_names:
+                lines.append(node.lineno)
+    return lines
+
+
+def is_router(path: Path) -> bool:
+    return path.name == "router.py" or "APIRouter(" in path.read_text()
+
+
+def test_only_routers_and_the_error_mapping_raise_http_exceptions():
+    """Services raise domain errors (service.errors.DomainError); their HTTP answer is decided in service/errors.py."""
+    wrong = []
+    for path in sorted((REPO / "service").rglob("*.py")):
+        module = str(path.relative_to(REPO))
+        if module in HTTP_RAISERS or is_router(path):
+            continue
+        wrong.extend(f"{module}:{line}" for line in http_exceptions_raised(path))
+    assert wrong == [], "HTTP exceptions raised outside routers and service/errors.py:\n" + "\n".join(wrong)
+
+
+def test_the_http_exception_reader_finds_one(tmp_path):
+    """The check would pass vacuously if a raise were missed: each spelling is found, a domain error is not."""
+    module = tmp_path / "probe.py"
+    module.write_text(
+        "import fastapi\nfrom fastapi.exceptions import RequestValidationError as Invalid\n"
+        "from service.errors import NotFound\n\n"
+        "def check(x):\n    if x == 1:\n        raise Invalid([])\n    if x == 2:\n"
+        "        raise fastapi.HTTPException(404)\n    raise NotFound('no')\n"
+    )
+    assert http_exceptions_raised(module) == [7, 9]
+
+
+def test_every_http_raiser_still_raises():
+    """An entry of HTTP_RAISERS that no longer raises one is dropped, so the list cannot grow stale."""
+    for module in HTTP_RAISERS - {"service/errors.py"}:
+        assert http_exceptions_raised(REPO / module), f"{module} raises no HTTP exception: drop it from HTTP_RAISERS"

@@ -120,20 +120,24 @@ def test_pointing_matches_the_reference(impl, scan, thread_count):
 # ----------------------------------------------------------------------------- P, P^T, blocks
 
 
-def smooth_pointing(rng, n_samp=400_000, n_local=5_000, index_dtype=np.int32):
-    """Runs of samples on neighbouring pixels, like a scan, with some cut (zero-weight) samples."""
+def smooth_pointing(rng, n_samp=400_000, n_local=5_000, index_dtype=np.int32, weights_dtype=np.float64):
+    """Runs of samples on neighbouring pixels, like a scan, with some cut (zero-weight) samples.
+
+    ``weights_dtype`` float32: the pointing cache's weights (``solver.pointing = "cached"``).
+    """
     local_index = (np.cumsum(rng.integers(0, 2, n_samp)) * 7 % n_local).astype(index_dtype)
     psi = rng.uniform(0, np.pi, n_samp)
-    weights = np.column_stack([np.ones(n_samp), np.cos(2 * psi), np.sin(2 * psi)])
+    weights = np.column_stack([np.ones(n_samp), np.cos(2 * psi), np.sin(2 * psi)]).astype(weights_dtype)
     weights[local_index % 97 == 3] = 0.0
     return local_index, weights
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-def test_projection_matches_the_reference(impl, index_dtype, thread_count, rng):
+@pytest.mark.parametrize("weights_dtype", [np.float32, np.float64])
+def test_projection_matches_the_reference(impl, index_dtype, weights_dtype, thread_count, rng):
     kernels = implementation.get(impl)
-    local_index, weights = smooth_pointing(rng, index_dtype=index_dtype)
+    local_index, weights = smooth_pointing(rng, index_dtype=index_dtype, weights_dtype=weights_dtype)
     local_map = rng.standard_normal((5_000, 3))
     tod = rng.standard_normal(len(local_index))
     reference_tod = projection.project_map_to_tod(local_map, local_index.astype(np.int64), weights)
@@ -147,16 +151,27 @@ def test_projection_matches_the_reference(impl, index_dtype, thread_count, rng):
     added = np.ones((5_000, 3))
     kernels.projection.accumulate_tod_to_map(tod, local_index, weights, 5_000, out=added)
     assert_close(added, reference_map + 1)
+    # P^T of the samples of some rows, then of the others: the whole P^T, each part zero on the other's rows
+    rows = rng.random(5_000) < 0.3
+    shared, private = np.zeros((5_000, 3)), np.zeros((5_000, 3))
+    kernels.projection.accumulate_tod_to_rows(tod, local_index, weights, rows, True, shared)
+    kernels.projection.accumulate_tod_to_rows(tod, local_index, weights, rows, False, private)
+    assert np.all(shared[~rows] == 0.0) and np.all(private[rows] == 0.0)
+    assert_close(shared + private, reference_map)
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_blocks_match_the_reference(impl, thread_count, rng):
+@pytest.mark.parametrize("weights_dtype", [np.float32, np.float64])
+def test_blocks_match_the_reference(impl, weights_dtype, thread_count, rng):
     kernels = implementation.get(impl)
-    local_index, weights = smooth_pointing(rng)
+    local_index, weights = smooth_pointing(rng, weights_dtype=weights_dtype)
     sample_weight = rng.uniform(0.5, 2.0, len(local_index))
     for weight in (None, sample_weight):
         reference = preconditioner.accumulate_blocks(local_index.astype(np.int64), weights, 5_000, weight)
         assert_close(kernels.blocks.accumulate_blocks(local_index, weights, 5_000, weight), reference)
+        # Products in float64 whatever the weights' type: the float32 weights' own blocks, exactly formed
+        exact = preconditioner.accumulate_blocks(local_index.astype(np.int64), weights.astype(np.float64), 5_000, weight)
+        assert_close(reference, exact)
     keep = preconditioner.rcond(reference) > 1e-3
     inverse = preconditioner.invert(reference, keep)
     vectors = rng.standard_normal((5_000, 3))
@@ -259,10 +274,11 @@ def test_inverse_noise_matches_the_reference(thread_count, rng):
 
 
 @pytest.mark.parametrize("batch_samples", [1, 12_000, None])  # None: the default for the map
-def test_fused_operator_matches_p_n_pt(batch_samples, thread_count, rng):
+@pytest.mark.parametrize("weights_dtype", [np.float32, np.float64])
+def test_fused_operator_matches_p_n_pt(batch_samples, weights_dtype, thread_count, rng):
     starts, lengths, filter_index, filters, circulant = interval_layout(rng)
     n_samp = int(lengths.sum())
-    local_index, weights = smooth_pointing(rng, n_samp=n_samp, n_local=700)
+    local_index, weights = smooth_pointing(rng, n_samp=n_samp, n_local=700, weights_dtype=weights_dtype)
     local_map = rng.standard_normal((700, 3))
     tod = projection.project_map_to_tod(local_map, local_index, weights)
     noise.apply_inverse_noise(tod, starts, lengths, filter_index, filters)
@@ -283,13 +299,42 @@ def test_fused_operator_matches_p_n_pt(batch_samples, thread_count, rng):
     assert_close(white, reference)
 
 
-def test_operator_batches_grow_with_the_local_map_not_with_the_samples():
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_operators_add_into_out_when_asked(impl, rng):
+    # What recomputed pointing relies on: the operator of each chunk added into one map.
+    kernels = implementation.get(impl)
+    starts, lengths, filter_index, filters, circulant = interval_layout(rng)
+    n_samp = int(lengths.sum())
+    local_index, weights = smooth_pointing(rng, n_samp=n_samp, n_local=700)
+    local_map = rng.standard_normal((700, 3))
+    chosen_filters = circulant if kernels.compiled else filters
+    whole = kernels.operator.apply_inverse_noise_operator(local_map, local_index, weights, starts, lengths,
+                                                          filter_index, chosen_filters)
+    split = len(starts) // 2
+    added = np.zeros((700, 3))
+    for part in (slice(0, split), slice(split, None)):
+        first = int(starts[part][0])
+        stop = int(starts[part][-1] + lengths[part][-1])
+        kernels.operator.apply_inverse_noise_operator(
+            local_map, local_index[first:stop], weights[first:stop], starts[part] - first, lengths[part],
+            filter_index[part], chosen_filters, out=added, accumulate=True,
+        )
+    assert_close(added, whole)
+    inverse_variance = rng.uniform(0.5, 2.0, len(lengths))
+    whole = kernels.operator.apply_white_operator(local_map, local_index, weights, starts, lengths, inverse_variance)
+    added = np.ones((700, 3))
+    kernels.operator.apply_white_operator(local_map, local_index, weights, starts, lengths, inverse_variance,
+                                          out=added, accumulate=True)
+    assert_close(added, whole + 1)
+
+
+def test_operator_batches_are_bounded_whatever_the_map_and_the_samples():
     # A map that stays in cache: short batches (2 MiB of buffer), whose TOD stays in cache too
     assert operator_fast.batch_samples_for(700) == operator_fast.SMALL_MAP_BATCH_SAMPLES == 262_144
     assert operator_fast.batch_samples_for(49_152) == 262_144  # the satellite example, nside 64
-    assert operator_fast.batch_samples_for(131_073) == 32 * 131_073  # past it: 32 samples per pixel, >= 4M
-    # nside 256, 550,000 local pixels: 32 samples per pixel (one batch of the bench's 12M samples per rank)
-    assert operator_fast.batch_samples_for(550_000) == 17_600_000
+    # Past it, 4M samples (32 MiB per thread) at any nside: the buffer never grows with the rank's samples
+    assert operator_fast.batch_samples_for(131_073) == operator_fast.BATCH_SAMPLES == 1 << 22
+    assert operator_fast.batch_samples_for(3_145_728) == 1 << 22  # nside 512, the whole sky on one rank
 
 
 def test_batches_take_back_to_back_intervals():

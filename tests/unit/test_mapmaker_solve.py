@@ -233,3 +233,36 @@ def test_overlapped_operator_equals_the_operator(kernels, f_knee_hz):
     np.testing.assert_allclose(product, expected, rtol=0, atol=1e-12 * scale)
     np.testing.assert_allclose(seen["shared"], expected[shared], rtol=0, atol=1e-12 * scale)
     assert 0 < local.operator_split(shared).private_fraction < 1
+
+
+@pytest.mark.parametrize("kernels", ["fast", "numpy"])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"noise.f_knee_hz": 0.5, "solver.preconditioner": "block-diagonal"},
+        {"noise.f_knee_hz": 0.5, "solver.preconditioner": "two-level"},
+        {"noise.f_knee_hz": 0.0, "solver.preconditioner": "block-diagonal"},
+    ],
+)
+def test_recomputed_pointing_gives_the_cached_pointing_map(kernels, changes, monkeypatch):
+    # float32 cached weights against float64 recomputed ones: one system to ~1e-7, so the maps agree to the tolerance
+    from mapmaker.solve import local_data
+
+    monkeypatch.setattr(local_data, "RECOMPUTE_SAMPLES", 10_000)  # runs of two 4,500-sample chunks: 16 runs
+    tol = 1e-8
+    maps = {}
+    for mode in ("cached", "recomputed"):
+        spec = make_spec({**changes, "solver.tol": tol, "solver.pointing": mode, "solver.rcond_min": 0.1})
+        outcome = run_realization(spec, 1, MPI.COMM_SELF, kernels=kernels)
+        assert outcome.pcg.converged
+        maps[mode] = outcome
+    cached, recomputed = maps["cached"], maps["recomputed"]
+    np.testing.assert_array_equal(cached.hits, recomputed.hits)
+    solved = solved_mask(cached)
+    np.testing.assert_array_equal(solved, solved_mask(recomputed))
+    assert cached.excluded_samples == recomputed.excluded_samples
+    for k in range(3):
+        scale = np.max(np.abs(cached.iqu[k, solved]))
+        # the solve's tolerance on ||r|| / ||b|| bounds the map error through the condition number; 1e-5 is
+        # far under the maps' noise and far over float32 rounding (6e-8)
+        assert np.max(np.abs(recomputed.iqu[k, solved] - cached.iqu[k, solved])) <= 1e-5 * scale

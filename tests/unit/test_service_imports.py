@@ -1,7 +1,8 @@
-"""Service features (the packages under service/) import one way: no cycle between them.
+"""The parts of service/ import one way: no cycle between them.
 
-Where two features must talk both ways, the lower one offers a seam (a hook list, a function
-passed in by service.app) instead of importing the higher one.
+A part is a package under service/ (a feature: campaigns, auth, dashboard...) or a module directly in it
+(deps, errors, db...). Where two parts must talk both ways, the lower one offers a seam (a hook list, a
+function passed in by service.app) instead of importing the higher one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ def features() -> set[str]:
     return {path.name for path in SERVICE.iterdir() if (path / "__init__.py").is_file()}
 
 
+def parts() -> dict[str, list[Path]]:
+    """Every part of service/ -> its files: each package (all its modules) and each top-level module."""
+    found = {feature: sorted((SERVICE / feature).rglob("*.py")) for feature in features()}
+    for path in SERVICE.glob("*.py"):
+        if path.name != "__init__.py":
+            found[path.stem] = [path]
+    return found
+
+
 def imported_modules(path: Path) -> Iterator[str]:
     """Every absolute module a file imports, deferred imports inside functions included."""
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
@@ -27,16 +37,16 @@ def imported_modules(path: Path) -> Iterator[str]:
             yield from (f"{node.module}.{alias.name}" for alias in node.names)  # `from service import campaigns`
 
 
-def feature_graph() -> dict[str, set[str]]:
-    """feature -> the other features its modules import."""
-    known = features()
-    graph: dict[str, set[str]] = {feature: set() for feature in known}
-    for feature in known:
-        for path in (SERVICE / feature).rglob("*.py"):
+def part_graph() -> dict[str, set[str]]:
+    """part -> the other parts of service/ its files import."""
+    known = parts()
+    graph: dict[str, set[str]] = {part: set() for part in known}
+    for part, paths in known.items():
+        for path in paths:
             for module in imported_modules(path):
-                parts = module.split(".")
-                if len(parts) > 1 and parts[0] == "service" and parts[1] in known and parts[1] != feature:
-                    graph[feature].add(parts[1])
+                names = module.split(".")
+                if len(names) > 1 and names[0] == "service" and names[1] in known and names[1] != part:
+                    graph[part].add(names[1])
     return graph
 
 
@@ -66,9 +76,10 @@ def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_service_features_import_one_way():
-    graph = feature_graph()
+def test_the_parts_of_service_import_one_way():
+    graph = part_graph()
     assert {"campaigns", "events", "queue", "workers"} <= set(graph)  # the walk sees the features
-    assert "events" in graph["campaigns"]  # and their imports
+    assert {"app", "deps", "errors", "db", "config"} <= set(graph)  # and the modules beside them
+    assert "events" in graph["campaigns"] and "auth" in graph["deps"]  # and their imports
     cycle = find_cycle(graph)
-    assert cycle is None, "service features import each other in a cycle: " + " -> ".join(cycle or [])
+    assert cycle is None, "parts of service/ import each other in a cycle: " + " -> ".join(cycle or [])

@@ -8,18 +8,26 @@ import errno
 import itertools
 import logging
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 from schemas.api import ClaimAnswer, HeartbeatAnswer
 from schemas.programs import STATUS_FILE, CancelReason
+from tests.support.clock import FakeClock
 from tests.support.task_run import RecordingClient, make_run, runner_status
 from tests.support.worker_helpers import wait_for
 from worker.agent import FIRST_LAUNCH_PAUSE_S, LAUNCH_FAILURES_BEFORE_PAUSE, Agent
+from worker.agent.claims import PASS_WAIT_S
 from worker.settings import WorkerSettings
 from worker.tasks import TaskRun
 
-PASSES_WITHOUT_A_CLAIM = 4  # loop passes after the last failure; each would claim again but for the pause
+PASSES_DURING_THE_PAUSE = 4  # loop passes while claims are paused; each would claim but for the pause
+
+
+def step(clock: FakeClock, thread_name: str, seconds: float) -> None:
+    """Move the clock while the named thread waits on it; return once that thread came round to waiting again."""
+    waits = clock.waits_in(thread_name)
+    clock.advance(seconds)
+    wait_for(lambda: clock.waits_in(thread_name) > waits, 30, f"the {thread_name} thread to come round")
 
 
 class EndlessQueue(RecordingClient):
@@ -37,7 +45,7 @@ class EndlessQueue(RecordingClient):
             self.prototype.model_copy(update={"task_id": f"realize-{n}", "attempt_id": n, "lease_expires_at": expires})
             for n in itertools.islice(self.ids, max_tasks)
         ]
-        return ClaimAnswer(tasks=tasks)
+        return ClaimAnswer(tasks=tasks, lease_s=300.0)
 
     def heartbeat(self, worker_id, running):
         return HeartbeatAnswer(lease_expires_at=datetime.now(UTC), extended=[], cancel=[], lost=[])
@@ -48,51 +56,57 @@ def test_a_site_that_cannot_launch_anything_stops_claiming_instead_of_failing_th
     tasks in 3 s, every realisation of every campaign charged ``launch_error`` until ``max_attempts``."""
     prototype_run = make_run(tmp_path / "proto", RecordingClient())
     client = EndlessQueue(prototype_run.task)
-    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker", poll_s=0.05), prototype_run.context.site, "token")
+    clock = FakeClock()
+    agent = Agent(
+        WorkerSettings(data_dir=tmp_path / "worker", poll_s=0.05), prototype_run.context.site, "token", clock=clock
+    )
     agent.client = client
-    agent.context = dataclasses.replace(prototype_run.context, client=client)
+    agent.context = dataclasses.replace(prototype_run.context, client=client, clock=clock)
     agent.worker_id = 1
 
     def disk_full(run):
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    def calls(kind):
+        return [call for call in client.calls if call[0] == kind]
+
     monkeypatch.setattr(TaskRun, "prepare", disk_full)
-    passes = itertools.count()
-    collect_finished = agent._collect_finished
-
-    def counting_passes():  # called once at the start of every pass of the loop
-        next(passes)
-        collect_finished()
-
-    monkeypatch.setattr(agent, "_collect_finished", counting_passes)
-    loop = threading.Thread(target=agent._loop, daemon=True)
+    loop = threading.Thread(target=agent._loop, name="loop", daemon=True)
     with caplog.at_level(logging.ERROR, logger="mapcampaign.worker"):
         loop.start()
-        wait_for(lambda: len([c for c in client.calls if c[0] == "failed"]) >= LAUNCH_FAILURES_BEFORE_PAUSE, 30,
-                 "three tasks reported failed")  # fmt: skip
+        wait_for(lambda: len(calls("failed")) >= LAUNCH_FAILURES_BEFORE_PAUSE, 30, "three tasks reported failed")
         wait_for(lambda: not agent.runs, 30, "the failed tasks to leave the worker")  # a free slot from here on
-        seen = next(passes)
+        assert agent.claims_paused_until == clock.monotonic() + FIRST_LAUNCH_PAUSE_S
+        wait_for(lambda: clock.waits_in("loop") > 0, 30, "the loop to wait")
+        claims_before_the_pause = len(calls("claim"))
         # With a slot free and the queue endless, every pass would claim (a full claim is followed at once by
-        # the next), so these passes without a claim are the pause's doing.
-        wait_for(lambda: next(passes) > seen + PASSES_WITHOUT_A_CLAIM, 30, "more passes of the loop")
-        agent.drain_deadline = time.monotonic()
+        # the next), so passes without a claim are the pause's doing.
+        for _ in range(PASSES_DURING_THE_PAUSE):  # up to 1 s before the pause ends
+            step(clock, "loop", (FIRST_LAUNCH_PAUSE_S - 1.0) / PASSES_DURING_THE_PAUSE)
+        assert len(calls("claim")) == claims_before_the_pause
+        clock.advance(1.0)  # the pause is over: the next task is claimed, fails, and the pause doubles
+        wait_for(lambda: len(calls("failed")) > LAUNCH_FAILURES_BEFORE_PAUSE, 30, "a claim after the pause")
+        wait_for(lambda: not agent.runs, 30, "the failed task to leave the worker")
+        assert agent.claims_paused_until == clock.monotonic() + 2 * FIRST_LAUNCH_PAUSE_S
+        agent.drain_deadline = clock.monotonic()
         agent.wake.set()
         loop.join(30)
     assert not loop.is_alive()
-    failed = [call for call in client.calls if call[0] == "failed"]
-    assert len(failed) == LAUNCH_FAILURES_BEFORE_PAUSE  # max_tasks 1: one task per claim, then the pause
+    failed = calls("failed")
+    assert len(failed) == LAUNCH_FAILURES_BEFORE_PAUSE + 1  # max_tasks 1: one task per claim
     assert {call[2] for call in failed} == {"site_error"} and "No space left on device" in failed[0][4]
-    assert agent.claims_paused_until - time.monotonic() > FIRST_LAUNCH_PAUSE_S - 5
     assert f"claiming nothing for {FIRST_LAUNCH_PAUSE_S:.0f} s" in caplog.text
+    assert f"claiming nothing for {2 * FIRST_LAUNCH_PAUSE_S:.0f} s" in caplog.text
 
 
 def test_the_pause_doubles_while_launches_go_on_failing_up_to_ten_minutes(tmp_path):
     prototype_run = make_run(tmp_path / "proto", RecordingClient())
-    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker"), prototype_run.context.site, "token")
+    clock = FakeClock()
+    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker"), prototype_run.context.site, "token", clock=clock)
     pauses = []
     for _ in range(LAUNCH_FAILURES_BEFORE_PAUSE + 8):
         agent._note_launch_failure("disk full")
-        pauses.append(round(agent.claims_paused_until - time.monotonic()))
+        pauses.append(agent.claims_paused_until - clock.monotonic())
     assert all(pause < 0 for pause in pauses[: LAUNCH_FAILURES_BEFORE_PAUSE - 1])  # not paused yet
     assert pauses[LAUNCH_FAILURES_BEFORE_PAUSE - 1 :][:6] == [30, 60, 120, 240, 480, 600]
     assert max(pauses) == 600
@@ -102,12 +116,13 @@ def test_heartbeats_follow_the_services_lease_length_whatever_this_machines_cloc
     """Found by review: the lease length was the service's expiry time less the worker's clock, so a
     worker clock 120 s behind with a 45 s lease beat every 55 s, and its tasks were reaped while running."""
     prototype_run = make_run(tmp_path / "proto", RecordingClient())
-    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker"), prototype_run.context.site, "token")
-    service_now = datetime.now(UTC) + timedelta(seconds=120)  # the worker's clock is 120 s behind
+    clock = FakeClock()
+    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker"), prototype_run.context.site, "token", clock=clock)
+    service_now = datetime.fromtimestamp(clock.time(), UTC) + timedelta(seconds=120)  # the worker is 120 s behind
     agent._note_lease(service_now + timedelta(seconds=45), 45.0)
     assert agent._heartbeat_interval() == 15.0
     agent._note_lease(service_now + timedelta(seconds=45), None)  # an older service: the clocks decide
-    assert abs(agent._heartbeat_interval() - 55.0) < 1.0
+    assert agent._heartbeat_interval() == 55.0
 
 
 class SlowSecondClaim(RecordingClient):
@@ -149,9 +164,11 @@ def test_heartbeats_go_on_while_a_claim_waits_for_its_answer(tmp_path, monkeypat
     prototype_run = make_run(tmp_path / "proto", RecordingClient())
     client = SlowSecondClaim(prototype_run.task)
     site = prototype_run.context.site.model_copy(update={"max_tasks": 2})  # a free slot: the loop claims again
-    agent = Agent(WorkerSettings(data_dir=tmp_path / "worker", poll_s=0.05, heartbeat_s=0.1), site, "token")
+    clock = FakeClock()
+    settings = WorkerSettings(data_dir=tmp_path / "worker", poll_s=0.05, heartbeat_s=0.5)
+    agent = Agent(settings, site, "token", clock=clock)
     agent.client = client
-    agent.context = dataclasses.replace(prototype_run.context, client=client, site=site)
+    agent.context = dataclasses.replace(prototype_run.context, client=client, site=site, clock=clock)
     agent.worker_id = 1
 
     def queued_in_parsl(run, app):  # held and never started: what a task waiting for its block looks like
@@ -159,22 +176,28 @@ def test_heartbeats_go_on_while_a_claim_waits_for_its_answer(tmp_path, monkeypat
         return run.future
 
     monkeypatch.setattr(TaskRun, "submit", queued_in_parsl)
-    loop = threading.Thread(target=agent._loop, daemon=True)
+    loop = threading.Thread(target=agent._loop, name="loop", daemon=True)
     loop.start()
     try:
+        wait_for(lambda: clock.waits_in("loop") > 0, 30, "the loop to wait after its first claim")
+        clock.advance(PASS_WAIT_S)  # a free slot: the next pass claims again (poll_s is shorter than a pass's wait)
         assert client.claim_waiting.wait(30)
-        wait_for(lambda: len([c for c in client.calls if c[0] == "heartbeat" and c[2]]) >= 3, 30,
-                 "three heartbeats while the claim waits")  # fmt: skip
-        assert all(c[1] == ("realize-1",) for c in client.calls if c[0] == "heartbeat")
+        wait_for(lambda: clock.waits_in("heartbeat") > 0, 30, "the heartbeat thread to wait")
+        for _ in range(3):
+            step(clock, "heartbeat", settings.heartbeat_s)
+        heartbeats = [c for c in client.calls if c[0] == "heartbeat"]
+        assert [c[2] for c in heartbeats] == [True, True, True]  # one per interval, all while the claim waits
+        assert all(c[1] == ("realize-1",) for c in heartbeats)
         # A heartbeat's answer still reaches the loop, which owns the runs: the cancel stops the task.
         run = agent.runs["realize-1"]
         client.cancel = ["realize-1"]
+        step(clock, "heartbeat", settings.heartbeat_s)
         client.release_claim.set()
         wait_for(lambda: run.stop_reason is not None, 30, "the cancel to stop the task")
         assert run.stop_reason is CancelReason.CANCELLED
     finally:
         client.release_claim.set()
-        agent.drain_deadline = time.monotonic()
+        agent.drain_deadline = clock.monotonic()
         agent.wake.set()
         loop.join(30)
     assert not loop.is_alive()

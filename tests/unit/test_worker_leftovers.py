@@ -127,7 +127,7 @@ def test_a_worker_keeping_work_folders_for_inspection_keeps_those_of_earlier_run
     site = parse_site({"name": "local", "provider": {"kind": "local"}, "runner": {"liveness_timeout_s": 1}})
     agent = Agent(WorkerSettings(data_dir=tmp_path, MAPCAMPAIGN_WORKER_KEEP_WORK=True), site, "token")
     sweeps = []
-    monkeypatch.setattr("worker.agent.start_sweep", lambda *args, **kwargs: sweeps.append(args))
+    monkeypatch.setattr("worker.agent.heartbeat.start_sweep", lambda *args, **kwargs: sweeps.append(args))
     agent.client = RegisteringClient()
     monkeypatch.setattr(agent, "_start_parsl", lambda: None)
     monkeypatch.setattr(agent, "_loop", lambda: None)

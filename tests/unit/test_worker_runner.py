@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from schemas.programs import CancelReason, Ending
-from worker.runner import write_cancel
+from schemas.programs import LIVENESS_FILE, CancelReason, Ending
+from tests.support.clock import FakeClock
+from worker.runner import _Liveness, write_cancel
 from worker.stages.run import WorkFolder
 
 
@@ -43,3 +45,20 @@ def test_a_task_cancelled_before_its_launch_is_never_started(tmp_path):
         False,
         None,
     )
+
+
+def test_the_dead_man_switch_trips_when_the_liveness_file_goes_untouched_for_its_timeout(tmp_path):
+    clock = FakeClock()
+    path = tmp_path / LIVENESS_FILE
+    path.touch()
+    os.utime(path, ns=(1, 1))
+    liveness = _Liveness(path, timeout_s=20.0, clock=clock)
+    clock.advance(20.0)
+    assert not liveness.stale()  # exactly the timeout: not yet
+    os.utime(path, ns=(2, 2))  # the worker touched it: the timeout starts again from here
+    clock.advance(15.0)
+    assert not liveness.stale()
+    clock.advance(15.0)
+    assert not liveness.stale()  # 15 s since the touch was seen
+    clock.advance(5.01)
+    assert liveness.stale()

@@ -22,7 +22,14 @@ from pydantic import ValidationError
 from schemas.api import PlanBuilt, PlanInvalid, TaskFailed, TaskStarted
 from schemas.files import atomic_write_json, sha256_file
 from schemas.plan import PlanReport
-from schemas.programs import MAX_MESSAGE_CHARS, RESULT_FILE, RunnerStarted, RunnerStatus, log_tail
+from schemas.programs import (
+    MAX_MESSAGE_CHARS,
+    RESULT_FILE,
+    RunnerStarted,
+    RunnerStatus,
+    log_tail,
+    partial_folder_prefix,
+)
 from schemas.result import RealizationResult
 from worker.client import RETRY_STATUS, NotAuthorized, ServiceClient, ServiceError, TaskGone
 from worker.layout import remove_entry
@@ -256,7 +263,7 @@ def tidy(
         realization_dir = placement.out.parent
         if folder.runner_ended() or not folder.launched():
             # Every process of this attempt is gone: its temporary folder is garbage.
-            for entry in realization_dir.glob(f".{placement.out.name}.partial-*"):
+            for entry in realization_dir.glob(partial_folder_prefix(placement.out.name) + "*"):
                 remove_entry(entry)
         if succeeded:
             # The result is accepted: earlier attempts' folders (complete or not) are no longer wanted.

@@ -7,6 +7,9 @@
  *   mc-spectra      mean pseudo-spectra TT, EE, BB with a band of one realisation's scatter
  *   mc-noise-bias   pseudo-C_l noise N_l with its scatter
  *   mc-transfer     the pseudo-C_l ratio F_l (a full-sky approximation) with its scatter
+ *   mc-transfer-matrix
+ *                   the E/B transfer matrix's elements per bin (labelled input→output) with error bars,
+ *                   drawn as the bandpowers are, on a symlog axis
  *
  * Every chart: bins the JSON flags (``flagged``: above 2 nside, or F_b poorly determined) are hollow
  * circles of class "unreliable", kept out of the line and of the axis range; the x range above 2 nside
@@ -23,17 +26,20 @@
 
 (function () {
   const root = (window.MapCampaign = window.MapCampaign || {});
-  const COLOURS = { TT: "#1f5fa8", EE: "#c2410c", BB: "#15803d" };
+  const COLOURS = {
+    TT: "#1f5fa8", EE: "#c2410c", BB: "#15803d",
+    "E→E": "#c2410c", "B→B": "#15803d", "E→B": "#7c3aed", "B→E": "#b45309", "E→EB": "#0e7490", "B→EB": "#6b7280",
+  };
   const SCALE_NAMES = { linear: "linear y axis", log: "log y axis", symlog: "symlog y axis" };
 
-  function legend(svg, series) {
+  function legend(svg, series, step) {
     const charts = root.charts;
     let x = 70;
     for (const s of series) {
       const swatch = charts.node("rect", { x: x, y: 4, width: 12, height: 4 }, svg);
       swatch.style.fill = COLOURS[s.label] || "#555";
       charts.text(svg, x + 16, 10, s.label, { class: "legend-label" });
-      x += 48;
+      x += step || 48;
     }
   }
 
@@ -140,7 +146,8 @@
 
   function redraw(element) {
     const data = element.chartData;
-    const bars = element.dataset.chart.startsWith("mc-bandpower");
+    const matrix = element.dataset.chart === "mc-transfer-matrix";
+    const bars = matrix || element.dataset.chart.startsWith("mc-bandpower");
     const bar = controls(element);
     const scales = data.scales || [data.yScale || "linear"];
     if (!scales.includes(element.dataset.yScale)) element.dataset.yScale = data.yScale || scales[0];
@@ -154,7 +161,8 @@
     const series = chartSeries(data, bars);
     const svg = root.charts.lines(element, {
       series: series, yScale: scale, xRange: range, shade: data.shade, xLabel: data.xLabel, yLabel: data.yLabel,
-      label: data.label, emptyMessage: bars ? "No bandpowers yet." : "No spectra yet.",
+      label: data.label,
+      emptyMessage: matrix ? data.note || "No transfer matrix yet." : bars ? "No bandpowers yet." : "No spectra yet.",
       onZoom: (chosen) => {
         element.dataset.xRange = chosen.map((v) => v.toFixed(2)).join(",");
         redraw(element);
@@ -162,9 +170,10 @@
     });
     if (svg) {
       colour(svg, series);
-      legend(svg, series.filter((s) => s.kind === "data"));
+      legend(svg, series.filter((s) => s.kind === "data"), matrix ? 60 : 48);
     }
-    refreshPanel(data.generation, data.note);
+    // The matrix's generation is of two campaigns, not of this campaign's mean map.
+    if (!matrix) refreshPanel(data.generation, data.note);
   }
 
   function render(element, data) {
@@ -174,7 +183,8 @@
 
   function register() {
     if (!root.charts || !root.charts.register) return;
-    for (const kind of ["mc-spectra", "mc-noise-bias", "mc-transfer", "mc-bandpowers", "mc-bandpower-transfer", "mc-bandpower-noise"]) {
+    for (const kind of ["mc-spectra", "mc-noise-bias", "mc-transfer", "mc-bandpowers", "mc-bandpower-transfer", "mc-bandpower-noise",
+                        "mc-transfer-matrix"]) {
       root.charts.register(kind, render);
     }
   }
