@@ -109,7 +109,8 @@ class DecoupledBandpowers(ResultModel):
 
     ``cb`` and ``model`` map each of TT, EE, BB, TE, EB, TB to one value per bin (K^2, C_b not
     D_b, beam not deconvolved). Bin k spans ``ell_lo[k] .. ell_hi[k]`` inclusive; its window
-    function is in ``spectra.npz`` (``bandpower_windows``).
+    functions are in the coupling file named by ``mask_sha256`` (and ``RealizationSpectra.coupling_sha256``),
+    or in ``spectra.npz`` (``bandpower_windows``) of a run without a coupling file.
     """
 
     ell_lo: list[int] = Field(description="First multipole of each bin")

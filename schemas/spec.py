@@ -614,6 +614,13 @@ class ProductSpec(StrictModel):
     purify_b: bool = Field(
         True, description="Pure-B (and pure-E) bandpowers on a masked sky (Smith 2006); false: the standard estimator"
     )
+    map_precision: Literal["float64", "float32"] = Field(
+        "float64",
+        description=(
+            "Precision of each realisation's I/Q/U map file: float32 halves it and keeps about 7 significant "
+            "digits (far below a map's noise); the service's mean and variance maps still accumulate in float64"
+        ),
+    )
 
 
 CampaignKind = Literal["signal+noise", "noise-only", "signal-only"]
@@ -757,6 +764,8 @@ def spec_hash(spec: CampaignSpec) -> str:
     """
     data = spec.model_dump(mode="json")
     data.pop("realizations", None)
+    if data["products"].get("map_precision") == "float64":
+        data["products"].pop("map_precision")  # the default keeps the hashes of specs written before the option
     sky = data.get("sky") or {}
     for name, default in SKY_FIELDS_ADDED_LATER.items():
         if name in sky and sky[name] == default:

@@ -228,11 +228,18 @@ def write_products(
         folder = ProductFolder(out)
         header = [("REALIZ", realization), ("SCANKEY", scan_key(spec))]
         coord = "E" if spec.scan.kind in ("satellite", "satellite-schedule") else "C"  # ecliptic / equatorial
-        records = products.write_maps(folder, outcome.iqu, outcome.hits, outcome.rcond, header, coord)
+        records = products.write_maps(
+            folder, outcome.iqu, outcome.hits, outcome.rcond, header, coord, spec.products.map_precision
+        )
     with timers.stage("products"), timers("calc"):
         measured = spectra.for_campaign(spec, outcome.iqu, coupling)
     with timers.stage("write"), timers("io"):
-        records += products.write_spectra(folder, measured, header, coord)
+        # The mask goes with the coupling: written by the realisation that built the site's coupling
+        # file, and by realisation 0 so that every campaign's service receives it once.
+        with_mask = realization == 0 or (coupling_record["source"] == "built" and coupling_path is not None)
+        records += products.write_spectra(
+            folder, measured, header, coord, with_mask=with_mask, coupling_sha256=coupling_record.get("sha256")
+        )
     return folder, records, measured, coupling_record
 
 

@@ -54,7 +54,6 @@ import logging
 import math
 import os
 import shutil
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -73,6 +72,7 @@ log = logging.getLogger("mapcampaign.products")
 STATE_FORMAT = 1
 MAX_WARNINGS = 20
 UNSEEN = -1.6375e30  # healpy.UNSEEN, without importing healpy for every state read
+MAP_UPDATE_PIXELS = 1 << 18  # pixels per slice of a map's update: 6 MiB of I/Q/U float64 temporaries
 
 
 # --------------------------------------------------------------------------- files
@@ -120,7 +120,7 @@ def ledger_indexes(ranges: list[list[int]]) -> Iterator[int]:
 # --------------------------------------------------------------------------- Welford
 
 
-def welford_add(count: int, mean: np.ndarray, m2: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def welford_add(count: int | np.ndarray, mean: np.ndarray, m2: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Add one sample to a running (mean, M2) of ``count`` samples; returns the new (mean, M2)."""
     delta = value - mean
     mean = mean + delta / (count + 1)
@@ -347,37 +347,44 @@ def _add_bandpowers(
     return {"mean": mean, "comoment": comoment}
 
 
-def _read_iqu(path: Path) -> np.ndarray:
-    import healpy as hp  # deferred: healpy takes 1-3 s to import here, paid only when a map is read or written
+def _read_iqu(path: Path) -> tuple[int, np.ndarray | None, np.ndarray]:
+    """``(npix, pixels, iqu)`` of a realisation's map file, cut-sky or full-sky (:func:`formats.read_healpix_fields`)."""
+    from service.products.formats import NotAHealpixMap, read_healpix_fields
 
     try:
-        with warnings.catch_warnings():  # a broken file is reported below, once, as a warning of the state
-            warnings.simplefilter("ignore")
-            maps = np.asarray(hp.read_map(str(path), field=(0, 1, 2), dtype=np.float64))
-    except Exception as error:  # noqa: BLE001 - healpy/astropy raise many kinds for a bad file
-        raise RealizationUnusable(f"{path.name} is not a HEALPix I/Q/U map ({type(error).__name__})") from None
-    if maps.ndim != 2 or maps.shape[0] != 3 or not hp.isnpixok(maps.shape[1]):
-        raise RealizationUnusable(f"{path.name} is not a HEALPix I/Q/U map")
-    return maps
+        return read_healpix_fields(path, 3)
+    except NotAHealpixMap:
+        raise RealizationUnusable(f"{path.name} is not a HEALPix I/Q/U map") from None
 
 
 def _add_map(
     files: CampaignProducts, state: AggregateState, index: int, path: Path, current: dict[str, np.ndarray] | None
 ) -> dict[str, np.ndarray]:
-    iqu = _read_iqu(path)
-    npix = iqu.shape[1]
+    """Add one realisation's map to the per-pixel sums, in place over its observed pixels only.
+
+    Memory beyond the sums (count, mean and M2: 7 npix float64 words): the file's values
+    (3 values and an index per listed pixel; a full-sky file: 3 npix) and their update.
+    """
+    npix, pixels, iqu = _read_iqu(path)
     if current is None:
         current = {"count": np.zeros(npix, dtype=np.int64), "mean": np.zeros((3, npix)), "m2": np.zeros((3, npix))}
     elif current["count"].size != npix:
         raise RealizationUnusable(
             f"realisation {index}: map of {npix} pixels, the campaign's have {current['count'].size}"
         )
-    seen = np.all(np.isfinite(iqu), axis=0) & np.all(iqu != UNSEEN, axis=0) & np.all(np.abs(iqu) < 1e29, axis=0)
-    count = current["count"][seen]
-    mean, m2 = welford_add(count, current["mean"][:, seen], current["m2"][:, seen], iqu[:, seen])
-    current["mean"][:, seen] = mean
-    current["m2"][:, seen] = m2
-    current["count"][seen] = count + 1
+    seen = np.all(np.isfinite(iqu), axis=0) & np.all(np.abs(iqu) < 1e29, axis=0)  # UNSEEN is -1.6375e30
+    where = np.flatnonzero(seen) if pixels is None else pixels[seen]
+    take = None if pixels is None else np.flatnonzero(seen)
+    del seen
+    # In slices of MAP_UPDATE_PIXELS, so that the update's temporaries stay a fraction of one map.
+    for start in range(0, where.size, MAP_UPDATE_PIXELS):
+        chunk = where[start : start + MAP_UPDATE_PIXELS]
+        values = iqu[:, chunk] if take is None else iqu[:, take[start : start + MAP_UPDATE_PIXELS]]
+        count = current["count"][chunk]
+        mean, m2 = welford_add(count, current["mean"][:, chunk], current["m2"][:, chunk], values)
+        current["mean"][:, chunk] = mean
+        current["m2"][:, chunk] = m2
+        current["count"][chunk] = count + 1
     return current
 
 

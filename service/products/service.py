@@ -467,6 +467,8 @@ def realization_download(
     for product in result.get("products") or []:
         if product.get("name") == role:
             source = files.storage.product_path(campaign.id, index, product["path"])
+    if source is None and which == "mask" and files.mask_path.is_file():
+        source = files.mask_path  # the mask comes once per coupling: the campaign's is every realisation's
     if source is None or not source.is_file():
         raise RealizationProductsNotFound(f"realisation {index} of campaign {campaign.id} has no {which} file")
     name = f"campaign-{campaign.id}-r{index}-{which}.{fmt}"

@@ -252,6 +252,11 @@ def test_downloads_parse(api, mapped):
     np.testing.assert_array_equal(own_map, hp.read_map(folders[1] / "map_iqu.fits", field=(0, 1, 2)))
     with np.load(io.BytesIO(api.get(f"{base}/realizations/1/map", params={"format": "npz"}).content)) as data:
         np.testing.assert_array_equal(data["iqu"], own_map)
+    # Realisation 1 carries no mask (it comes with realisation 0 and the coupling): its mask is the campaign's.
+    assert not (folders[1] / "mask.fits").exists()
+    np.testing.assert_array_equal(read_fits_download(api, f"{base}/realizations/1/mask", 1), mask)
+    with fits.open(folders[1] / "map_iqu.fits") as hdus:  # the cut-sky form, read back whole above
+        assert hdus[1].header["INDXSCHM"] == "EXPLICIT" and hdus[1].data.size < hp.nside2npix(hdus[1].header["NSIDE"])
 
 
 def test_openapi_describes_the_products(api):

@@ -53,14 +53,14 @@ def test_maps_do_not_depend_on_the_rank_count(runs):
     """|m_p - m_1| <= 1e-8 max|m_1| for each of I, Q, U; hits and the cut are identical."""
     reference = read_iqu(runs[1][0])
     solved = reference[0] != hp.UNSEEN
-    reference_hits = hp.read_map(runs[1][0] / "hits.fits")
+    reference_hits = read_hits(runs[1][0])
     for ranks in RANK_COUNTS[1:]:
         maps = read_iqu(runs[ranks][0])
         np.testing.assert_array_equal(maps[0] != hp.UNSEEN, solved)
         for stokes in range(3):
             scale = np.abs(reference[stokes, solved]).max()
             np.testing.assert_allclose(maps[stokes, solved], reference[stokes, solved], rtol=0, atol=1e-8 * scale)
-        np.testing.assert_array_equal(hp.read_map(runs[ranks][0] / "hits.fits"), reference_hits)
+        np.testing.assert_array_equal(read_hits(runs[ranks][0]), reference_hits)
     iterations = {read_result(runs[r][0]).iterations for r in RANK_COUNTS}
     assert len(iterations) == 1
 
@@ -125,7 +125,8 @@ def test_result_json_describes_the_run(runs):
         assert result.rng_streams_total == 1 + 4 * 24  # sky + 4 detectors x (8 chunks x 3 intervals)
         assert "Philox" in result.rng_scheme
         assert set(result.versions) >= {"numpy", "healpy", "mpi4py", "mpi", "python"}
-        assert {p.name for p in result.products} == {"iqu", "hits", "rcond", "mask", "spectra"}
+        # Realisation 1 without --coupling: the mask comes with realisation 0 (or a built coupling file) only.
+        assert {p.name for p in result.products} == {"iqu", "hits", "rcond", "spectra"}
         for product in result.products:
             data = (out / product.path).read_bytes()
             assert hashlib.sha256(data).hexdigest() == product.sha256 and len(data) == product.size_bytes
@@ -134,9 +135,15 @@ def test_result_json_describes_the_run(runs):
     assert len({read_result(runs[r][0]).spec_hash for r in RANK_COUNTS}) == 1
 
 
+def read_hits(out):
+    """Samples per pixel: the cut-sky file reads back with UNSEEN where unobserved, 0 here."""
+    hits = hp.read_map(out / "hits.fits", dtype=np.float64)
+    return np.where(hits == hp.UNSEEN, 0, hits)
+
+
 def test_products_are_healpix_ring_maps(runs):
     out, _ = runs[2]
-    hits = hp.read_map(out / "hits.fits")
+    hits = read_hits(out)
     rcond = hp.read_map(out / "rcond.fits")
     iqu = read_iqu(out)
     assert hits.sum() == 4 * 7200 * 5
@@ -144,6 +151,21 @@ def test_products_are_healpix_ring_maps(runs):
     assert np.all(iqu[0][hits == 0] == hp.UNSEEN)
     header = dict(hp.read_map(out / "map_iqu.fits", h=True)[1])
     assert header["ORDERING"] == "RING" and header["NSIDE"] == 16 and header["COORDSYS"] == "E"
+    assert header["INDXSCHM"] == "EXPLICIT" and header["OBJECT"] == "PARTIAL"
+
+
+def test_files_take_at_most_48_bytes_per_observed_pixel_plus_1_mb(runs):
+    """maps, hits, rcond and spectra of a satellite realisation; the windows are not in the spectra."""
+    out, _ = runs[2]
+    result = read_result(out)
+    sizes = {p.name: p.size_bytes for p in result.products}
+    observed = int(np.count_nonzero(read_hits(out)))
+    assert observed == result.observed_pixels
+    assert sum(sizes[name] for name in ("iqu", "hits", "rcond", "spectra")) <= 48 * observed + 2**20
+    assert sum(sizes[name] for name in ("iqu", "hits", "rcond")) <= 44 * observed + 3 * 3 * 2880
+    with np.load(out / "spectra.npz") as spectra:
+        assert "bandpower_windows" in spectra.files  # no --coupling here: nothing else keeps them
+        assert str(spectra["bandpower_mask_sha256"]) == result.spectra.bandpowers.mask_sha256
 
 
 def test_progress_goes_to_stderr_from_rank_zero(runs):

@@ -98,3 +98,18 @@ def test_no_label_is_cut_off(kind):
         extent = text.get_window_extent(renderer)
         assert extent.x0 >= 0 and extent.y0 >= 0, text.get_text()
         assert extent.x1 <= quicklook.IMAGE_WIDTH_PX and extent.y1 <= quicklook.IMAGE_HEIGHT_PX, text.get_text()
+
+
+def test_a_cut_sky_map_file_is_drawn_like_its_full_sky_form(tmp_path):
+    """The map-maker's cut-sky file (explicit indexing over the observed pixels) gives the same images."""
+    from mapmaker.programs.products import write_cut_sky
+
+    maps, observed = patch_maps()
+    cut = tmp_path / "cut.fits"
+    columns = {name: maps[field, observed] for field, name in enumerate(("I_STOKES", "Q_STOKES", "U_STOKES"))}
+    write_cut_sky(cut, observed, columns, nside=NSIDE, coord="C", header=[], unit="K")
+    (tmp_path / "full").mkdir()
+    full_path = write(maps, tmp_path / "full")
+    assert cut.stat().st_size < full_path.stat().st_size / 10
+    full = quicklook.render_iqu(full_path, title="ground")
+    assert quicklook.render_iqu(cut, title="ground") == full
