@@ -1,6 +1,7 @@
 """Every code block of the docs that reads a product runs, against real campaigns on a live service.
 
-Three campaigns of one scan (signal+noise, signal-only, noise-only; 3 realisations each) are mapped for real
+Five campaigns of one scan (signal+noise, signal-only, noise-only, 3 realisations each; and the pure-E and pure-B
+signal-only pair of the E/B transfer matrix, 2 each, the fewest a Monte Carlo error needs) are mapped for real
 (``python -m mapmaker realize`` under ``mpiexec -n 2``: maps, masks, pseudo-spectra and bandpowers) and
 delivered through the worker API, so each is finished with every product its kind has. Then, page by page in
 document order, each block that reads a product runs in a folder of its own page, as a reader would run it
@@ -34,13 +35,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 READS_A_PRODUCT = re.compile(
     r"mapcampaign (products|spectrum)\b|read_map\(|np\.load\(|\.products\(|download_products\(|"
-    r"bandpower_covariance\(|realization_map\(|client\.spectrum\("
+    r"bandpower_covariance\(|realization_map\(|client\.spectrum\(|transfer_matrix\("
 )
 # page -> {example id in the page: campaign kind}
 CAMPAIGN_IDS = {
     "README.md": {2: "signal+noise"},
     "docs/tutorials/first-campaign-cli.md": {2: "signal+noise"},
-    "docs/how-to/products.md": {3: "signal+noise", 4: "signal-only", 5: "noise-only", 6: "signal+noise"},
+    "docs/how-to/products.md": {
+        3: "signal+noise", 4: "signal-only", 5: "noise-only", 6: "signal+noise", 7: "E-only", 8: "B-only"
+    },
     "docs/reference/cli-conventions.md": {3: "signal+noise"},
     "docs/tutorials/first-campaign-python.md": {},
 }
@@ -52,19 +55,26 @@ PRELUDES = {
 }
 # where a campaign id stands in a command or a call
 ID_PLACES = re.compile(
-    r"(?P<head>mapcampaign (?:products|spectrum|watch|status) |--(?:transfer|noise|covariance) |"
-    r"\b(?:transfer|noise|covariance)=|\.(?:products|download_products|bandpower_covariance|realization_map)\()"
+    r"(?P<head>mapcampaign (?:products|spectrum|watch|status) |--(?:transfer|transfer-e|transfer-b|noise|covariance) |"
+    r"\b(?:transfer|transfer_e|transfer_b|pure_e|pure_b|noise|covariance)=|"
+    r"\.(?:products|download_products|bandpower_covariance|realization_map)\()"
     r"(?P<id>\d+)"
 )
-REALIZATIONS = 3
+# a call that takes two campaigns: the pure-E and pure-B pair of the E/B transfer matrix
+PAIR_PLACES = re.compile(r"(?P<head>\.transfer_matrix\()(?P<first>\d+), (?P<second>\d+)\)")
+# campaign kind (or pure sky) -> realisations; the docs read realisation 2 of a signal+noise campaign
+REALIZATIONS = {"signal+noise": 3, "signal-only": 3, "noise-only": 3, "E-only": 2, "B-only": 2}
 
 
 def kind_spec(kind: str) -> str:
-    spec = SPEC.replace('kind = "noise-only"', f'kind = "{kind}"').replace(
-        "realizations = 6", f"realizations = {REALIZATIONS}"
+    """The spec of a campaign of ``kind``: a campaign kind, or "E-only"/"B-only" for a pure signal-only sky."""
+    pure = kind in ("E-only", "B-only")
+    spec = SPEC.replace('kind = "noise-only"', f'kind = "{"signal-only" if pure else kind}"').replace(
+        "realizations = 6", f"realizations = {REALIZATIONS[kind]}"
     )
     if kind != "noise-only":
-        spec = spec.replace('[sky]\nkind = "none"', '[sky]\nkind = "cmb"\nfwhm_arcmin = 240.0')
+        sky = '[sky]\nkind = "cmb"\nfwhm_arcmin = 240.0' + (f'\npolarization = "{kind}"' if pure else "")
+        spec = spec.replace('[sky]\nkind = "none"', sky)
     return spec
 
 
@@ -78,16 +88,16 @@ def campaigns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveSe
         worker_id = worker.post("/workers", json={"name": "docs", "site": "local", "host": "h", "capacity": 8})
         worker_id = worker_id.json()["id"]
         ids = {}
-        for kind in ("signal+noise", "signal-only", "noise-only"):
+        for kind, realizations in REALIZATIONS.items():
             spec_path = folder / kind / "spec.toml"
             spec_path.parent.mkdir(parents=True)
             spec_path.write_text(kind_spec(kind))
-            maps = map_realizations(spec_path, folder / kind / "maps", list(range(REALIZATIONS)))
+            maps = map_realizations(spec_path, folder / kind / "maps", list(range(realizations)))
             created = user.post("/campaigns", json=load_spec(spec_path).model_dump(mode="json"))
             assert created.status_code == 201, created.text
             ids[kind] = created.json()["id"]
             delivered = 0
-            while delivered < REALIZATIONS:
+            while delivered < realizations:
                 tasks = worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 8}).json()["tasks"]
                 assert tasks, "nothing to claim"
                 for task in tasks:
@@ -124,7 +134,12 @@ def with_real_ids(text: str, page: str, ids: dict[str, int]) -> str:
         assert example in examples, f"{page}: campaign {example} in {match[0]!r} is not in CAMPAIGN_IDS"
         return f"{match['head']}{ids[examples[example]]}"
 
-    return ID_PLACES.sub(replace, text)
+    def replace_pair(match: re.Match[str]) -> str:
+        first, second = (int(match[name]) for name in ("first", "second"))
+        assert {first, second} <= set(examples), f"{page}: {match[0]!r} names a campaign not in CAMPAIGN_IDS"
+        return f"{match['head']}{ids[examples[first]]}, {ids[examples[second]]})"
+
+    return PAIR_PLACES.sub(replace_pair, ID_PLACES.sub(replace, text))
 
 
 def shell_commands(body: str) -> list[str]:
