@@ -53,7 +53,7 @@ import numpy as np
 
 from mapmaker.model.spectra import SPECTRA, RealizationSpectra
 from schemas.files import fsync_path, sha256_file
-from schemas.programs import MAP_FILES, RESULT_FILE, SPECTRA_FILES
+from schemas.programs import MAP_FILES, RESULT_FILE, SPECTRA_FILES, partial_folder_prefix
 from schemas.result import ProductFile, RealizationResult
 
 
@@ -94,7 +94,7 @@ class ProductFolder:
         self.out = Path(out)
         refuse_existing(self.out)
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
+        self.path = Path(tempfile.mkdtemp(prefix=partial_folder_prefix(self.out.name), dir=self.out.parent))
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(self.path, 0o777 & ~umask)  # mkdtemp makes it private; the products are not

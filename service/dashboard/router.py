@@ -19,7 +19,6 @@ from urllib.parse import quote, urlencode
 import anyio
 from fastapi import APIRouter, Form, Header, Query, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
-from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from schemas.api import CAMPAIGN_STATES, FAILURE_CLASSES, REALIZATION_STATES
@@ -160,11 +159,6 @@ def render(
 
 
 # --------------------------------------------------------------------------- routes
-
-
-# What service.products.pages names as its routes' class: every dashboard address answers its errors with a page
-# (service.errors.answers_with_page), whatever its route class.
-PageRoute = APIRoute
 
 
 async def error_page(request: Request, status_code: int, detail: str) -> HTMLResponse:

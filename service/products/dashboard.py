@@ -45,9 +45,9 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from campaignlib import montecarlo
 from schemas.files import atomic_write_bytes
 from schemas.result import SpectrumName
+from service.auth.session import DashboardUser
 from service.campaigns import reads as campaigns
 from service.dashboard.panels import ChartRef, FigureRef, ProductsPanel
-from service.dashboard.session import DashboardUser
 from service.deps import ReadSessionDep, SettingsDep
 from service.errors import InvalidField, NotFound
 from service.products import formats

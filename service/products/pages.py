@@ -16,17 +16,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 
+from service.auth.session import DashboardUser
 from service.campaigns import reads as campaigns
 from service.config import Settings
-from service.dashboard.router import PageRoute, render
-from service.dashboard.session import DashboardUser
+from service.dashboard.router import render
 from service.deps import ReadSessionDep, RowId, SettingsDep
 from service.errors import NotFound
 from service.products import service as products
 from service.products.aggregates import load_state
 from service.storage import CampaignProducts
 
-router = APIRouter(route_class=PageRoute, include_in_schema=False)
+router = APIRouter(include_in_schema=False)
 
 # The files the page links to: name -> (what, format), as the REST API's routes name them.
 DOWNLOADS = {
