@@ -751,8 +751,15 @@ def scan_key(spec: CampaignSpec) -> str:
     return _sha256(pointing_fingerprint(spec))
 
 
-# Sky fields whose default is left out of the spec hash: specs written before they existed hash as they did.
-SKY_FIELDS_ADDED_LATER: dict[str, Any] = {"polarization": "both", "power_law": None}
+# Fields added to the spec after campaigns were stored, by (section, name): at their default they are left out of
+# the spec hash, so a spec written before they existed hashes as it did (its idempotent resubmission and its
+# results' hash check keep working). A new field with a default belongs here.
+FIELDS_ADDED_LATER: dict[tuple[str, str], Any] = {
+    ("sky", "polarization"): "both",
+    ("sky", "power_law"): None,
+    ("products", "map_precision"): "float64",
+    ("solver", "pointing"): "cached",
+}
 
 
 def spec_hash(spec: CampaignSpec) -> str:
@@ -764,12 +771,10 @@ def spec_hash(spec: CampaignSpec) -> str:
     """
     data = spec.model_dump(mode="json")
     data.pop("realizations", None)
-    if data["products"].get("map_precision") == "float64":
-        data["products"].pop("map_precision")  # the default keeps the hashes of specs written before the option
-    sky = data.get("sky") or {}
-    for name, default in SKY_FIELDS_ADDED_LATER.items():
-        if name in sky and sky[name] == default:
-            del sky[name]  # a campaign stored before the field existed keeps its hash
+    for (section, name), default in FIELDS_ADDED_LATER.items():
+        fields = data.get(section) or {}
+        if name in fields and fields[name] == default:
+            del fields[name]
     return _sha256(data)
 
 
