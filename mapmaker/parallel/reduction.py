@@ -642,6 +642,9 @@ class HybridReduction(PixelReduction):
         return sent, messages
 
 
+# The strategies with start() and finish() (overlaps True)
+OverlapReduction = AlltoallvOverlapReduction | NeighborOverlapReduction
+
 STRATEGIES: dict[str, type[PixelReduction]] = {
     "allreduce": AllreduceReduction,
     "alltoallv": AlltoallvReduction,

@@ -44,7 +44,7 @@ from mapmaker.parallel.commodel import Machine, Selection, Workload
 from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan
 from mapmaker.parallel.planfile import PlanRefused
-from mapmaker.parallel.reduction import OverlapMixin, PixelReduction, make_reduction, needs_plan, resolve_strategy
+from mapmaker.parallel.reduction import OverlapReduction, PixelReduction, make_reduction, needs_plan, resolve_strategy
 from mapmaker.solve.coarse import CoarseOperator, TwoLevelPreconditioner, coarse_parents
 from mapmaker.solve.coarsefile import CoarseRefused, read_coarse_operator, write_coarse_operator
 from mapmaker.solve.local_data import LocalData, build_local_data
@@ -358,7 +358,7 @@ def solve_realization(
     # P^T (the rows only this rank observes) runs while it travels; the time counted is start + finish.
     # Recomputed pointing has no flat weights to stream: it runs the blocking operator a chunk at a time.
     overlaps = getattr(reduction, "overlaps", False) and local.weights is not None
-    split = local.operator_split(cast(OverlapMixin, reduction).shared_rows) if overlaps else None
+    split = local.operator_split(cast(OverlapReduction, reduction).shared_rows) if overlaps else None
 
     def start(partial: np.ndarray) -> None:
         started = MPI.Wtime()
