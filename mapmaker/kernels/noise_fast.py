@@ -384,7 +384,7 @@ def inverse_noise_filters(
     in ``half_widths`` (finite correlation length) is an :class:`OverlapSaveFilter`, else a :class:`CirculantFilter`."""
     widths = half_widths or [None] * len(inverse_psds)
     return [
-        (OverlapSaveFilter(inverse, lengths[f], widths[f]) if widths[f] else CirculantFilter(inverse, lengths[f]))
+        (OverlapSaveFilter(inverse, lengths[f], width) if (width := widths[f]) else CirculantFilter(inverse, lengths[f]))
         if f in lengths else None
         for f, inverse in enumerate(inverse_psds)
     ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def index_dtype(n: int) -> type:
+def index_dtype(n: int) -> type[np.int32 | np.int64]:
     """int32 while ``n`` values fit, int64 beyond."""
     return np.int32 if n < 2**31 - 1 else np.int64
 

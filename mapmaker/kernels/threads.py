@@ -43,7 +43,8 @@ def configure(threads: int, numba_threads: bool = True) -> int:
     if numba_threads:
         import numba  # deferred: ~0.5 s and ~30 MiB (-X importtime), which numpy-kernel runs never pay
 
-        set_for_numba = min(threads, numba.config.NUMBA_NUM_THREADS)
+        # numba sets its config attributes through globals() at import, which its typing does not show
+        set_for_numba = min(threads, numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
         numba.set_num_threads(set_for_numba)
     if _limits is not None:
         _limits.restore_original_limits()

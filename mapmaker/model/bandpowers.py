@@ -47,7 +47,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import IO
+from typing import IO, Any
 
 import healpy as hp
 import numpy as np
@@ -267,6 +267,10 @@ class Coupling:
 
     def write_npz(self, handle: IO[bytes] | str) -> None:
         """Write the coupling as an npz of arrays only (fits ``schemas.files.atomic_write(path, coupling.write_npz)``)."""
+        matrices: dict[str, Any] = {  # by member name; Any so that np.savez(**matrices) type-checks
+            **{f"mode_coupling_inv_{pair}": matrix for pair, matrix in self.mode_coupling_inv.items()},
+            **{f"windows_{pair}": matrix for pair, matrix in self.pspy_windows.items()},
+        }
         np.savez(
             handle,
             format=np.int64(COUPLING_FORMAT),
@@ -276,8 +280,7 @@ class Coupling:
             bin_width=np.int64(self.binning.bin_width),
             lmax=np.int64(self.binning.lmax),
             purify_b=np.bool_(self.purify_b),
-            **{f"mode_coupling_inv_{pair}": matrix for pair, matrix in self.mode_coupling_inv.items()},
-            **{f"windows_{pair}": matrix for pair, matrix in self.pspy_windows.items()},
+            **matrices,
         )
 
     @classmethod

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import healpy as hp
 import numpy as np
@@ -156,7 +157,9 @@ def build_sky(spec: CampaignSpec, realization: int, sky_root: str | Path | None)
     nside = spec.pixelization.nside
     if isinstance(spec.sky, MapSky):
         return read_sky_map(resolve_sky_path(sky_root, spec.sky.path), nside, spec.sky.fwhm_arcmin * ARCMIN)
-    cls = sky_input_cls(spec.sky)
-    lmax = min(spec.sky.lmax or 3 * nside - 1, len(cls) - 1)
-    generator = rng.generator(sky_stream_key(spec, realization))
-    return synthesize_cmb(cls, nside, lmax, spec.sky.fwhm_arcmin * ARCMIN, generator)
+    sky = cast(CmbSky, spec.sky)  # simulates_signal is False for NoSky, and MapSky returned above
+    cls = sky_input_cls(sky)
+    lmax = min(sky.lmax or 3 * nside - 1, len(cls) - 1)
+    key = sky_stream_key(spec, realization)
+    assert key is not None  # a simulated CmbSky is drawn, so it has a key
+    return synthesize_cmb(cls, nside, lmax, sky.fwhm_arcmin * ARCMIN, rng.generator(key))

@@ -448,14 +448,17 @@ def per_node(machine: Machine, ranks_per_node: int) -> Machine:
     """
     factor = max(1, int(ranks_per_node))
 
-    def scaled(link: LinkCost | None) -> LinkCost | None:
-        return None if link is None else LinkCost(link.alpha_s, link.beta_s_per_byte * factor)
+    def scaled(link: LinkCost) -> LinkCost:
+        return LinkCost(link.alpha_s, link.beta_s_per_byte * factor)
+
+    def scaled_optional(link: LinkCost | None) -> LinkCost | None:
+        return None if link is None else scaled(link)
 
     return Machine(
         f"{machine.name}, {factor} rank(s) per node sharing its interface",
         scaled(machine.p2p), scaled(machine.allreduce), scaled(machine.alltoallv), scaled(machine.allgather),
-        machine.sift_s_per_id, scaled(machine.neighbor), scaled(machine.pairwise),
-    )  # type: ignore[arg-type]
+        machine.sift_s_per_id, scaled_optional(machine.neighbor), scaled_optional(machine.pairwise),
+    )
 
 
 def scale_figures(figures: OverlapFigures, factor: float, npix: int) -> OverlapFigures:

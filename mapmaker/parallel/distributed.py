@@ -122,6 +122,8 @@ class DistributedPixels:
                 self.comm.Send(np.ascontiguousarray(self.local_pixels[rows]), dest=root, tag=_GATHER_TAG)
                 self.comm.Send(np.ascontiguousarray(values[rows]), dest=root, tag=_GATHER_TAG)
             return
+        if receive is None:
+            raise TypeError("gather_owned_rows: root needs a receive callable")
         for first in range(0, len(owned), self.buffer_pixels):
             rows = owned[first : first + self.buffer_pixels]
             receive(self.local_pixels[rows], values[rows])
@@ -143,11 +145,13 @@ class DistributedPixels:
         The map travels in pieces of ``buffer_pixels`` pixels (Bcast), so no
         rank other than root ever holds more than one piece of it.
         """
+        if self.rank == root and full is None:
+            raise TypeError("broadcast_from_root: root needs the full map")
         local = np.empty((self.n_local, k), dtype=np.float64)
         buffer = np.empty((self.buffer_pixels, k), dtype=np.float64)
         for start, end, first, last in self._pieces():
             piece = buffer[: end - start]
-            if self.rank == root:
+            if full is not None and self.rank == root:
                 piece[:] = full[start:end]
             self.comm.Bcast(piece, root=root)
             local[first:last] = piece[self.local_pixels[first:last] - start]

@@ -344,6 +344,7 @@ def project(spec: CampaignSpec, rank_counts: list[int], machine, *, time_step: i
         figures = overlap_figures(rank_sets, npix, pair_budget=pair_budget)
         per_call = strategy_costs(figures, machine, k=3, buffer_pixels=workload.buffer_pixels)
         selection = select_strategy(figures, machine, workload)
+        assert figures.histogram is not None  # overlap_figures counts it
         observed = int((figures.histogram[1:]).sum())
         fraction = np.divide(figures.shared, figures.n_local, out=np.zeros(size), where=figures.n_local > 0)
         known = figures.neighbours[figures.neighbours >= 0]

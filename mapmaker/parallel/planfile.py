@@ -90,7 +90,7 @@ def parse_section(data: bytes, rank: int, size: int, npix: int) -> OverlapPlan:
         raise PlanRefused(f"section of rank {rank} is malformed (magic, rank or array count)")
     counts = struct.unpack_from(f"<{n_arrays}Q", data, preamble)
     offset = preamble + 8 * n_arrays
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, Any] = {}  # OverlapPlan's array fields by name (Any: the dataclass has other fields too)
     for (name, dtype), count in zip(PLAN_ARRAYS.items(), counts, strict=True):
         nbytes = count * np.dtype(dtype).itemsize
         if offset + nbytes > len(data):
@@ -140,7 +140,7 @@ def write_plan(comm, path: str | Path, plan: OverlapPlan, identity: PlanIdentity
     digests = comm.gather(digest, root=0)
     relative = np.concatenate([[0], np.cumsum([_align(int(n)) for n in lengths])]).astype(np.int64)
 
-    header_json = None
+    header_json: tuple[dict[str, Any], bytes, int] | None = None  # on root: the header, its bytes, the data offset
     temp_name = None
     problem = None
     if rank == 0:
@@ -172,22 +172,24 @@ def write_plan(comm, path: str | Path, plan: OverlapPlan, identity: PlanIdentity
     problem, temp_name = comm.bcast((problem, temp_name), root=0)
     if problem:
         raise OSError(problem)
-    data_offset, file_size = comm.bcast((header_json[2], header_json[2] + int(relative[-1])) if rank == 0 else None, root=0)
+    data_offset, file_size = comm.bcast(
+        (header_json[2], header_json[2] + int(relative[-1])) if header_json is not None else None, root=0
+    )
 
     failed = 0
     try:
-        handle = MPI.File.Open(comm, temp_name, MPI.MODE_WRONLY)
+        plan_file = MPI.File.Open(comm, temp_name, MPI.MODE_WRONLY)
         try:
-            handle.Set_size(file_size)  # collective; zero padding between and after the sections
+            plan_file.Set_size(file_size)  # collective; zero padding between and after the sections
             start = data_offset + int(relative[rank])
             view = memoryview(section)
             for piece in range(0, len(section), WRITE_PIECE):
-                handle.Write_at(start + piece, view[piece : piece + WRITE_PIECE])
-            if rank == 0:
-                handle.Write_at(0, header_json[1])
-            handle.Sync()
+                plan_file.Write_at(start + piece, view[piece : piece + WRITE_PIECE])
+            if header_json is not None:  # root
+                plan_file.Write_at(0, header_json[1])
+            plan_file.Sync()
         finally:
-            handle.Close()
+            plan_file.Close()
     except Exception:  # noqa: BLE001 - every rank must learn that the write failed
         failed = 1
     failed = comm.allreduce(failed, op=MPI.MAX)
@@ -202,7 +204,7 @@ def write_plan(comm, path: str | Path, plan: OverlapPlan, identity: PlanIdentity
     if failed:
         raise OSError(f"writing the plan file {str(path)!r} failed on some rank")
     comm.Barrier()
-    return comm.bcast(header_json[0] if rank == 0 else None, root=0)
+    return comm.bcast(header_json[0] if header_json is not None else None, root=0)
 
 
 # --------------------------------------------------------------------------- reading (per rank)
@@ -307,4 +309,5 @@ def load_plan(comm, path: str | Path, identity: PlanIdentity) -> tuple[OverlapPl
     for message in problems:
         if message is not None:
             raise PlanRefused(message)
+    assert plan is not None and document is not None  # no rank refused, so this one read its section
     return plan, document

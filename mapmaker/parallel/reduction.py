@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Protocol, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -308,6 +308,7 @@ class NeighborReduction(AlltoallvReduction):
     """
 
     name = "neighbor"
+    _request: MPI.Request | None  # the started exchange, between _start and _wait
     bytes_counted = (
         "exact: 8 k bytes per shared pixel value this rank passes to MPI_Neighbor_alltoallv (the Alltoallv's "
         "bytes); messages: the non-empty blocks (one per neighbour and round)"
@@ -318,7 +319,8 @@ class NeighborReduction(AlltoallvReduction):
         super().__init__(comm, local_pixels, plan, max_elements=max_elements)
         self.neighbours = plan.neighbours.astype(np.int64)
         listed = self.neighbours.tolist()
-        self.graph = comm.Create_dist_graph_adjacent(listed, listed, reorder=True)
+        # a graph topology is built on an intracommunicator (COMM_WORLD or a split of it): Comm's stub lacks it
+        self.graph = cast(MPI.Intracomm, comm).Create_dist_graph_adjacent(listed, listed, reorder=True)
         self.persistent = bool(persistent and PERSISTENT_NEIGHBOR)
         self._persistent: dict[int, tuple[MPI.Prequest, np.ndarray, np.ndarray]] = {}
         self.mode = "persistent" if self.persistent else "non-persistent"
@@ -372,6 +374,21 @@ class NeighborReduction(AlltoallvReduction):
             self._request = None
 
 
+class _PlanExchange(Protocol):
+    """What :class:`OverlapMixin` uses of the plan-driven strategy it is mixed into (:class:`AlltoallvReduction`)."""
+
+    local_pixels: np.ndarray
+    index: np.ndarray
+    _max_rows: int
+    _pending: tuple[np.ndarray, np.ndarray, int] | None
+
+    def _check(self, local_values: np.ndarray) -> None: ...
+    def _count(self, nbytes: int, messages: int) -> None: ...
+    def _start(self, local_values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]: ...
+    def _wait(self) -> None: ...
+    def _add(self, local_values: np.ndarray, received: np.ndarray) -> None: ...
+
+
 class OverlapMixin:
     """Overlap variant of a plan-driven strategy: :meth:`start` posts the exchange, :meth:`finish` completes it.
 
@@ -389,30 +406,30 @@ class OverlapMixin:
     _pending: tuple[np.ndarray, np.ndarray, int] | None = None
 
     @property
-    def shared_rows(self) -> np.ndarray:
+    def shared_rows(self: _PlanExchange) -> np.ndarray:
         """[n_local] bool: the rows the exchange sends and adds into (the others are this rank's alone)."""
-        rows = np.zeros(len(self.local_pixels), dtype=bool)  # type: ignore[attr-defined]
-        rows[self.index] = True  # type: ignore[attr-defined]
+        rows = np.zeros(len(self.local_pixels), dtype=bool)
+        rows[self.index] = True
         return rows
 
-    def start(self, local_values: np.ndarray) -> None:
-        self._check(local_values)  # type: ignore[attr-defined]
-        if self._max_rows == 0:  # type: ignore[attr-defined]
+    def start(self: _PlanExchange, local_values: np.ndarray) -> None:
+        self._check(local_values)
+        if self._max_rows == 0:
             self._pending = (local_values, np.zeros((0, local_values.shape[1])), 0)
             return
-        _, received, messages = self._start(local_values)  # type: ignore[attr-defined]
+        _, received, messages = self._start(local_values)
         self._pending = (local_values, received, messages)
 
-    def finish(self) -> np.ndarray:
+    def finish(self: _PlanExchange) -> np.ndarray:
         if self._pending is None:
             raise RuntimeError("finish() without start()")
         local_values, received, messages = self._pending
         self._pending = None
-        if self._max_rows:  # type: ignore[attr-defined]  # posted, even with nothing of this rank's in it
-            self._wait()  # type: ignore[attr-defined]
-            self._add(local_values, received)  # type: ignore[attr-defined]
-        nbytes = len(self.index) * local_values.shape[1] * VALUE_BYTES if self._max_rows else 0  # type: ignore[attr-defined]
-        self._count(nbytes, messages)  # type: ignore[attr-defined]
+        if self._max_rows:  # posted, even with nothing of this rank's in it
+            self._wait()
+            self._add(local_values, received)
+        nbytes = len(self.index) * local_values.shape[1] * VALUE_BYTES if self._max_rows else 0
+        self._count(nbytes, messages)
         return local_values
 
 
@@ -420,6 +437,8 @@ class AlltoallvOverlapReduction(OverlapMixin, AlltoallvReduction):
     """``alltoallv`` with the exchange posted by ``MPI_Ialltoallv`` and completed after the private rows."""
 
     name = "alltoallv-overlap"
+    _request: MPI.Request | None  # the posted exchange and its buffers, between _post and _wait
+    _buffers: tuple[np.ndarray, np.ndarray] | None
     bytes_counted = AlltoallvReduction.bytes_counted.replace("MPI_Alltoallv", "MPI_Ialltoallv")
 
     def _post(self, send: np.ndarray, recv: np.ndarray, counts: np.ndarray, displacements: np.ndarray, k: int,
@@ -623,6 +642,9 @@ class HybridReduction(PixelReduction):
         return sent, messages
 
 
+# The strategies with start() and finish() (overlaps True)
+OverlapReduction = AlltoallvOverlapReduction | NeighborOverlapReduction
+
 STRATEGIES: dict[str, type[PixelReduction]] = {
     "allreduce": AllreduceReduction,
     "alltoallv": AlltoallvReduction,
@@ -679,6 +701,7 @@ def make_reduction(
     drive ``auto`` and the threshold of ``hybrid`` (``hybrid_threshold``
     forces one). ``max_elements`` caps the doubles per MPI message.
     """
+    reduction: PixelReduction
     requested = resolve_strategy(name)
     size = comm.Get_size()
     if not needs_plan(requested, size):
@@ -698,19 +721,20 @@ def make_reduction(
         raise ValueError(f"reduction {requested!r} on {size} ranks needs the overlap plan")
     machine = machine or commodel.DEFAULT_MACHINE
     workload = workload or commodel.Workload(1, commodel.PAPER_ITERATIONS, buffer_pixels)
-    selection = None
+    selection: commodel.Selection | None = None
+    strategy = requested
     if requested in ("auto", "hybrid"):
         figures = commodel.figures_from_plan(comm, plan)
         selection = commodel.select_strategy(figures, machine, workload, requested)
-    if requested == "hybrid":
-        hybrid = selection.modeled["hybrid"]
-        selection.chosen = "hybrid"
-        selection.reason = (
-            f"threshold {hybrid['threshold']:.0f} ({hybrid['heavy_pixels']:.0f} heavy pixels) has the lowest modeled "
-            f"time per iteration, {hybrid['seconds_per_iteration']:.3g} s; alltoallv alone "
-            f"{selection.modeled['alltoallv']['seconds_per_iteration']:.3g} s ({machine.name})"
-        )
-    strategy = selection.chosen if requested == "auto" else requested
+        if requested == "hybrid":
+            hybrid = selection.modeled["hybrid"]
+            selection.chosen = "hybrid"
+            selection.reason = (
+                f"threshold {hybrid['threshold']:.0f} ({hybrid['heavy_pixels']:.0f} heavy pixels) has the lowest "
+                f"modeled time per iteration, {hybrid['seconds_per_iteration']:.3g} s; alltoallv alone "
+                f"{selection.modeled['alltoallv']['seconds_per_iteration']:.3g} s ({machine.name})"
+            )
+        strategy = selection.chosen if requested == "auto" else requested
     if strategy == "allreduce":
         reduction = AllreduceReduction(comm, local_pixels, npix, buffer_pixels)
     elif strategy == "alltoallv":
@@ -718,8 +742,13 @@ def make_reduction(
     elif strategy == "butterfly":
         reduction = ButterflyReduction(comm, local_pixels, plan, max_elements=max_elements)
     elif strategy in ("neighbor", "pairwise", "alltoallv-overlap", "neighbor-overlap"):
-        reduction = STRATEGIES[strategy](comm, local_pixels, plan, max_elements=max_elements)
+        # these four are AlltoallvReduction's subclasses, built from the plan alone
+        reduction = cast(type[AlltoallvReduction], STRATEGIES[strategy])(
+            comm, local_pixels, plan, max_elements=max_elements
+        )
     else:
+        # hybrid, requested or chosen by the model: either way the selection was made above
+        assert selection is not None
         threshold = hybrid_threshold or int(selection.modeled["hybrid"]["threshold"])
         reduction = HybridReduction(
             comm, local_pixels, plan, threshold=threshold, buffer_pixels=buffer_pixels, max_elements=max_elements

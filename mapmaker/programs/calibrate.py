@@ -31,6 +31,7 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -61,7 +62,7 @@ def _inner(nbytes: int) -> int:
     return int(max(3, min(200, 2e6 / max(nbytes, 1))))
 
 
-def fit(points: list[tuple[float, float]], latency_factor: float, bandwidth_factor: float, formula: str) -> OperationFit:
+def fit(points: Sequence[tuple[float, float]], latency_factor: float, bandwidth_factor: float, formula: str) -> OperationFit:
     """Weighted least squares t = a + b x (weights 1/t); alpha = a / latency_factor, beta = b / bandwidth_factor."""
     x = np.array([p[0] for p in points], dtype=np.float64)
     t = np.array([p[1] for p in points], dtype=np.float64)

@@ -126,6 +126,7 @@ def run_realize(args: argparse.Namespace) -> int:
     except OutputExists as error:  # --out appeared during the run; only root sees it
         return fail(str(error), collective=False)
     if rank == 0 and not args.quiet:
+        assert result is not None  # realize_to_folder returns the result on rank 0
         state = "converged" if result.converged else "NOT converged"
         print(
             f"realisation {args.realization}: {state} in {result.iterations} iterations "
@@ -189,6 +190,7 @@ def run_preprocess_command(args: argparse.Namespace) -> int:
     except OSError as error:
         return fail(str(error), code=RUN_FAILED)
     if rank == 0 and not args.quiet:
+        assert report is not None  # run_preprocess returns the report on rank 0
         print(
             f"plan for {report.ranks} ranks: {report.path}, {report.size_bytes} bytes, built in {report.build_time_s:.2f} s",
             file=sys.stderr, flush=True,
@@ -212,6 +214,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     calibration = run_calibration(comm, repeat=args.repeat, site=args.site, progress=progress)
     if rank != 0:
         return MapmakerExit.OK
+    assert calibration is not None  # run_calibration returns the calibration on rank 0
     document = json.loads(calibration.model_dump_json())
     if args.out is not None:
         atomic_write_json(args.out, document, indent=2)

@@ -65,6 +65,8 @@ def overlap_statistics(comm, plan: OverlapPlan) -> OverlapStatistics:
         return RankSpread(min=float(values.min()), mean=float(values.mean()), max=float(values.max()))
 
     histogram = plan.histogram
+    if histogram is None:
+        raise TypeError("overlap_statistics needs a plan built in this run: a loaded plan has no histogram")
     return OverlapStatistics(
         ranks=comm.Get_size(),
         observed_pixels=int(histogram[1:].sum()),
@@ -161,5 +163,6 @@ def run_preprocess(
         raise problem
     if rank != 0:
         return None
+    assert report is not None  # rank 0 built it, or raised the broadcast problem above
     say(f"plan: {out} ({report.size_bytes} bytes, sha256 {report.checksum[:16]}...) in {build_time:.2f} s")
     return report

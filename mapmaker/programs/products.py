@@ -47,6 +47,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import healpy as hp
 import numpy as np
@@ -213,7 +214,7 @@ def write_spectra(
         hp.write_map(
             paths["mask"], measured.mask, dtype=np.float64, column_names=["MASK"], extra_header=mask_header, coord=coord
         )
-    arrays = {
+    arrays: dict[str, Any] = {  # by member name; Any so that np.savez(**arrays) type-checks
         "spectra": np.array(SPECTRA),
         "ell": np.arange(measured.lmax + 1),
         "cl": measured.cl,

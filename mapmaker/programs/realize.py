@@ -95,11 +95,13 @@ def realize_to_folder(
         comm,
         lambda: write_products(spec, realization, out, outcome, timers, coupling_path, progress, coupling_in_file),
     )
-    folder, records, measured, coupling_record = written if written is not None else (None, [], None, None)
     per_rank = gather_rank_figures(comm, outcome, timers)
     rank_hosts = comm.gather(MPI.Get_processor_name(), root=0)
     if comm.Get_rank() != 0:
         return None
+    # on root: refuse_on_every_rank returns write_products' value, comm.gather the list of every rank's figures
+    assert written is not None and per_rank is not None
+    folder, records, measured, coupling_record = written
     result = realization_result(
         spec, realization, outcome, per_rank, ranks=comm.Get_size(), threads=threads, kernels=kernels,
         rank_hosts=rank_hosts,
@@ -221,6 +223,8 @@ def write_products(
     Returns the folder (not yet committed: ``result.json`` goes in last), the files' records,
     the measured spectra and how the coupling came.
     """
+    # run_realization gathers the maps on root, the rank that writes the products
+    assert outcome.iqu is not None and outcome.hits is not None and outcome.rcond is not None
     with timers.stage("products"), timers("calc"):
         mask = spectra.campaign_mask(spec, outcome.iqu, outcome.hits)
         coupling, coupling_record = campaign_coupling(spec, mask, coupling_path, progress, coupling_in_file)

@@ -28,6 +28,7 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -116,7 +117,7 @@ def write_coarse_operator(
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     counts = comm.gather((len(owned_pixels), operator.columns.shape[1]), root=0)
-    members: dict[str, np.ndarray] = {}
+    members: dict[str, Any] = {}  # arrays by member name; Any so that np.savez(**members) type-checks
     if rank == 0:
         assert counts is not None
         members["matrix"] = operator.matrix

@@ -218,6 +218,7 @@ class LocalData:
         for i in range(first, stop):
             chunk = self.chunks[i]
             begin = int(self.chunk_offsets[i]) - samples.start
+            assert self.pointer is not None  # recomputed pointing (weights None) is built with its pointer
             weights[begin : begin + chunk.n_samples] = self.pointer(chunk.time_chunk, chunk.detector)[1]
         if self.cut is not None:
             weights[self.cut[self.local_index[samples]]] = 0.0
@@ -361,7 +362,7 @@ class LocalData:
             out.fill(0.0)
         owner = None if intervals is None else np.searchsorted(self.interval_offsets, intervals, side="right") - 1
         for first, stop in self.chunk_runs():
-            if owner is None:
+            if owner is None or intervals is None:  # both None or neither
                 chosen = np.arange(self.interval_offsets[first], self.interval_offsets[stop])
             else:
                 chosen = intervals[(owner >= first) & (owner < stop)]

@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import healpy as hp
 import numpy as np
@@ -43,7 +44,7 @@ from mapmaker.parallel.commodel import Machine, Selection, Workload
 from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan
 from mapmaker.parallel.planfile import PlanRefused
-from mapmaker.parallel.reduction import PixelReduction, make_reduction, needs_plan, resolve_strategy
+from mapmaker.parallel.reduction import OverlapReduction, PixelReduction, make_reduction, needs_plan, resolve_strategy
 from mapmaker.solve.coarse import CoarseOperator, TwoLevelPreconditioner, coarse_parents
 from mapmaker.solve.coarsefile import CoarseRefused, read_coarse_operator, write_coarse_operator
 from mapmaker.solve.local_data import LocalData, build_local_data
@@ -281,7 +282,7 @@ def set_up_realization(
         sky_local = None
         if has_sky:
             with timers("comm"):
-                sky_local = pixels.broadcast_from_root(sky_full.T if rank == 0 else None, 3)
+                sky_local = pixels.broadcast_from_root(sky_full.T if sky_full is not None else None, 3)  # on root
             del sky_full
 
     return RealizationSetUp(
@@ -357,7 +358,7 @@ def solve_realization(
     # P^T (the rows only this rank observes) runs while it travels; the time counted is start + finish.
     # Recomputed pointing has no flat weights to stream: it runs the blocking operator a chunk at a time.
     overlaps = getattr(reduction, "overlaps", False) and local.weights is not None
-    split = local.operator_split(reduction.shared_rows) if overlaps else None
+    split = local.operator_split(cast(OverlapReduction, reduction).shared_rows) if overlaps else None
 
     def start(partial: np.ndarray) -> None:
         started = MPI.Wtime()
@@ -366,6 +367,7 @@ def solve_realization(
 
     def apply_matrix_overlapped(direction: np.ndarray) -> np.ndarray:
         with timers("calc"):
+            assert split is not None  # the overlapped operator is chosen only where the split was made
             product = local.apply_operator_overlapped(direction, split, start, workers=threads, out=product_buffer)
         with timers("comm"):
             started = MPI.Wtime()

@@ -1,4 +1,4 @@
-"""Static checks run with the tests: ruff over the whole tree, mypy over the contracts and the two deployables.
+"""Static checks run with the tests: ruff over the whole tree, mypy over the contracts, deployables and map-maker.
 
 Both tools are pinned in the test extras (pyproject.toml), so a new release's new rules cannot fail a clean
 checkout; their settings are in pyproject.toml.
@@ -23,7 +23,7 @@ def test_ruff_finds_nothing_anywhere():
     assert done.returncode == 0, done.stdout[-20_000:] + done.stderr
 
 
-def test_mypy_is_clean_on_schemas_worker_and_service():
+def test_mypy_is_clean_on_the_configured_packages():
     done = run("mypy", "--no-incremental", "--cache-dir", "/dev/null")  # files and plugins from [tool.mypy]
     assert done.returncode == 0, done.stdout[-20_000:] + done.stderr
     assert "no issues found" in done.stdout
