@@ -32,7 +32,7 @@ from schemas.api import API_PREFIX
 from schemas.result import SPECTRA
 from tests.api.conftest import Api
 from tests.support.live_service import mapcampaign_command
-from tests.support.mapped_campaign import deliver
+from tests.support.mapped_campaign import deliver, deliver_all
 from tests.support.service_helpers import auth
 
 NSIDE = 64
@@ -455,15 +455,7 @@ def test_cli_spectrum_prints_the_bandpowers_and_refuses_a_wrong_combination(live
         assert created.status_code == 201, created.text
         ids[kind] = created.json()["id"]
         copies = [refolder(spec, path, tmp_path / kind / path.name) for path in paths[:2]]
-        delivered = 0
-        while delivered < 2:
-            for task in worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 8}).json()["tasks"]:
-                if task["kind"] == "preprocess":
-                    built = {"path": "/p.h5", "checksum": "sha256:0", "size_bytes": 1, "build_time_s": 0.1}
-                    worker.post(f"/tasks/{task['task_id']}/plan-built", json=built).raise_for_status()
-                    continue
-                assert deliver(worker, task, copies[task["realization"]]).status_code == 200
-                delivered += 1
+        deliver_all(worker, worker_id, copies)
     data_file = tmp_path / "data.fits"
     data_file.write_bytes(data)
     options = ["--transfer", str(ids["signal-only"]), "--noise", str(ids["noise-only"])]

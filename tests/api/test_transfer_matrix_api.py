@@ -30,7 +30,7 @@ from schemas.result import SPECTRA
 from schemas.spec import CmbSky
 from tests.api.test_bandpowers_api import problem, refolder, run_campaign, run_spectrum_cli, spectrum
 from tests.api.test_products_api import login
-from tests.support.mapped_campaign import deliver
+from tests.support.mapped_campaign import deliver_all
 
 NSIDE = 32
 BIN_WIDTH = 8
@@ -257,15 +257,7 @@ def test_cli_spectrum_with_a_transfer_matrix_pair(live_service, skies, tmp_path)
         assert created.status_code == 201, created.text
         ids[role] = created.json()["id"]
         copies = [refolder(spec, path, tmp_path / role / path.name) for path in paths[:2]]
-        delivered = 0
-        while delivered < 2:
-            for task in worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 8}).json()["tasks"]:
-                if task["kind"] == "preprocess":
-                    built = {"path": "/p.h5", "checksum": "sha256:0", "size_bytes": 1, "build_time_s": 0.1}
-                    worker.post(f"/tasks/{task['task_id']}/plan-built", json=built).raise_for_status()
-                    continue
-                assert deliver(worker, task, copies[task["realization"]]).status_code == 200
-                delivered += 1
+        deliver_all(worker, worker_id, copies)
     data_file = tmp_path / "data.fits"
     data_file.write_bytes(data)
     pair = ["--transfer-e", str(ids["E-only"]), "--transfer-b", str(ids["B-only"]), "--noise", str(ids["noise-only"])]

@@ -16,7 +16,7 @@ from threadpoolctl import threadpool_limits
 from tests.api.test_bandpowers_api import refolder
 from tests.api.test_transfer_matrix_api import PureSkies, campaign_spec
 from tests.browser.conftest import Dashboard
-from tests.support.mapped_campaign import deliver
+from tests.support.mapped_campaign import deliver_all
 
 pytestmark = pytest.mark.browser
 
@@ -44,15 +44,7 @@ def test_the_matrix_chart_draws_every_element_on_a_symlog_axis(dash: Dashboard, 
     for role, (spec, folders) in pair.items():
         with dash.api() as client:
             ids[role] = client.post("/campaigns", json=spec).json()["id"]
-        delivered = 0
-        while delivered < len(folders):
-            for task in worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 8}).json()["tasks"]:
-                if task["kind"] == "preprocess":
-                    built = {"path": "/p.h5", "checksum": "sha256:0", "size_bytes": 1, "build_time_s": 0.1}
-                    worker.post(f"/tasks/{task['task_id']}/plan-built", json=built).raise_for_status()
-                    continue
-                assert deliver(worker, task, folders[task["realization"]]).status_code == 200
-                delivered += 1
+        deliver_all(worker, worker_id, folders)
 
     dash.login(page)
     page.goto(dash.url + f"/campaigns/{ids['B-only']}")

@@ -28,7 +28,7 @@ import pytest
 
 from schemas.io import load_spec
 from tests.support.live_service import REPO, LiveService, start_live_service
-from tests.support.mapped_campaign import SPEC, deliver, map_realizations
+from tests.support.mapped_campaign import SPEC, deliver_all, map_realizations
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -96,17 +96,7 @@ def campaigns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveSe
             created = user.post("/campaigns", json=load_spec(spec_path).model_dump(mode="json"))
             assert created.status_code == 201, created.text
             ids[kind] = created.json()["id"]
-            delivered = 0
-            while delivered < realizations:
-                tasks = worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 8}).json()["tasks"]
-                assert tasks, "nothing to claim"
-                for task in tasks:
-                    if task["kind"] == "preprocess":
-                        built = {"path": "/p.h5", "checksum": "sha256:0", "size_bytes": 1, "build_time_s": 0.1}
-                        worker.post(f"/tasks/{task['task_id']}/plan-built", json=built).raise_for_status()
-                        continue
-                    assert deliver(worker, task, maps[task["realization"]]).status_code == 200
-                    delivered += 1
+            deliver_all(worker, worker_id, maps)
             assert user.get(f"/campaigns/{ids[kind]}").json()["state"] == "succeeded"
         (folder / "data.fits").write_bytes((folder / "signal+noise" / "maps" / "r0001" / "map_iqu.fits").read_bytes())
         user.close()

@@ -15,6 +15,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,20 @@ def deliver(client: Any, task: dict[str, Any], folder: Path, *, prefix: str = ""
         )
         assert answer.status_code == 201, answer.text
     return client.post(f"{prefix}/tasks/{task['task_id']}/succeeded", json={"result": result}, headers=headers)
+
+
+def deliver_all(worker: Any, worker_id: int, folders: Sequence[Path] | dict[int, Path]) -> None:
+    """Claim as ``worker_id`` until every realisation of ``folders`` (its product folder by index) is delivered;
+    a preprocess task on the way is reported built (no plan file is needed to deliver made products)."""
+    delivered = 0
+    while delivered < len(folders):
+        tasks = worker.post(f"/workers/{worker_id}/claim", json={"max_tasks": 8}).json()["tasks"]
+        assert tasks, "nothing to claim"
+        for task in tasks:
+            if task["kind"] == "preprocess":
+                built = {"path": "/p.h5", "checksum": "sha256:0", "size_bytes": 1, "build_time_s": 0.1}
+                worker.post(f"/tasks/{task['task_id']}/plan-built", json=built).raise_for_status()
+                continue
+            answer = deliver(worker, task, folders[task["realization"]])
+            assert answer.status_code == 200, answer.text
+            delivered += 1
