@@ -37,7 +37,7 @@ from tests.support.local_slurm import (
     scontrol_job,
     write_slurm_site,
 )
-from tests.support.worker_helpers import Api, long_spec, start_worker, tiny_spec, wait_for
+from tests.support.worker_helpers import Api, long_spec, start_worker, tiny_spec, wait_for, wait_running_with_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.mpi, pytest.mark.timeout(600)]
 
@@ -70,19 +70,6 @@ def job_nodes(job_id: str) -> list[str]:
         ["scontrol", "show", "hostnames", node_list], capture_output=True, text=True, timeout=30, check=False
     )
     return done.stdout.split()
-
-
-def wait_running_with_job(api: Api, campaign_id: int, worker, timeout: float = 300) -> str:
-    """The Slurm job id of realisation 0's running attempt, once the worker reported it started."""
-
-    def job() -> str | None:
-        realization = api.realization(campaign_id, 0)
-        history = realization["attempt_history"]
-        if realization["state"] == "running" and history and history[-1]["scheduler_job_id"]:
-            return history[-1]["scheduler_job_id"]
-        return None
-
-    return wait_for(job, timeout, "realisation 0 running in a Slurm job", worker=worker)
 
 
 def ranks_on(node: str) -> list[int]:

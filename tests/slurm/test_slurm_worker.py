@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.local_slurm import scancel, scontrol_job, write_slurm_site
-from tests.support.worker_helpers import Api, long_spec, start_worker, wait_for
+from tests.support.worker_helpers import Api, long_spec, start_worker, wait_running_with_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.mpi, pytest.mark.timeout(600)]
 
@@ -23,19 +23,6 @@ FAST = {"MAPCAMPAIGN_LEASE_S": "30", "MAPCAMPAIGN_REAPER_INTERVAL_S": "0.5"}
 def on_sqlite() -> pytest.MarkDecorator:
     # The worker's protocol runs on both databases in tests/integration; here the scheduler is under test.
     return pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
-
-
-def wait_running_with_job(api: Api, campaign_id: int, worker, timeout: float = 300) -> str:
-    """The Slurm job id of realisation 0's running attempt, once the worker reported it started."""
-
-    def job() -> str | None:
-        realization = api.realization(campaign_id, 0)
-        history = realization["attempt_history"]
-        if realization["state"] == "running" and history and history[-1]["scheduler_job_id"]:
-            return history[-1]["scheduler_job_id"]
-        return None
-
-    return wait_for(job, timeout, "realisation 0 running in a Slurm job", worker=worker)
 
 
 @on_sqlite()

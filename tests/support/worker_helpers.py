@@ -47,3 +47,16 @@ def pid_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def wait_running_with_job(api: Api, campaign_id: int, worker, timeout: float = 300) -> str:
+    """The Slurm job id of realisation 0's running attempt, once the worker reported it started."""
+
+    def job() -> str | None:
+        realization = api.realization(campaign_id, 0)
+        history = realization["attempt_history"]
+        if realization["state"] == "running" and history and history[-1]["scheduler_job_id"]:
+            return history[-1]["scheduler_job_id"]
+        return None
+
+    return wait_for(job, timeout, "realisation 0 running in a Slurm job", worker=worker)
