@@ -20,6 +20,7 @@ module (fast twin)        operations
 ``pixels``                sorted unique pixels of a rank and each sample's row among them
 ``threads``               threads per rank: numba, the FFT/operator pool, BLAS
 ``prefetch``              software prefetch of map rows inside numba loops (fast kernels only)
+``rows``                  one IQU row of P and P^T as 2-lane vector operations (fast kernels only)
 ========================  =====================================================
 
 ``threads`` lives with the kernels because they are its only users inside a

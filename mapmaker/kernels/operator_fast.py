@@ -37,7 +37,8 @@ from numba import njit, prange
 from mapmaker.kernels import threads as threading
 from mapmaker.kernels.noise_fast import CirculantFilter
 from mapmaker.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row_for_read, prefetch_row_for_write
-from mapmaker.kernels.projection_fast import add_partial_maps, scatter_samples
+from mapmaker.kernels.projection_fast import iqu_rows, iqu_target, add_partial_maps, gather_samples, scatter_samples
+from mapmaker.kernels.rows import add_to_row, dot_row
 
 # Samples per batch of back-to-back intervals: BATCH_SAMPLES (32 MiB of buffer per thread), never more than a
 # thread's own samples. Every batch brings both maps back into cache (the batch's FFTs and pointing stream evict
@@ -63,17 +64,6 @@ def batch_samples_for(n_local: int) -> int:
     if n_local <= SMALL_MAP_PIXELS:
         return SMALL_MAP_BATCH_SAMPLES
     return BATCH_SAMPLES
-
-
-@njit(nogil=True, cache=True)
-def gather_samples(local_map, local_index, weights, out):
-    """``out[t] = weights[t] . local_map[local_index[t]]`` (P on a slice of samples; arrays of equal length)."""
-    n = len(out)
-    for t in range(n):
-        if t + PREFETCH_DISTANCE < n:
-            prefetch_row_for_read(local_map, local_index[t + PREFETCH_DISTANCE])
-        p = local_index[t]
-        out[t] = weights[t, 0] * local_map[p, 0] + weights[t, 1] * local_map[p, 1] + weights[t, 2] * local_map[p, 2]
 
 
 @njit(nogil=True, cache=True)
@@ -151,9 +141,11 @@ def apply_inverse_noise_operator(
     n_local = local_map.shape[0]
     if batch_samples is None:
         batch_samples = batch_samples_for(n_local)
-    local_map = np.ascontiguousarray(local_map)
+    local_map = iqu_rows(np.asarray(local_map, dtype=np.float64), "local_map")
+    weights = iqu_rows(weights, "weights")
     if out is None:
         out = np.empty((n_local, 3), dtype=np.float64)
+    iqu_target(out)
     starts = interval_starts.tolist()
     lengths = interval_lengths.tolist()
     chosen = filter_index.tolist()
@@ -193,16 +185,16 @@ def _white_operator(local_map, local_index, weights, group_bounds, starts, lengt
         for i in range(group_bounds[g], group_bounds[g + 1]):
             scale = inverse_variance[i]
             stop = starts[i] + lengths[i]
-            for t in range(starts[i], stop):
-                if t + PREFETCH_DISTANCE < stop:
-                    ahead = local_index[t + PREFETCH_DISTANCE]
-                    prefetch_row_for_read(local_map, ahead)
-                    prefetch_row_for_write(target, ahead)
+            ahead = max(stop - PREFETCH_DISTANCE, starts[i])
+            for t in range(starts[i], ahead):
+                row = local_index[t + PREFETCH_DISTANCE]
+                prefetch_row_for_read(local_map, row)
+                prefetch_row_for_write(target, row)
                 p = local_index[t]
-                y = (weights[t, 0] * local_map[p, 0] + weights[t, 1] * local_map[p, 1] + weights[t, 2] * local_map[p, 2]) * scale
-                target[p, 0] += y * weights[t, 0]
-                target[p, 1] += y * weights[t, 1]
-                target[p, 2] += y * weights[t, 2]
+                add_to_row(target, p, weights, t, dot_row(local_map, p, weights, t) * scale)
+            for t in range(ahead, stop):
+                p = local_index[t]
+                add_to_row(target, p, weights, t, dot_row(local_map, p, weights, t) * scale)
     if blocks > 1:
         add_partial_maps(partial, out)
 
@@ -223,10 +215,11 @@ def apply_white_operator(
         out = np.zeros((local_map.shape[0], 3), dtype=np.float64)
     elif not accumulate:
         out[:] = 0.0
+    iqu_target(out)
     groups = threading.balanced_groups(interval_lengths.tolist(), numba.get_num_threads())
     bounds = np.array([g.start for g in groups] + [groups[-1].stop if groups else 0], dtype=np.int64)
     _white_operator(
-        np.ascontiguousarray(local_map), local_index, weights, bounds, interval_starts, interval_lengths,
+        iqu_rows(np.asarray(local_map, dtype=np.float64), "local_map"), local_index, iqu_rows(weights, "weights"), bounds, interval_starts, interval_lengths,
         inverse_variance, out,
     )
     return out

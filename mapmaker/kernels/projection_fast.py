@@ -1,13 +1,19 @@
 """Compiled twins of :mod:`.projection`: P and P^T (numba, threads).
 
 Same arguments and results as the numpy kernels; ``local_index`` may be
-int32 or int64. P is an embarrassingly parallel gather (``prange`` over
-samples). P^T scatters into the map, so threads would race on shared
+int32 or int64. P is an embarrassingly parallel gather (one contiguous
+block of samples per thread). P^T scatters into the map, so threads would race on shared
 pixels: each of the T numba threads sums a contiguous block of samples
 into a *private* map, and the T partial maps are added afterwards in a
 parallel loop over pixels (T x n_local x 3 x 8 bytes of scratch). With one
 thread the sums go straight into the result, in sample order -- the same
 order as the numpy kernel's ``bincount``, hence the same bits.
+
+The sample loops (:func:`gather_samples`, :func:`scatter_samples`) work on
+a row at a time with :mod:`mapmaker.kernels.rows` and request the map row
+``PREFETCH_DISTANCE`` samples ahead in a loop of their own (the last
+samples, with nothing ahead, run in a second loop without the request): no
+per-sample test of the distance to the end.
 """
 from __future__ import annotations
 
@@ -16,30 +22,59 @@ import numpy as np
 from numba import njit, prange
 
 from mapmaker.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row_for_read, prefetch_row_for_write
+from mapmaker.kernels.rows import add_to_row, dot_row
 
 # Below this many samples per thread, P^T runs on one thread (the private maps would cost more).
 SERIAL_SAMPLES_PER_THREAD = 1 << 16
 
 
+@njit(nogil=True, cache=True)
+def gather_samples(local_map, local_index, weights, out):
+    """``out[t] = weights[t] . local_map[local_index[t]]`` (P on a slice of samples; arrays of equal length).
+
+    local_map [n_local, 3] float64 and weights [n, 3] C-contiguous (see :mod:`mapmaker.kernels.rows`).
+    """
+    n = len(out)
+    ahead = max(n - PREFETCH_DISTANCE, 0)
+    for t in range(ahead):
+        prefetch_row_for_read(local_map, local_index[t + PREFETCH_DISTANCE])
+        out[t] = dot_row(local_map, local_index[t], weights, t)
+    for t in range(ahead, n):
+        out[t] = dot_row(local_map, local_index[t], weights, t)
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def _project(local_map, local_index, weights, out):
-    n = len(local_index)
-    for t in prange(n):
-        if t + PREFETCH_DISTANCE < n:
-            prefetch_row_for_read(local_map, local_index[t + PREFETCH_DISTANCE])
-        p = local_index[t]
-        out[t] = weights[t, 0] * local_map[p, 0] + weights[t, 1] * local_map[p, 1] + weights[t, 2] * local_map[p, 2]
+def _project(local_map, local_index, weights, out, blocks):
+    n = len(out)
+    for b in prange(blocks):
+        first, stop = b * n // blocks, (b + 1) * n // blocks
+        gather_samples(local_map, local_index[first:stop], weights[first:stop], out[first:stop])
+
+
+def iqu_rows(array: np.ndarray, name: str) -> np.ndarray:
+    """``array`` as the C-contiguous [n, 3] rows the compiled loops address as ``data + 3 row``."""
+    if array.ndim != 2 or array.shape[1] != 3:
+        raise ValueError(f"{name} must be [n, 3], got shape {array.shape}")
+    return np.ascontiguousarray(array)
+
+
+def iqu_target(out: np.ndarray) -> np.ndarray:
+    """A map the sums are added into: [n_local, 3] float64 and C-contiguous already (a copy would lose them)."""
+    if out.shape[1:] != (3,) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous [n_local, 3] float64 array, got {out.dtype} {out.shape}")
+    return out
 
 
 def project_map_to_tod(local_map: np.ndarray, local_index: np.ndarray, weights: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """P: ``tod[t] = sum_k weights[t, k] * local_map[local_index[t], k]``.
 
     local_map [n_local, 3] float64 (K), local_index [n_samp] int32/int64,
-    weights [n_samp, 3] float64 -> tod [n_samp] float64 (K), written into ``out`` if given.
+    weights [n_samp, 3] float32/float64 -> tod [n_samp] float64 (K), written into ``out`` if given.
     """
     if out is None:
         out = np.empty(len(local_index), dtype=np.float64)
-    _project(np.ascontiguousarray(local_map), local_index, weights, out)
+    blocks = max(1, min(numba.get_num_threads(), len(out) // SERIAL_SAMPLES_PER_THREAD))
+    _project(iqu_rows(np.asarray(local_map, dtype=np.float64), "local_map"), local_index, iqu_rows(weights, "weights"), out, blocks)
     return out
 
 
@@ -48,16 +83,15 @@ def scatter_samples(tod, local_index, weights, out):
     """``out[local_index[t], k] += weights[t, k] * tod[t]`` for every t, in order (arrays of equal length).
 
     Callers pass slices rather than an offset: a plain ``range(len)`` loop compiles to faster code.
+    out [n_local, 3] float64 and weights [n, 3] C-contiguous (see :mod:`mapmaker.kernels.rows`).
     """
     n = len(tod)
-    for t in range(n):
-        if t + PREFETCH_DISTANCE < n:
-            prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
-        p = local_index[t]
-        y = tod[t]
-        out[p, 0] += y * weights[t, 0]
-        out[p, 1] += y * weights[t, 1]
-        out[p, 2] += y * weights[t, 2]
+    ahead = max(n - PREFETCH_DISTANCE, 0)
+    for t in range(ahead):
+        prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
+        add_to_row(out, local_index[t], weights, t, tod[t])
+    for t in range(ahead, n):
+        add_to_row(out, local_index[t], weights, t, tod[t])
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -95,7 +129,7 @@ def accumulate_tod_to_map(
     if out is None:
         out = np.zeros((n_local, 3), dtype=np.float64)
     blocks = max(1, min(numba.get_num_threads(), len(tod) // SERIAL_SAMPLES_PER_THREAD))
-    _accumulate(tod, local_index, weights, out, blocks)
+    _accumulate(tod, local_index, iqu_rows(weights, "weights"), iqu_target(out), blocks)
     return out
 
 
@@ -103,16 +137,16 @@ def accumulate_tod_to_map(
 def scatter_samples_in_rows(tod, local_index, weights, rows, keep, out):
     """:func:`scatter_samples` of the samples whose pixel row has ``rows[row] == keep`` alone."""
     n = len(tod)
-    for t in range(n):
-        if t + PREFETCH_DISTANCE < n:
-            prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
+    ahead = max(n - PREFETCH_DISTANCE, 0)
+    for t in range(ahead):
+        prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
         p = local_index[t]
-        if rows[p] != keep:
-            continue
-        y = tod[t]
-        out[p, 0] += y * weights[t, 0]
-        out[p, 1] += y * weights[t, 1]
-        out[p, 2] += y * weights[t, 2]
+        if rows[p] == keep:
+            add_to_row(out, p, weights, t, tod[t])
+    for t in range(ahead, n):
+        p = local_index[t]
+        if rows[p] == keep:
+            add_to_row(out, p, weights, t, tod[t])
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -136,7 +170,7 @@ def accumulate_tod_to_rows(
     rows [n_local] bool (a per-pixel mask: no per-sample array); the other samples add nothing.
     """
     blocks = max(1, min(numba.get_num_threads(), len(tod) // SERIAL_SAMPLES_PER_THREAD))
-    _accumulate_in_rows(tod, local_index, weights, rows, keep, out, blocks)
+    _accumulate_in_rows(tod, local_index, iqu_rows(weights, "weights"), rows, keep, iqu_target(out), blocks)
     return out
 
 

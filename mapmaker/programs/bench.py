@@ -41,6 +41,14 @@ PCG iteration       16     read index + weights once: a fully fused operator who
                            index + weights read twice): see mapmaker.kernels.operator_fast
 ==================  =====  =====================================================
 
+These are lower bounds, not the traffic. Not counted: the read that
+allocates each line of P's TOD before it is written (8 bytes a sample; the
+copy's ``memcpy`` writes with streaming stores and skips it), and the map
+rows a scan misses in cache: on the bench's scan (nside 256, 13 MiB of
+local map, 2 MiB of L2) one sample in four starts a new row, and the row
+comes from L3 or memory (``benchmarks/bench_projection_limits.py`` times
+P and P^T on the scan, on an L1-resident map and on random rows).
+
 Compute floor. N^-1 is bound by the FFTs, not by memory: the bench also
 prints the flop rate of the N^-1 FFTs (2 transforms of ``2.5 n log2 n``
 flops per n-sample interval, the usual real-FFT count) and, as the
