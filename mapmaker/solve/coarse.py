@@ -265,6 +265,31 @@ class TwoLevelPreconditioner:
         return self._prolong_add(y, smoothed)
 
 
+# The most A Z (bytes per rank) that preconditioner "auto" holds and reads every iteration: the satellite
+# example's 576 columns (coarse nside 4) at nside 64 take 329 MB on one rank; at nside 512 a coarse space of
+# any use is gigabytes (module doc), and the block-diagonal preconditioner is chosen instead.
+AUTO_COARSE_BYTES = 512 * 2**20
+
+
+def choose_preconditioner(requested: str, *, cached: bool, realizations: int, coarse_bytes: int) -> tuple[str, str]:
+    """The preconditioner a run solves with, and why: ``requested`` unless it is ``"auto"``.
+
+    ``auto`` is A-DEF2 (``"two-level"``) when its coarse operator is shared -- ``cached``: a coarse cache
+    file exists, or the run writes one that ``realizations`` > 1 realisations of the campaign will read --
+    and its ``A Z`` takes at most :data:`AUTO_COARSE_BYTES` on every rank (``coarse_bytes``, the largest
+    over ranks); otherwise block-diagonal, which has no set-up to pay back.
+    """
+    if requested != "auto":
+        return requested, "as the spec says"
+    if coarse_bytes > AUTO_COARSE_BYTES:
+        return "block-diagonal", (f"A Z would take {coarse_bytes / 2**20:.0f} MiB on a rank, over the "
+                                  f"{AUTO_COARSE_BYTES / 2**20:.0f} MiB the two-level set-up may hold")
+    if not cached and realizations < 2:
+        return "block-diagonal", "no coarse cache to read and no other realisation to share one built here"
+    return "two-level", "its coarse operator is read from the coarse cache" if cached else (
+        f"its coarse operator is built once into the coarse cache for {realizations} realisations")
+
+
 def coarse_parents(local_pixels: np.ndarray, nside: int, coarse_nside: int) -> np.ndarray:
     """NESTED id at ``coarse_nside`` [n] int64 of each RING pixel ``local_pixels`` [n] at ``nside``.
 
