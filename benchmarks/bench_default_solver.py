@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_default_solver.py --json FILE          # the satellite example, 1 and 2 ranks
     .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --ranks 1 # the scaled satellite at nside 512
     .venv/bin/python benchmarks/bench_default_solver.py --configs block-diagonal,default-cached,two-level-additive:2
+    .venv/bin/python benchmarks/bench_default_solver.py --spec my-campaign.toml --ranks 4
 
 The problem is the bundled satellite example (``schemas/examples/satellite.toml``: nside 64, 4 detectors,
 24 h at 20 Hz, 6.9 M samples, 1/f noise with f_knee 0.1 Hz), realisation 0, to the spec's tolerance (1e-6);
@@ -47,9 +48,12 @@ CONFIGS = "block-diagonal,default-one-off,default-first,default-cached"
 CAMPAIGN = 16  # realisations of the campaign that shares the coarse cache
 
 
-def problem(nside: int):
-    """The satellite example at nside 64, or scaled to ``nside`` (8 detectors, 24 h, 20 Hz), at the default solver."""
-    if nside == 64:
+def problem(nside: int, spec_file: str | None = None):
+    """``spec_file`` or the satellite example at nside 64, or that scaled to ``nside`` (8 detectors, 24 h,
+    20 Hz), with the default preconditioner and coarse nside, to 1e-6."""
+    if spec_file is not None:
+        spec = load_spec(spec_file)
+    elif nside == 64:
         spec = load_spec(example_spec_path("satellite"))
     else:
         from benchmarks.bench_resolution import bench_spec
@@ -70,7 +74,7 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
     from mapmaker.solve.timing import Timers
 
     comm = MPI.COMM_WORLD
-    spec = problem(args.nside)
+    spec = problem(args.nside, args.spec)
 
     def quiet(message: str) -> None:
         pass
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="1,2", help="rank counts, each under mpiexec (default 1,2)")
     parser.add_argument("--nside", type=int, default=64, help="64: the satellite example; else scaled (default 64)")
+    parser.add_argument("--spec", default=None, help="a campaign spec file instead (its nside; --nside ignored)")
     parser.add_argument("--configs", default=CONFIGS, help=f"configurations (default {CONFIGS})")
     parser.add_argument("--rounds", type=int, default=3, help="solves per configuration; the median is reported")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -159,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     for ranks in [int(r) for r in args.ranks.split(",")]:
         command = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", __file__, "--worker",
                    "--nside", str(args.nside), "--configs", args.configs, "--rounds", str(args.rounds)]
+        command += ["--spec", args.spec] if args.spec else []
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         runs.append(json.loads(output.strip().splitlines()[-1]))
     if args.json != "-":

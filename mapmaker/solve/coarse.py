@@ -18,7 +18,7 @@ interval 15; the slow modes are large-scale *map* patterns, not offsets.
 Piecewise-constant I, Q, U on the pixels of a coarse HEALPix grid
 (``solver.coarse_nside``) give 14 iterations at coarse nside 2 (144
 columns) and 11 at nside 4 (480 observed), so that is the coarse space
-here (default coarse nside 2: the set-up grows with the columns): column
+here (default coarse nside 4: the set-up grows with the columns): column
 ``(c, s)`` is 1 in Stokes ``s`` of every solved fine pixel inside coarse
 pixel ``c`` (NESTED parents of the RING fine pixels).
 Being an aggregation, ``Z^T v`` is one bincount and ``Z y`` one gather.
@@ -44,15 +44,18 @@ The additive form (``solver.preconditioner = "two-level-additive"``),
 ``M r = M_BD r + Z E^-1 Z^T r`` from the same start, needs ``E`` alone: no
 ``A Z`` is held or read, and an iteration costs what a block-diagonal one
 does plus one ``Allreduce`` of K numbers. It does not deflate the coarse
-modes exactly, so PCG takes a few more iterations than with A-DEF2 (at
+modes exactly, so PCG takes more iterations than with A-DEF2 (at
 coarse nside 4 on the satellite example: 13 against 10 to 1e-6, 27
-block-diagonal), but each is cheaper, and so is reading its cached set-up:
-A-DEF2 reads ``A Z`` (340 MB at 576 columns) every iteration and from the
-coarse file every realisation (1.5 s at 1 rank under load, against 0.07 s
-for ``E`` alone; docs/results/solvers.md). With ``E`` alone the coarse
-space's only per-map cost is its set-up, and the additive form is the
-default (at coarse nside 2: 15 iterations to 1e-6, 6 to the exact map's
-quality against block-diagonal's 27 and 21).
+block-diagonal; at nside 512 with coarse nside 2, 20 against
+block-diagonal's 17), but each is cheaper, and so is reading its cached
+set-up: A-DEF2 reads ``A Z`` (329 MB at 576 columns) every iteration and
+from the coarse file every realisation (1.5 s at 1 rank under load,
+against 0.07 s for ``E`` alone; docs/results/solvers.md).
+
+The default, ``solver.preconditioner = "auto"`` (:func:`choose_preconditioner`),
+is A-DEF2 when its set-up is shared through the coarse cache and its ``A Z``
+fits :data:`AUTO_COARSE_BYTES` per rank, and block-diagonal otherwise: a
+one-off realisation pays no set-up it cannot pay back.
 
 Set-up: ``A Z`` is K applications of the PCG operator, each reduced over
 ranks through the solve's own :class:`~mapmaker.parallel.reduction.PixelReduction`.
