@@ -445,7 +445,7 @@ def resolve_preconditioner(setup: RealizationSetUp, coarse_cache: str | Path | N
         return choose_preconditioner(spec.solver.preconditioner, cached=False, realizations=0, coarse_bytes=0)
     cached = coarse_cache is not None and comm.bcast(Path(coarse_cache).exists() if comm.Get_rank() == 0 else None)
     n_columns = coarse_columns(setup, min(spec.solver.coarse_nside, spec.pixelization.nside))
-    rows = 3 * int(np.count_nonzero(setup.pixels.owned))
+    rows = 3 * setup.pixels.n_owned
     coarse_bytes = comm.allreduce(4 * n_columns * rows, op=MPI.MAX)
     return choose_preconditioner(
         "auto", cached=cached, realizations=spec.realizations if coarse_cache is not None else 1,
