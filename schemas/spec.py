@@ -531,7 +531,7 @@ ReductionStrategy = Literal[
 ]
 STRATEGY_NAMES: tuple[str, ...] = get_args(ReductionStrategy)
 Reduction = Literal["auto", ReductionStrategy]
-Preconditioner = Literal["block-diagonal", "two-level", "two-level-additive"]
+Preconditioner = Literal["auto", "block-diagonal", "two-level", "two-level-additive"]
 NoiseFilter = Literal["exact", "finite"]
 PointingMode = Literal["cached", "recomputed"]
 
@@ -547,15 +547,17 @@ class SolverSpec(StrictModel):
         1 << 16, ge=1, le=1 << 28, description="Pixels per buffered Allreduce call (the paper's n_b)"
     )
     preconditioner: Preconditioner = Field(
-        "two-level-additive",
-        description="block-diagonal: the 3x3 white-noise blocks; two-level: those plus a coarse-space "
+        "auto",
+        description="auto: two-level when its coarse operator is shared through realize --coarse-cache (the file "
+        "exists, or the campaign has more than one realisation) and its A Z fits 512 MiB per rank, else "
+        "block-diagonal (no set-up to pay back); block-diagonal: the 3x3 white-noise blocks; two-level: those plus a coarse-space "
         "correction on coarse_nside pixels, A-DEF2 (fewest iterations; holds A Z, 12 bytes per pixel and coarse "
         "column, read every iteration); two-level-additive: the blocks plus Z E^-1 Z^T (a few more iterations at "
         "the block-diagonal one's cost, holds E only). Both coarse forms set up with one operator application "
         "per coarse column, shared by a campaign's realisations through realize --coarse-cache",
     )
     coarse_nside: Integer = Field(
-        2, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
+        4, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
         "(capped at the map's nside): 3 x 12 coarse_nside^2 columns; higher costs more set-up for fewer iterations"
     )
     noise_filter: NoiseFilter = Field(

@@ -18,7 +18,7 @@ interval 15; the slow modes are large-scale *map* patterns, not offsets.
 Piecewise-constant I, Q, U on the pixels of a coarse HEALPix grid
 (``solver.coarse_nside``) give 14 iterations at coarse nside 2 (144
 columns) and 11 at nside 4 (480 observed), so that is the coarse space
-here (default coarse nside 2: the set-up grows with the columns): column
+here (default coarse nside 4: the set-up grows with the columns): column
 ``(c, s)`` is 1 in Stokes ``s`` of every solved fine pixel inside coarse
 pixel ``c`` (NESTED parents of the RING fine pixels).
 Being an aggregation, ``Z^T v`` is one bincount and ``Z y`` one gather.
@@ -44,15 +44,18 @@ The additive form (``solver.preconditioner = "two-level-additive"``),
 ``M r = M_BD r + Z E^-1 Z^T r`` from the same start, needs ``E`` alone: no
 ``A Z`` is held or read, and an iteration costs what a block-diagonal one
 does plus one ``Allreduce`` of K numbers. It does not deflate the coarse
-modes exactly, so PCG takes a few more iterations than with A-DEF2 (at
+modes exactly, so PCG takes more iterations than with A-DEF2 (at
 coarse nside 4 on the satellite example: 13 against 10 to 1e-6, 27
-block-diagonal), but each is cheaper, and so is reading its cached set-up:
-A-DEF2 reads ``A Z`` (340 MB at 576 columns) every iteration and from the
-coarse file every realisation (1.5 s at 1 rank under load, against 0.07 s
-for ``E`` alone; docs/results/solvers.md). With ``E`` alone the coarse
-space's only per-map cost is its set-up, and the additive form is the
-default (at coarse nside 2: 15 iterations to 1e-6, 6 to the exact map's
-quality against block-diagonal's 27 and 21).
+block-diagonal; at nside 512 with coarse nside 2, 20 against
+block-diagonal's 17), but each is cheaper, and so is reading its cached
+set-up: A-DEF2 reads ``A Z`` (329 MB at 576 columns) every iteration and
+from the coarse file every realisation (1.5 s at 1 rank under load,
+against 0.07 s for ``E`` alone; docs/results/solvers.md).
+
+The default, ``solver.preconditioner = "auto"`` (:func:`choose_preconditioner`),
+is A-DEF2 when its set-up is shared through the coarse cache and its ``A Z``
+fits :data:`AUTO_COARSE_BYTES` per rank, and block-diagonal otherwise: a
+one-off realisation pays no set-up it cannot pay back.
 
 Set-up: ``A Z`` is K applications of the PCG operator, each reduced over
 ranks through the solve's own :class:`~mapmaker.parallel.reduction.PixelReduction`.
@@ -263,6 +266,31 @@ class TwoLevelPreconditioner:
         self.comm.Allreduce(MPI.IN_PLACE, self._both, op=MPI.SUM)
         y = scipy.linalg.cho_solve(self.factor, self._both[:k] - self._both[k:])
         return self._prolong_add(y, smoothed)
+
+
+# The most A Z (bytes per rank) that preconditioner "auto" holds and reads every iteration: the satellite
+# example's 576 columns (coarse nside 4) at nside 64 take 329 MB on one rank; at nside 512 a coarse space of
+# any use is gigabytes (module doc), and the block-diagonal preconditioner is chosen instead.
+AUTO_COARSE_BYTES = 512 * 2**20
+
+
+def choose_preconditioner(requested: str, *, cached: bool, realizations: int, coarse_bytes: int) -> tuple[str, str]:
+    """The preconditioner a run solves with, and why: ``requested`` unless it is ``"auto"``.
+
+    ``auto`` is A-DEF2 (``"two-level"``) when its coarse operator is shared -- ``cached``: a coarse cache
+    file exists, or the run writes one that ``realizations`` > 1 realisations of the campaign will read --
+    and its ``A Z`` takes at most :data:`AUTO_COARSE_BYTES` on every rank (``coarse_bytes``, the largest
+    over ranks); otherwise block-diagonal, which has no set-up to pay back.
+    """
+    if requested != "auto":
+        return requested, "as the spec says"
+    if coarse_bytes > AUTO_COARSE_BYTES:
+        return "block-diagonal", (f"A Z would take {coarse_bytes / 2**20:.0f} MiB on a rank, over the "
+                                  f"{AUTO_COARSE_BYTES / 2**20:.0f} MiB the two-level set-up may hold")
+    if not cached and realizations < 2:
+        return "block-diagonal", "no coarse cache to read and no other realisation to share one built here"
+    return "two-level", "its coarse operator is read from the coarse cache" if cached else (
+        f"its coarse operator is built once into the coarse cache for {realizations} realisations")
 
 
 def coarse_parents(local_pixels: np.ndarray, nside: int, coarse_nside: int) -> np.ndarray:

@@ -45,7 +45,7 @@ from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan
 from mapmaker.parallel.planfile import PlanRefused
 from mapmaker.parallel.reduction import OverlapReduction, PixelReduction, make_reduction, needs_plan, resolve_strategy
-from mapmaker.solve.coarse import CoarseOperator, TwoLevelPreconditioner, coarse_parents
+from mapmaker.solve.coarse import CoarseOperator, TwoLevelPreconditioner, choose_preconditioner, coarse_parents
 from mapmaker.solve.coarsefile import CoarseRefused, read_coarse_operator, write_coarse_operator
 from mapmaker.solve.local_data import LocalData, build_local_data
 from mapmaker.solve.solver import PCGResult, pcg
@@ -68,6 +68,7 @@ class RankStats:
     reduce_messages: int = 0
     reduce_seconds_in_solve: float = 0.0
     reductions: int = 0
+    preconditioner: str = "block-diagonal"  # the one solved with (solver.preconditioner, "auto" resolved)
     coarse_columns: int = 0  # of the two-level preconditioner (0: block-diagonal)
     coarse_bytes: int = 0  # its memory on this rank
     coarse_setup_seconds: float = 0.0  # its set-up (A Z, E and the start), before the first iteration
@@ -384,10 +385,13 @@ def solve_realization(
             return setup.pixels.dot(u, v)
 
     x0 = initial_residual = None
-    if spec.solver.preconditioner in TWO_LEVEL:
-        started = MPI.Wtime()
+    started = MPI.Wtime()
+    stats.preconditioner, why = resolve_preconditioner(setup, coarse_cache)
+    if spec.solver.preconditioner == "auto":
+        say(f"preconditioner auto: {stats.preconditioner} ({why})")
+    if stats.preconditioner in TWO_LEVEL:
         with timers.stage("coarse"), timers("calc"):
-            two_level = build_two_level(setup, coarse_cache, stats, say)
+            two_level = build_two_level(setup, coarse_cache, stats, say, preconditioner=stats.preconditioner)
             x0, initial_residual = two_level.start(b)
         stats.coarse_columns = two_level.n_columns
         stats.coarse_bytes = two_level.bytes_held
@@ -401,7 +405,7 @@ def solve_realization(
                 return two_level.apply(residual, preconditioned_buffer)
 
     say(f"solve: PCG to ||r||/||b|| < {spec.solver.tol:g}, reduction {reduction.name} (requested {setup.requested}), "
-        f"{spec.solver.preconditioner} preconditioner")
+        f"{stats.preconditioner} preconditioner")
     with timers.stage("solve"):
         result = pcg(
             apply_matrix if split is None else apply_matrix_overlapped,
@@ -420,18 +424,49 @@ def solve_realization(
     return result, stats
 
 
+def coarse_columns(setup: RealizationSetUp, coarse_nside: int) -> int:
+    """Collective: the coarse space's column count K, 3 x the coarse pixels (NESTED at ``coarse_nside``)
+    holding a solved pixel on some rank; known before any operator work."""
+    parents = coarse_parents(setup.pixels.local_pixels, setup.spec.pixelization.nside, coarse_nside)
+    seen = np.zeros(12 * coarse_nside**2, dtype=np.int64)
+    seen[np.unique(parents[~setup.cut])] = 1
+    setup.pixels.comm.Allreduce(MPI.IN_PLACE, seen, op=MPI.MAX)
+    return 3 * int(seen.sum())
+
+
+def resolve_preconditioner(setup: RealizationSetUp, coarse_cache: str | Path | None) -> tuple[str, str]:
+    """Collective: the preconditioner this run solves with and why (:func:`~mapmaker.solve.coarse.choose_preconditioner`).
+
+    For ``"auto"``: whether ``coarse_cache`` exists (rank 0 looks), the campaign's realisation count, and the
+    bytes of A-DEF2's ``A Z`` (float32, ``4 K x 3 n_owned``) on the rank that would hold most.
+    """
+    spec, comm = setup.spec, setup.pixels.comm
+    if spec.solver.preconditioner != "auto":
+        return choose_preconditioner(spec.solver.preconditioner, cached=False, realizations=0, coarse_bytes=0)
+    cached = coarse_cache is not None and comm.bcast(Path(coarse_cache).exists() if comm.Get_rank() == 0 else None)
+    n_columns = coarse_columns(setup, min(spec.solver.coarse_nside, spec.pixelization.nside))
+    rows = 3 * setup.pixels.n_owned
+    coarse_bytes = comm.allreduce(4 * n_columns * rows, op=MPI.MAX)
+    return choose_preconditioner(
+        "auto", cached=cached, realizations=spec.realizations if coarse_cache is not None else 1,
+        coarse_bytes=coarse_bytes,
+    )
+
+
 def build_two_level(
     setup: RealizationSetUp, coarse_cache: str | Path | None = None, stats: RankStats | None = None,
-    say: Progress = lambda message: None,
+    say: Progress = lambda message: None, *, preconditioner: str | None = None,
 ) -> TwoLevelPreconditioner:
     """Collective: the two-level preconditioner of ``setup``, its coarse operator read from ``coarse_cache``
     when that file exists and fits this run, else built (one operator application over the intervals that
     visit the column's coarse pixel, and one reduction, per coarse column) and written there.
 
     ``stats`` (when given) records where the operator came from, a refused file's reason and whether
-    this run wrote the file.
+    this run wrote the file. ``preconditioner``: ``"two-level"`` or ``"two-level-additive"`` (default
+    ``solver.preconditioner``; what ``"auto"`` resolved to).
     """
     local, threads, spec, comm = setup.local, setup.threads, setup.spec, setup.pixels.comm
+    additive = (preconditioner or spec.solver.preconditioner) == "two-level-additive"
     stats = stats if stats is not None else RankStats()
     nside = spec.pixelization.nside
     coarse_nside = min(spec.solver.coarse_nside, nside)
@@ -448,7 +483,7 @@ def build_two_level(
         return TwoLevelPreconditioner(
             pixels=setup.pixels, reduction=setup.reduction, nside=nside, coarse_nside=coarse_nside, cut=setup.cut,
             inverse_blocks=setup.inverse_blocks, apply_blocks=setup.kernels.blocks.apply,
-            apply_operator=apply_operator, operator=operator, additive=spec.solver.preconditioner == "two-level-additive",
+            apply_operator=apply_operator, operator=operator, additive=additive,
         )
 
     if coarse_cache is None:
@@ -457,12 +492,8 @@ def build_two_level(
     key = coarse_key(spec)
     # The column count is known before any operator work: a shell with no operator is not made, so count here.
     owned_pixels = setup.pixels.local_pixels[setup.pixels.owned]
-    parents = coarse_parents(setup.pixels.local_pixels, nside, coarse_nside)
-    seen = np.zeros(12 * coarse_nside**2, dtype=np.int64)
-    seen[np.unique(parents[~setup.cut])] = 1
-    comm.Allreduce(MPI.IN_PLACE, seen, op=MPI.MAX)
-    n_columns = 3 * int(seen.sum())
-    rows = 0 if spec.solver.preconditioner == "two-level-additive" else 3 * len(owned_pixels)
+    n_columns = coarse_columns(setup, coarse_nside)
+    rows = 0 if additive else 3 * len(owned_pixels)
     operator = None
     try:
         operator = read_coarse_operator(comm, coarse_cache, key=key, coarse_nside=coarse_nside,

@@ -100,8 +100,8 @@ def test_campaign_runs_end_to_end(make_live_service, tmp_path):
         assert coupling["uses"] == 4 and coupling["site"] == "local" and coupling["build_time_s"] > 0
         assert coupling["file_sha256"] == sha256(coupling_file) and coupling["size_bytes"] == coupling_file.stat().st_size
         assert [c["id"] for c in coupling["campaigns"]] == [campaign["id"]]
-        # The default two-level preconditioner's coarse operator: one file at the site, built by the first
-        # realisations, read by the later ones.
+        # The default preconditioner (auto) of a campaign of several realisations is the two-level one, its coarse
+        # operator one file at the site, built by the first realisations, read by the later ones.
         assert len(list((worker.site_data / "coarse").glob("*.npz"))) == 1
         coarse = [r["result"]["coarse"]["source"] for r in api.realizations(campaign["id"])]
         assert "file" in coarse and coarse.count("built") <= 2, coarse

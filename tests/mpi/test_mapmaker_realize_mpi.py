@@ -69,9 +69,8 @@ def test_recomputed_pointing_maps_equal_the_cached_pointing_maps_on_every_rank_c
     """solver.pointing = "recomputed" (weights recomputed each iteration, float64) against the default cached
     float32 weights, on 1, 2 and 4 ranks: hits and cut identical, maps within the solve's tolerance."""
     spec = tmp_path / "recomputed.toml"
-    # block-diagonal: the two-level set-up recomputes the pointing once per coarse column (the serial test
-    # tests/unit/test_mapmaker_solve.py runs that one); the maps are the default two-level solve's all the same
-    spec.write_text(SPEC.replace("[solver]\n", '[solver]\npointing = "recomputed"\npreconditioner = "block-diagonal"\n', 1))
+    # The default preconditioner (auto, no coarse cache): block-diagonal, as the cached-pointing runs
+    spec.write_text(SPEC.replace("[solver]\n", '[solver]\npointing = "recomputed"\n', 1))
     assert 'pointing = "recomputed"' in spec.read_text()
     for ranks in RANK_COUNTS:
         out = tmp_path / f"n{ranks}"
@@ -100,10 +99,10 @@ def test_result_json_describes_the_run(runs):
         assert len(result.residual_history) == result.iterations + 1
         assert result.observed_pixels > 0 and 0 <= result.cut_pixels < result.observed_pixels
         assert result.communication.strategy == "allreduce" and result.communication.requested == "allreduce"
-        # The blocks, b, one per iteration; and the default two-level preconditioner's set-up: one per coarse
-        # column (A z_k) and one for the start's residual b - A x0.
-        assert result.coarse is not None and result.coarse.source == "built" and result.coarse.columns > 0
-        assert result.communication.reductions == result.iterations + 2 + result.coarse.columns + 1
+        # The blocks, b, one per iteration: the default preconditioner (auto) with no coarse cache to share is
+        # the block-diagonal one, with no set-up.
+        assert result.coarse is None
+        assert result.communication.reductions == result.iterations + 2
         # Rabenseifner volume per iteration: whole map x 3 values, buffers of 1000 pixels.
         expected_bytes = 2 * npix * 3 * (ranks - 1) / ranks * 8
         assert result.communication.bytes_per_iteration.max == pytest.approx(expected_bytes, abs=20)
@@ -113,8 +112,8 @@ def test_result_json_describes_the_run(runs):
         assert result.timing.calc.max >= result.timing.calc.mean > 0
         assert result.peak_memory_mb.max > 0
         # Every stage of this run timed; the products and their files are rank 0's alone
-        assert set(result.stages) == {"sky", "pointing", "distribution", "simulate", "coarse", "solve", "gather",
-                                      "products", "write"}
+        assert set(result.stages) == {"sky", "pointing", "distribution", "simulate", "solve", "gather", "products",
+                                      "write"}
         for stage in ("pointing", "simulate", "solve", "products", "write"):
             assert result.stages[stage].max >= result.stages[stage].mean > 0
         assert result.stages["products"].mean == pytest.approx(result.stages["products"].max / ranks)

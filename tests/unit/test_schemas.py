@@ -77,6 +77,25 @@ def test_spec_hash_counts_defaults_as_given(base):
     assert spec_hash(spec) != spec_hash(with_change(base, "seed", spec.seed + 1))
 
 
+def test_a_campaign_stored_with_the_earlier_solver_defaults_keeps_them_and_its_hash(base):
+    """A stored campaign's spec is its full dump: the preconditioner and coarse nside it was submitted with
+    (two-level-additive at coarse nside 2, the defaults before ``auto``) are in it, stay, and hash as they did."""
+    import hashlib
+
+    from schemas.spec import FIELDS_ADDED_LATER
+
+    stored = json.loads(json.dumps(base))
+    stored["solver"].update(preconditioner="two-level-additive", coarse_nside=2)
+    spec = CampaignSpec.model_validate(stored)
+    assert (spec.solver.preconditioner, spec.solver.coarse_nside) == ("two-level-additive", 2)
+    hashed = {key: value for key, value in stored.items() if key != "realizations"}
+    for section, name in FIELDS_ADDED_LATER:
+        hashed[section].pop(name, None)
+    expected = hashlib.sha256(json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert spec_hash(spec) == expected
+    assert spec_hash(spec) != spec_hash(CampaignSpec.model_validate(base))  # the default is auto now
+
+
 def test_noise_off_string(base):
     spec = with_change(base, "noise", "off")
     assert not spec.noise.enabled and not spec.simulates_noise

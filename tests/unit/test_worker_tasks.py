@@ -201,7 +201,7 @@ def test_a_two_level_realisation_names_the_sites_coarse_file_keyed_by_pointing_a
     assert coarse_key(same) == coarse_key(spec)
     others = [
         spec.model_copy(update={"noise": spec.noise.model_copy(update={"f_knee_hz": 0.3})}),
-        spec.model_copy(update={"solver": spec.solver.model_copy(update={"coarse_nside": 4})}),
+        spec.model_copy(update={"solver": spec.solver.model_copy(update={"coarse_nside": 2})}),
         spec.model_copy(update={"solver": spec.solver.model_copy(update={"rcond_min": 0.2})}),
         spec.model_copy(update={"resources": spec.resources.model_copy(update={"ranks": spec.resources.ranks + 1})}),
         spec.model_copy(update={"kind": "signal-only"}),

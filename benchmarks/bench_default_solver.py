@@ -1,0 +1,177 @@
+"""The default preconditioner (``auto``) against block-diagonal, with and without the coarse cache.
+
+    .venv/bin/python benchmarks/bench_default_solver.py --json FILE          # the satellite example, 1 and 2 ranks
+    .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --ranks 1 # the scaled satellite at nside 512
+    .venv/bin/python benchmarks/bench_default_solver.py --configs block-diagonal,default-cached,two-level-additive:2
+    .venv/bin/python benchmarks/bench_default_solver.py --spec my-campaign.toml --ranks 4
+
+The problem is the bundled satellite example (``schemas/examples/satellite.toml``: nside 64, 4 detectors,
+24 h at 20 Hz, 6.9 M samples, 1/f noise with f_knee 0.1 Hz), realisation 0, to the spec's tolerance (1e-6);
+with ``--nside 512``, that satellite scaled as ``benchmarks/bench_resolution.py`` does (8 detectors, 24 h
+at 20 Hz, 13.8 M samples, a 600 s spin). For every rank count (``--ranks``, each under ``mpiexec -n R``)
+one set-up and one right-hand side are made, then ``--rounds`` (3) rounds solve each configuration once,
+interleaved (other processes on a shared machine slow some solves down; interleaving spreads that
+alike), and each configuration's median over the rounds is reported:
+
+``block-diagonal``   ``solver.preconditioner = "block-diagonal"``
+``default-one-off``  the default (``auto``) in a one-realisation campaign, its coarse cache file absent
+``default-first``    the default in a 16-realisation campaign, the file absent: this run builds and writes it
+``default-cached``   the default in that campaign once the file exists: this run reads it
+``P:N``              ``solver.preconditioner = P`` at coarse nside N, no coarse cache (the set-up built)
+
+Per configuration: the preconditioner solved with (``auto`` resolved), PCG iterations, ``set_up_s``
+(the coarse operator's build or read, and the start x0; 0 for block-diagonal), ``solve_s`` (the
+iterations) and ``total_s`` (the two: what the configuration adds to the common set-up and the
+right-hand side), each the largest over ranks; ``coarse_mib_rank0``. This is a benchmark, not a test:
+nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._support import add_json_option, write_json
+from schemas.io import example_spec_path, load_spec
+
+CONFIGS = "block-diagonal,default-one-off,default-first,default-cached"
+CAMPAIGN = 16  # realisations of the campaign that shares the coarse cache
+
+
+def problem(nside: int, spec_file: str | None = None):
+    """``spec_file`` or the satellite example at nside 64, or that scaled to ``nside`` (8 detectors, 24 h,
+    20 Hz), with the default preconditioner and coarse nside, to 1e-6."""
+    if spec_file is not None:
+        spec = load_spec(spec_file)
+    elif nside == 64:
+        spec = load_spec(example_spec_path("satellite"))
+    else:
+        from benchmarks.bench_resolution import bench_spec
+
+        spec = bench_spec(nside, 20.0, 8, 24.0, "cached", 200)
+    defaults = type(spec.solver)()
+    solver = spec.solver.model_copy(update={"tol": 1e-6, "max_iter": 200, "preconditioner": defaults.preconditioner,
+                                            "coarse_nside": defaults.coarse_nside})
+    return spec.model_copy(update={"solver": solver})
+
+
+def run_ranks_here(args: argparse.Namespace) -> dict:
+    """Under mpiexec: every configuration on COMM_WORLD; rank 0 returns the figures."""
+    from mpi4py import MPI
+
+    from mapmaker.kernels import implementation
+    from mapmaker.solve.realization import right_hand_side, set_up_realization, solve_realization
+    from mapmaker.solve.timing import Timers
+
+    comm = MPI.COMM_WORLD
+    spec = problem(args.nside, args.spec)
+
+    def quiet(message: str) -> None:
+        pass
+
+    setup = set_up_realization(spec, 0, comm, sky_root=None, threads=1, kernels=implementation.get("fast"), plan=None,
+                               machine=None, timers=Timers(), say=quiet)
+    b = right_hand_side(setup, Timers())
+    folder = Path(comm.bcast(tempfile.mkdtemp(prefix="bench-default-") if comm.Get_rank() == 0 else None))
+    cache = folder / "coarse.npz"
+
+    def configured(name: str):
+        """(spec, coarse cache or None, whether the cache file must be absent) of a configuration."""
+        if name == "block-diagonal":
+            return spec.model_copy(update={"solver": spec.solver.model_copy(update={"preconditioner": name})}), None, False
+        if name.startswith("default-"):
+            realizations = 1 if name == "default-one-off" else CAMPAIGN
+            return spec.model_copy(update={"realizations": realizations}), cache, name != "default-cached"
+        preconditioner, coarse_nside = name.split(":")
+        solver = spec.solver.model_copy(update={"preconditioner": preconditioner, "coarse_nside": int(coarse_nside)})
+        return spec.model_copy(update={"solver": solver}), None, False
+
+    names = args.configs.split(",")
+    samples: dict[str, list[dict]] = {name: [] for name in names}
+    for _ in range(args.rounds):
+        for name in names:
+            run_spec, run_cache, absent = configured(name)
+            if name == "default-cached" and comm.bcast(not cache.exists() if comm.Get_rank() == 0 else None):
+                setup.spec = spec.model_copy(update={"realizations": CAMPAIGN})
+                solve_realization(setup, timers=Timers(), say=quiet, b=b, coarse_cache=cache)
+            if absent and comm.Get_rank() == 0:
+                cache.unlink(missing_ok=True)
+            setup.spec = run_spec
+            comm.Barrier()
+            started = time.perf_counter()
+            result, stats = solve_realization(setup, timers=Timers(), say=quiet, b=b, coarse_cache=run_cache)
+            total = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
+            set_up = comm.allreduce(stats.coarse_setup_seconds, op=MPI.MAX)
+            samples[name].append({"preconditioner": stats.preconditioner, "iterations": result.iterations,
+                                  "converged": result.converged, "set_up_s": set_up, "solve_s": total - set_up,
+                                  "total_s": total, "coarse_source": stats.coarse_source,
+                                  "coarse_mib_rank0": stats.coarse_bytes / 2**20})
+    if comm.Get_rank() == 0:
+        cache.unlink(missing_ok=True)
+        folder.rmdir()
+    rows = []
+    for name in names:
+        runs = samples[name]
+        row = {"configuration": name, **{k: runs[0][k] for k in ("preconditioner", "iterations", "converged",
+                                                                  "coarse_source", "coarse_mib_rank0")}}
+        row.update({k: statistics.median(r[k] for r in runs) for k in ("set_up_s", "solve_s", "total_s")})
+        rows.append(row)
+    return {"ranks": comm.Get_size(), "nside": spec.pixelization.nside, "samples": spec.total_samples,
+            "observed_pixels": setup.pixels.n_observed, "tol": spec.solver.tol, "rounds": args.rounds,
+            "campaign_realizations": CAMPAIGN, "configurations": rows}
+
+
+def print_table(runs: list[dict]) -> None:
+    for figures in runs:
+        print(f"{figures['ranks']} rank(s), nside {figures['nside']}, {figures['samples']:,} samples, "
+              f"{figures['observed_pixels']:,} pixels, tol {figures['tol']:g}: medians of {figures['rounds']} rounds")
+        print(f"  {'configuration':<22}{'solved with':<20}{'iter':>5}{'set-up s':>10}{'solve s':>9}{'total s':>9}"
+              f"{'coarse MiB':>11}")
+        for row in figures["configurations"]:
+            print(f"  {row['configuration']:<22}{row['preconditioner']:<20}{row['iterations']:>5}{row['set_up_s']:>10.2f}"
+                  f"{row['solve_s']:>9.2f}{row['total_s']:>9.2f}{row['coarse_mib_rank0']:>11.0f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", default="1,2", help="rank counts, each under mpiexec (default 1,2)")
+    parser.add_argument("--nside", type=int, default=64, help="64: the satellite example; else scaled (default 64)")
+    parser.add_argument("--spec", default=None, help="a campaign spec file instead (its nside; --nside ignored)")
+    parser.add_argument("--configs", default=CONFIGS, help=f"configurations (default {CONFIGS})")
+    parser.add_argument("--rounds", type=int, default=3, help="solves per configuration; the median is reported")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_json_option(parser)
+    args = parser.parse_args(argv)
+    if args.worker:
+        figures = run_ranks_here(args)
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(json.dumps(figures))
+        return 0
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    runs = []
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        command = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", __file__, "--worker",
+                   "--nside", str(args.nside), "--configs", args.configs, "--rounds", str(args.rounds)]
+        command += ["--spec", args.spec] if args.spec else []
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        runs.append(json.loads(output.strip().splitlines()[-1]))
+    if args.json != "-":
+        print_table(runs)
+    write_json(args.json, {"runs": runs})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
