@@ -26,7 +26,7 @@ interpreter, the kernels, the maps: rank 0's peak is often its full-sky maps', w
 nside 1024 hide the samples' share altogether). At nside 1024 the samples along the scan (0.09 deg
 apart at 5 Hz) are farther apart than a pixel (0.06 deg), so the local pixel count grows by some 10%
 from 10 to 30 Hz and the slope includes those pixels' map rows; compare ``local_pixels_per_rank``. The products
-(bandpowers) are not run here; ``--coupling`` times the mode-coupling build of each nside's mask
+(bandpowers) are not run in these runs (``--products`` runs them); ``--coupling`` times the mode-coupling build of each nside's mask
 (``mapmaker.model.bandpowers.build_coupling``, on one process: it is the campaign's once-only cost).
 
 ``--products`` runs whole realisations instead (``python -m mapmaker realize`` under ``mpiexec -n R``, at
