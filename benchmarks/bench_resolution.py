@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_resolution.py --json FILE          # nside 512, two sample rates, 1 and 2 ranks
     .venv/bin/python benchmarks/bench_resolution.py --nsides 512,1024     # nside 1024 as well (minutes more)
     .venv/bin/python benchmarks/bench_resolution.py --pointing cached,recomputed
+    .venv/bin/python benchmarks/bench_resolution.py --products --ranks 2 --baseline DIR   # the products' share
 
 The problem is the bundled satellite example (``schemas/examples/satellite.toml``) with ``--detectors``
 (16) detectors (the example's four, repeated at other focal-plane offsets), ``--hours`` (12) of
@@ -25,8 +26,18 @@ interpreter, the kernels, the maps: rank 0's peak is often its full-sky maps', w
 nside 1024 hide the samples' share altogether). At nside 1024 the samples along the scan (0.09 deg
 apart at 5 Hz) are farther apart than a pixel (0.06 deg), so the local pixel count grows by some 10%
 from 10 to 30 Hz and the slope includes those pixels' map rows; compare ``local_pixels_per_rank``. The products
-(bandpowers) are not run here; ``--coupling`` times the mode-coupling build of each nside's mask
+(bandpowers) are not run in these runs (``--products`` runs them); ``--coupling`` times the mode-coupling build of each nside's mask
 (``mapmaker.model.bandpowers.build_coupling``, on one process: it is the campaign's once-only cost).
+
+``--products`` runs whole realisations instead (``python -m mapmaker realize`` under ``mpiexec -n R``, at
+the first of ``--nsides`` and ``--rates``, with the example's solver: the two-level-additive preconditioner to
+1e-6) and reports the products' share of each: the seconds of the ``products`` stage (mask, coupling read,
+spectra and bandpowers; the largest over ranks) over the realisation's (``timing.total`` of ``result.json``),
+with the ``write`` stage beside it. The first run of each tree builds the mode coupling and the coarse
+operator into its own ``--coupling`` and ``--coarse-cache`` files (its ``coupling_build_s`` is the build's
+seconds inside a realisation); the next ``--repeat`` runs read both. ``--baseline DIR``: a checkout of
+another commit (``git archive COMMIT | tar -x -C DIR``) run the same way, alternately with this tree
+(A, B, A, B), so that a shared machine's load falls on both alike.
 
 This is a benchmark, not a test: nothing here asserts on time. On a shared machine the seconds say
 as much about the other processes as about the map-maker; the modes run back to back in one
@@ -37,8 +48,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -143,6 +156,65 @@ def coupling_seconds(nside: int, detectors: int, hours: float) -> float:
     return time.perf_counter() - started
 
 
+def products_spec_data(nside: int, rate_hz: float, detectors: int, hours: float) -> dict:
+    """:func:`bench_spec` with the satellite example's own solver settings (two-level-additive to 1e-6), as JSON data."""
+    data = bench_spec(nside, rate_hz, detectors, hours, "cached", 1).model_dump(mode="json", exclude_none=True)
+    data["solver"] = load_spec(example_spec_path("satellite")).solver.model_dump(mode="json", exclude_none=True)
+    return data
+
+
+def realize_once(tree: Path, folder: Path, spec_file: Path, realization: int, ranks: int) -> dict:
+    """One ``realize`` of ``spec_file`` with the code of ``tree``, its caches in ``folder``: its stage seconds and shares."""
+    out = folder / f"r{realization}"
+    command = [str(Path(sys.executable).with_name("mpiexec")), "-n", str(ranks), sys.executable, "-m", "mpi4py",
+               "-m", "mapmaker", "realize", "--spec", str(spec_file), "--realization", str(realization),
+               "--out", str(out), "--coupling", str(folder / "coupling.npz"),
+               "--coarse-cache", str(folder / "coarse.npz")]
+    subprocess.run(command, check=True, capture_output=True, text=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+    result = json.loads((out / "result.json").read_text())
+    stages = {name: spread["max"] for name, spread in result["stages"].items()}
+    total = result["timing"]["total"]
+    bandpowers = result["spectra"]["bandpowers"]
+    return {
+        "realization": realization, "ranks": ranks, "iterations": result["iterations"], "total_s": total,
+        "stage_seconds_max": stages, "products_share": stages.get("products", 0.0) / total,
+        "products_and_write_share": (stages.get("products", 0.0) + stages.get("write", 0.0)) / total,
+        "coupling_source": bandpowers["coupling_source"], "coupling_build_s": bandpowers["coupling_build_s"],
+        "coarse_source": (result.get("coarse") or {}).get("source"),
+    }
+
+
+def products_share(args: argparse.Namespace) -> dict:
+    """``--products``: realisations of this tree (and ``--baseline``), alternately; the first of each builds the caches."""
+    nside, rate, ranks = int(args.nsides.split(",")[0]), float(args.rates.split(",")[0]), int(args.ranks.split(",")[0])
+    trees = {"this": REPO, **({"baseline": Path(args.baseline).resolve()} if args.baseline else {})}
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="bench-products-") as scratch:
+        spec_file = Path(scratch) / "spec.json"
+        spec_file.write_text(json.dumps(products_spec_data(nside, rate, args.detectors, args.hours)))
+        for realization in range(1 + args.repeat):  # realisation 0 builds the coupling and the coarse operator
+            for label, tree in trees.items():
+                folder = Path(scratch) / label
+                folder.mkdir(exist_ok=True)
+                runs.append({"tree": label, **realize_once(tree, folder, spec_file, realization, ranks)})
+                print(f"{label} realisation {realization}: {runs[-1]['total_s']:.1f} s, products "
+                      f"{runs[-1]['stage_seconds_max'].get('products', 0.0):.1f} s", file=sys.stderr)
+    summary = []
+    for label in trees:
+        cached = [r for r in runs if r["tree"] == label and r["coupling_source"] == "file"]
+        built = [r for r in runs if r["tree"] == label and r["coupling_source"] == "built"]
+        summary.append({
+            "tree": label, "nside": nside, "ranks": ranks, "samples": bench_spec(nside, rate, args.detectors, args.hours, "cached", 1).total_samples,
+            "cached_runs": len(cached),
+            "total_s_mean": sum(r["total_s"] for r in cached) / len(cached),
+            "products_s_mean": sum(r["stage_seconds_max"].get("products", 0.0) for r in cached) / len(cached),
+            "products_share_mean": sum(r["products_share"] for r in cached) / len(cached),
+            "products_and_write_share_mean": sum(r["products_and_write_share"] for r in cached) / len(cached),
+            "coupling_build_s": built[0]["coupling_build_s"] if built else None,
+        })
+    return {"detectors": args.detectors, "hours": args.hours, "rate_hz": rate, "summary": summary, "runs": runs}
+
+
 def slopes(runs: list[dict]) -> list[dict]:
     """Bytes per sample per (nside, ranks, pointing): the peak's slope between the lowest and highest rate."""
     rows = []
@@ -192,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=5, help="PCG iterations per run (default 5)")
     parser.add_argument("--pointing", default="cached,recomputed", help="solver.pointing modes (default both)")
     parser.add_argument("--coupling", action="store_true", help="also time the mode-coupling build per nside")
+    parser.add_argument("--products", action="store_true", help="whole realisations: the products' share (module doc)")
+    parser.add_argument("--baseline", metavar="DIR", help="with --products: a checkout of another commit, run alternately")
+    parser.add_argument("--repeat", type=int, default=2, help="with --products: runs reading the caches per tree (default 2)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nside", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
@@ -201,6 +276,15 @@ def main(argv: list[str] | None = None) -> int:
         figures = run_ranks_here(args)
         if figures:
             print(json.dumps(figures))
+        return 0
+    if args.products:
+        figures = products_share(args)
+        if args.json != "-":
+            for row in figures["summary"]:
+                print(f"{row['tree']}: nside {row['nside']}, {row['ranks']} ranks: products {row['products_s_mean']:.1f} s of "
+                      f"{row['total_s_mean']:.1f} s ({100 * row['products_share_mean']:.0f}%; with the write "
+                      f"{100 * row['products_and_write_share_mean']:.0f}%), coupling built in {row['coupling_build_s']:.1f} s")
+        write_json(args.json, figures)
         return 0
     mpiexec = Path(sys.executable).with_name("mpiexec")
     runs = []

@@ -38,7 +38,9 @@ Conventions (the known answers are in ``tests/unit/test_bandpowers.py``):
   the lensing BB up to 1.5 nside; at nside 32 the same 10 deg leaves 10-20%).
 * **Threads**: pspy's and healpy's OpenMP threads spin-wait; hold them to the caller's share of
   the cores (``threadpoolctl.threadpool_limits(n, user_api="openmp")``), or a busy machine runs
-  them ten times slower.
+  them ten times slower. pixell's ducc0 transforms (the pure estimator's spin-1 and spin-2 terms)
+  take ``OMP_NUM_THREADS``. A realisation runs all of them on root with its node's cores
+  (:mod:`mapmaker.parallel.rootwork`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from typing import IO, Any
 
 import healpy as hp
 import numpy as np
+from pixell import curvedsky
 from pspy import so_map, so_mcm, so_spectra, so_window, sph_tools
 
 # The Monte Carlo products are defined once in campaignlib.montecarlo, where the service's running aggregates use
@@ -399,24 +402,78 @@ class Bandpowers:
     windows: np.ndarray  # [6, n_bins, 6, lmax + 2]
 
 
-def decoupled_bandpowers(iqu: np.ndarray, coupling: Coupling) -> Bandpowers:
-    """TT EE BB TE EB TB bandpowers of ``iqu [3, npix]`` (K) on the coupling's mask, decoupled.
+def masked_alms(iqu: np.ndarray, coupling: Coupling) -> tuple[np.ndarray, np.ndarray]:
+    """The a_lm of ``iqu [3, npix]`` (K) on the coupling's mask, to ``lmax``: ``(alms, plain)``, each [3, n_alm] complex128.
 
-    The masked maps' a_lm (pure E and B a_lm when ``coupling.purify_b``) to ``lmax``, their
-    pseudo-spectra, binned and multiplied by the inverse binned coupling (pspy's ``bin_spectra``).
-    The beam and pixel window stay in (module doc).
+    ``alms`` (T, E, B) are what the bandpowers decouple: pure E and B when ``coupling.purify_b``
+    (pspy's ``sph_tools.get_pure_alms``, step for step), else the plain ones. ``plain`` are the a_lm of
+    the mask times the map, whose spectra are the pseudo-spectra (healpy's ``anafast`` of it with the
+    same iterations, to round-off). The pure estimator computes them on its way (its T and its spin-2
+    term), so a realisation's pseudo-spectra cost no transform of their own.
     """
     iqu = np.asarray(iqu, dtype=np.float64)
     mask = coupling.mask
     if iqu.shape != (3, mask.size):
         raise ValueError(f"iqu has shape {iqu.shape}, expected (3, {mask.size}) for the coupling's mask")
-    observed = healpix_map(np.where(mask > 0, iqu, 0.0))  # UNSEEN outside must not meet the pure windows' ringing
-    window = healpix_map(mask)
+    observed = np.where(mask > 0, iqu, 0.0)  # UNSEEN outside must not meet the pure windows' ringing
     lmax = coupling.binning.lmax
-    if coupling.purify_b:
-        alms = sph_tools.get_pure_alms(observed, (window, window), niter=HARMONIC_ITERATIONS, lmax=lmax)
-    else:
-        alms = sph_tools.get_alms(observed, (window, window), niter=HARMONIC_ITERATIONS, lmax=lmax)
+    if not coupling.purify_b:
+        plain = sph_tools.get_alms(
+            healpix_map(observed), (healpix_map(mask), healpix_map(mask)), niter=HARMONIC_ITERATIONS, lmax=lmax
+        )
+        return plain, plain
+    return _pure_and_plain_alms(observed, mask, lmax)
+
+
+def _pure_and_plain_alms(observed: np.ndarray, mask: np.ndarray, lmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """pspy's ``get_pure_alms`` for a HEALPix map (Smith 2006 pure E and B: the spin-2, spin-1 and spin-0
+    terms of the map times the window's spin derivatives), returning its plain T and spin-2 a_lm as well.
+
+    The operations and their order are pspy 1.8's, so the pure a_lm are the same numbers; the tests
+    compare them with ``sph_tools.get_pure_alms``.
+    """
+    w1_plus, w1_minus, w2_plus, w2_minus = (
+        spinned.data for spinned in so_window.get_spinned_windows(healpix_map(mask), lmax, niter=HARMONIC_ITERATIONS)
+    )
+    q, u = observed[1], observed[2]
+    p2 = np.array([mask * q, mask * u])
+    p1 = np.array([w1_plus * q + w1_minus * u, w1_plus * u - w1_minus * q])
+    p0 = np.array([w2_plus * q + w2_minus * u, w2_plus * u - w2_minus * q])
+    alm_t = hp.map2alm(observed[0] * mask, lmax=lmax, iter=HARMONIC_ITERATIONS)
+    spin2 = curvedsky.map2alm_healpix(p2, spin=2, lmax=lmax)
+    spin1 = curvedsky.map2alm_healpix(p1, spin=1, lmax=lmax)
+    p2_work, p1_work = p2.copy(), p1.copy()  # alm2map_healpix writes into its map argument
+    for _ in range(HARMONIC_ITERATIONS):  # Jacobi iterations, as healpy's map2alm(iter=...)
+        spin2 += curvedsky.map2alm_healpix(p2 - curvedsky.alm2map_healpix(spin2, p2_work, spin=2), lmax=lmax, spin=2)
+        spin1 += curvedsky.map2alm_healpix(p1 - curvedsky.alm2map_healpix(spin1, p1_work, spin=1), lmax=lmax, spin=1)
+    spin0 = spin1.copy()
+    spin0[0] = hp.map2alm(p0[0], lmax=lmax, iter=HARMONIC_ITERATIONS)
+    spin0[1] = hp.map2alm(p0[1], lmax=lmax, iter=HARMONIC_ITERATIONS)
+    ell = np.arange(lmax + 1)
+    filter_1, filter_2 = np.zeros(lmax + 1), np.zeros(lmax + 1)
+    filter_1[2:] = 2 * np.sqrt(1.0 / ((ell[2:] + 2.0) * (ell[2:] - 1.0)))
+    filter_2[2:] = np.sqrt(1.0 / ((ell[2:] + 2.0) * (ell[2:] + 1.0) * ell[2:] * (ell[2:] - 1.0)))
+    for k in range(2):
+        spin1[k] = hp.almxfl(spin1[k], filter_1)
+        spin0[k] = hp.almxfl(spin0[k], filter_2)
+    pure = np.array([alm_t, spin2[0] + spin1[0] + spin0[0], spin2[1] + spin1[1] + spin0[1]])
+    return pure, np.array([alm_t, spin2[0], spin2[1]])
+
+
+def decoupled_bandpowers(iqu: np.ndarray, coupling: Coupling) -> Bandpowers:
+    """TT EE BB TE EB TB bandpowers of ``iqu [3, npix]`` (K) on the coupling's mask, decoupled.
+
+    The masked maps' a_lm (pure E and B a_lm when ``coupling.purify_b``; :func:`masked_alms`) to
+    ``lmax``, then :func:`bandpowers_of_alms`. The beam and pixel window stay in (module doc).
+    """
+    return bandpowers_of_alms(masked_alms(iqu, coupling)[0], coupling)
+
+
+def bandpowers_of_alms(alms: np.ndarray, coupling: Coupling) -> Bandpowers:
+    """The decoupled bandpowers of the a_lm ``alms [3, n_alm]`` (T, E, B to the binning's ``lmax``,
+    :func:`masked_alms`): their pseudo-spectra, binned and multiplied by the inverse binned coupling
+    (pspy's ``bin_spectra``)."""
+    lmax = coupling.binning.lmax
     ell, pseudo = so_spectra.get_spectra(alms, spectra=PSPY_SPECTRA)
     _, binned = so_spectra.bin_spectra(
         ell,

@@ -25,6 +25,9 @@ Definitions (all spectra in K^2, HEALPix RING, ``npix = 12 nside^2``):
   a_lm at lmax itself would alias the map's power between lmax and 3 nside
   into the kept multipoles, which on a pixelised sky leaks E into B by 15-20 %
   of the lensing BB at ell ~ 2 nside (nside 16-32), against 2-3 % this way.
+  Those a_lm are the bandpowers' plain T and spin-2 a_lm (the pure estimator
+  computes them), so a realisation takes the pseudo-spectra from them (equal to
+  ``anafast`` to round-off) when the bandpowers' band limit is the same.
 * **Bins**: ``[2, 2 + w - 1], [2 + w, 2 + 2w - 1], ...`` up to ``lmax``
   (the last bin may be narrower), ``w = products.ell_bin_width``; a binned
   value is the plain mean of C_l over the bin's multipoles.
@@ -57,7 +60,7 @@ from schemas.spec import CampaignSpec, CmbSky, MapSky
 
 SPECTRA = bandpowers.SPECTRA  # TT EE BB TE EB TB: healpy.anafast order for (I, Q, U)
 FIRST_ELL = 2  # monopole and dipole are left out of every bin
-ANAFAST_ITERATIONS = 3
+ANAFAST_ITERATIONS = bandpowers.HARMONIC_ITERATIONS  # the same as the bandpowers', whose plain a_lm give the pseudo-spectra
 
 
 # --------------------------------------------------------------------------- mask
@@ -97,11 +100,14 @@ def pseudo_spectra(iqu: np.ndarray, mask: np.ndarray, lmax: int) -> np.ndarray:
     """
     iqu = np.asarray(iqu, dtype=np.float64)
     mask = np.asarray(mask, dtype=np.float64)
-    nside = hp.npix2nside(mask.size)
     weighted = np.where(mask > 0, iqu, 0.0) * mask
-    alm_lmax = max(3 * nside - 1, lmax)
-    cl = hp.anafast(weighted, lmax=alm_lmax, pol=True, iter=ANAFAST_ITERATIONS)
+    cl = hp.anafast(weighted, lmax=pseudo_alm_lmax(mask.size, lmax), pol=True, iter=ANAFAST_ITERATIONS)
     return np.asarray(cl)[:, : lmax + 1]
+
+
+def pseudo_alm_lmax(npix: int, lmax: int) -> int:
+    """The band limit of the pseudo-spectra's a_lm for maps of ``npix`` pixels: ``max(3 nside - 1, lmax)``."""
+    return max(3 * hp.npix2nside(npix) - 1, lmax)
 
 
 def ell_bins(lmax: int, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -190,18 +196,24 @@ def realization_spectra(
     """Pseudo-spectra and decoupled bandpowers of one map ``iqu [3, npix]`` (K, UNSEEN where not solved).
 
     The mask is the coupling's (:func:`campaign_mask`); the I map's monopole and dipole over it
-    are removed first. ``sky_model`` gives the binned model and the model bandpowers; None skips them.
+    are removed first. The pseudo-spectra are those of the bandpowers' plain a_lm
+    (:func:`mapmaker.model.bandpowers.masked_alms`: :func:`pseudo_spectra` to round-off) when both run
+    to the same band limit, else :func:`pseudo_spectra`. ``sky_model`` gives the binned model and the model bandpowers; None skips them.
     """
     iqu = np.asarray(iqu, dtype=np.float64)
     mask = coupling.mask
     w2, fsky = mask_moments(mask)
     cleaned = iqu.copy()
     cleaned[0], monopole, dipole = bandpowers.remove_monopole_dipole(iqu[0], mask)
-    cl = pseudo_spectra(cleaned, mask, lmax)
-    ell_min, ell_max = ell_bins(lmax, ell_bin_width)
     started = time.perf_counter()
-    measured_bandpowers = bandpowers.decoupled_bandpowers(cleaned, coupling)
+    alms, plain = bandpowers.masked_alms(cleaned, coupling)
+    measured_bandpowers = bandpowers.bandpowers_of_alms(alms, coupling)
     bandpowers_s = time.perf_counter() - started
+    if pseudo_alm_lmax(mask.size, lmax) == coupling.binning.lmax:  # the bandpowers' plain a_lm are anafast's
+        cl = np.asarray(hp.alm2cl(plain))[:, : lmax + 1]
+    else:
+        cl = pseudo_spectra(cleaned, mask, lmax)
+    ell_min, ell_max = ell_bins(lmax, ell_bin_width)
     model = model_binned = model_cb = None
     if sky_model is not None:
         model = sky_model_spectra(sky_model.cls_in, sky_model.fwhm_rad, sky_model.sky_lmax, lmax)

@@ -1,6 +1,7 @@
 """``python -m mapmaker realize``: one realisation solved (:mod:`mapmaker.solve.realization`), then its products.
 
-After the collective solve, root computes the analysis mask, takes its mode
+After the collective solve, root (with the cores of every rank on its node, the
+others waiting idle: :mod:`mapmaker.parallel.rootwork`) computes the analysis mask, takes its mode
 coupling (:func:`campaign_coupling`: read from ``--coupling`` or built), the
 pseudo-spectra and the decoupled bandpowers (:mod:`mapmaker.model.spectra`),
 writes the maps and spectra into a product folder that appears whole or not at
@@ -41,6 +42,7 @@ from mapmaker.model.sky import sky_stream_key
 from mapmaker.model.spectra import RealizationSpectra
 from mapmaker.parallel.commodel import Machine, Selection
 from mapmaker.parallel.overlap import OverlapPlan
+from mapmaker.parallel.rootwork import on_root_with_node_cores
 from mapmaker.programs import products
 from mapmaker.programs.products import OutputUnusable, ProductFolder, refuse_unwritable
 from mapmaker.programs.versions import package_versions
@@ -94,6 +96,7 @@ def realize_to_folder(
     written = refuse_on_every_rank(
         comm,
         lambda: write_products(spec, realization, out, outcome, timers, coupling_path, progress, coupling_in_file),
+        threads=threads,
     )
     per_rank = gather_rank_figures(comm, outcome, timers)
     rank_hosts = comm.gather(MPI.Get_processor_name(), root=0)
@@ -120,15 +123,23 @@ def realize_to_folder(
 REFUSALS = (CouplingMismatch, OutputUnusable)  # what root's checks raise on every rank (refuse_on_every_rank)
 
 
-def refuse_on_every_rank(comm: MPI.Comm, on_root: Callable[[], T]) -> T | None:
+def refuse_on_every_rank(comm: MPI.Comm, on_root: Callable[[], T], *, threads: int = 1) -> T | None:
     """Collective: ``on_root()`` on root (its value there, None elsewhere). A refusal it raises
-    (:data:`REFUSALS`) is raised on every rank, so that all of them exit with it instead of waiting for root."""
+    (:data:`REFUSALS`) is raised on every rank, so that all of them exit with it instead of waiting for root.
+
+    Root runs it with the cores of its node's ranks (``threads`` each) while the others wait idle
+    (:func:`mapmaker.parallel.rootwork.on_root_with_node_cores`): the coupling build and the spectra
+    are threaded transforms."""
     value, refusal = None, None
-    if comm.Get_rank() == 0:
+
+    def guarded() -> None:
+        nonlocal value, refusal
         try:
             value = on_root()
         except REFUSALS as error:
             refusal = (next(i for i, kind in enumerate(REFUSALS) if isinstance(error, kind)), str(error))
+
+    on_root_with_node_cores(comm, guarded, threads=threads)
     refusal = comm.bcast(refusal, root=0)
     if refusal is not None:
         kind, message = refusal

@@ -3,7 +3,8 @@
 Every rank runs every stage; collectives come in the same order on all.
 
 :func:`set_up_realization`
-    1. root builds the input sky (synfast or the user map) and tells everyone
+    1. root builds the input sky (synfast or the user map) with the cores of
+       its node (:mod:`mapmaker.parallel.rootwork`) and tells everyone
        whether that worked;
     2. each rank computes the pointing of its own chunks (time-major,
        contiguous, balanced) and caches local pixel indices and weights;
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -45,6 +47,7 @@ from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan
 from mapmaker.parallel.planfile import PlanRefused
 from mapmaker.parallel.reduction import OverlapReduction, PixelReduction, make_reduction, needs_plan, resolve_strategy
+from mapmaker.parallel.rootwork import on_root_with_node_cores
 from mapmaker.solve.coarse import CoarseOperator, TwoLevelPreconditioner, choose_preconditioner, coarse_parents
 from mapmaker.solve.coarsefile import CoarseRefused, read_coarse_operator, write_coarse_operator
 from mapmaker.solve.local_data import LocalData, build_local_data
@@ -202,15 +205,20 @@ def set_up_realization(
         say(f"kernels: {kernels.name} (numba, {threads} thread(s) per rank), ready in {compile_seconds:.1f} s"
             + (" -- compiled now; later runs load them from the cache" if compile_seconds > 10 else ""))
 
-    # 1. the sky, on root; every rank learns whether it exists before going on.
+    # 1. the sky, on root with its node's cores (the others wait idle); every rank learns whether it exists.
     sky_full, sky_problem = None, None
     with timers.stage("sky"):
-        if rank == 0:
+
+        def synthesize() -> None:
+            nonlocal sky_full, sky_problem
             try:
                 with timers("io" if isinstance(spec.sky, MapSky) else "calc"):
                     sky_full = build_sky(spec, realization, sky_root)
             except SkyError as error:
                 sky_problem = str(error)
+
+        with timers("comm") if rank != 0 else nullcontext():  # the others' wait for root
+            on_root_with_node_cores(comm, synthesize, threads=threads)
         with timers("comm"):
             sky_problem, has_sky = comm.bcast((sky_problem, sky_full is not None), root=0)
     if sky_problem is not None:
