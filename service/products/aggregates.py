@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from campaignlib import montecarlo
+from campaignlib.sitesums import ledger_add, ledger_contains, ledger_count
 from schemas.files import atomic_write, atomic_write_bytes, sha256_file
 from schemas.result import SPECTRA, SpectrumName
 from service.storage import CampaignProducts
@@ -91,25 +92,6 @@ def campaign_lock(files: CampaignProducts) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- ledger: sorted [start, stop) ranges
-
-
-def ledger_contains(ranges: list[list[int]], index: int) -> bool:
-    return any(start <= index < stop for start, stop in ranges)
-
-
-def ledger_add(ranges: list[list[int]], index: int) -> list[list[int]]:
-    """The ranges with ``index`` added, merged with its neighbours."""
-    merged: list[list[int]] = []
-    for start, stop in sorted([*ranges, [index, index + 1]]):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], stop)
-        else:
-            merged.append([start, stop])
-    return merged
-
-
-def ledger_count(ranges: list[list[int]]) -> int:
-    return sum(stop - start for start, stop in ranges)
 
 
 def ledger_indexes(ranges: list[list[int]]) -> Iterator[int]:
