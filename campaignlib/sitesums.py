@@ -27,6 +27,7 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
 import numpy as np
 
 from campaignlib.montecarlo import moments_merge
@@ -213,7 +214,9 @@ def read(path: Path, *, nside: int | None = None) -> SiteSums:
                 raise SiteSumsInvalid("ledger", f"shape {shape} is not [k, 2] with k <= {MAX_LEDGER_RANGES}")
             pixels = data["pixels"].astype(np.int64)
             if n and (pixels[0] < 0 or pixels[-1] >= 12 * file_nside**2 or np.any(np.diff(pixels) <= 0)):
-                raise SiteSumsInvalid("pixels", f"must be strictly increasing pixel indexes in [0, {12 * file_nside**2})")
+                raise SiteSumsInvalid(
+                    "pixels", f"must be strictly increasing pixel indexes in [0, {12 * file_nside**2})"
+                )
             count = data["count"].astype(np.int64)
             if np.any(count < 1):
                 raise SiteSumsInvalid("count", "must be at least 1 at every listed pixel")
@@ -228,14 +231,20 @@ def read(path: Path, *, nside: int | None = None) -> SiteSums:
         if any(start < 0 or stop <= start for start, stop in ledger) or any(
             ledger[i][1] >= ledger[i + 1][0] for i in range(len(ledger) - 1)
         ):
-            raise SiteSumsInvalid("ledger", "must be sorted, disjoint, non-adjacent [start, stop) ranges of indexes >= 0")
+            raise SiteSumsInvalid(
+                "ledger", "must be sorted, disjoint, non-adjacent [start, stop) ranges of indexes >= 0"
+            )
         if n and int(count.max()) > ledger_count(ledger):
             raise SiteSumsInvalid("count", f"exceeds the {ledger_count(ledger)} realisations of the ledger")
     return SiteSums(file_nside, pixels, count, mean, m2, ledger)
 
 
 def _check(
-    shapes: dict[str, tuple[tuple[int, ...], np.dtype]], name: str, kinds: str, ndim: int, shape: tuple[int, ...] | None = None
+    shapes: dict[str, tuple[tuple[int, ...], np.dtype]],
+    name: str,
+    kinds: str,
+    ndim: int,
+    shape: tuple[int, ...] | None = None,
 ) -> tuple[int, ...]:
     found, dtype = shapes[name]
     if dtype.kind not in kinds or len(found) != ndim or (shape is not None and found != shape):

@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from campaignlib import montecarlo
+from campaignlib.healpixfile import NotAHealpixMap, read_healpix_fields
 from campaignlib.sitesums import ledger_add, ledger_contains, ledger_count
 from schemas.files import atomic_write, atomic_write_bytes, sha256_file
 from schemas.result import SPECTRA, SpectrumName
@@ -330,9 +331,7 @@ def _add_bandpowers(
 
 
 def _read_iqu(path: Path) -> tuple[int, np.ndarray | None, np.ndarray]:
-    """``(npix, pixels, iqu)`` of a realisation's map file, cut-sky or full-sky (:func:`formats.read_healpix_fields`)."""
-    from service.products.formats import NotAHealpixMap, read_healpix_fields
-
+    """``(npix, pixels, iqu)`` of a realisation's map file, cut-sky or full-sky (:func:`campaignlib.healpixfile.read_healpix_fields`)."""
     try:
         return read_healpix_fields(path, 3)
     except NotAHealpixMap:

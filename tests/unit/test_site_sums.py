@@ -64,7 +64,7 @@ def test_moments_merge_with_an_empty_side_keeps_the_other():
 
 def test_a_realisation_is_added_once():
     rng = np.random.default_rng(2)
-    (pixels, iqu), = _partial_maps(rng, 1)
+    ((pixels, iqu),) = _partial_maps(rng, 1)
     once = sitesums.add_map(SiteSums.empty(NSIDE), 5, pixels, iqu)
     assert sitesums.add_map(once, 5, pixels, iqu) is once
 
