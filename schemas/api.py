@@ -484,6 +484,15 @@ class InstrumentFile(ApiModel):
     scans: int | None = Field(None, description="Scans in a schedule")
 
 
+class SiteSumsReceipt(ApiModel):
+    """The service's answer to a site's partial map sums (``PUT /workers/{id}/campaigns/{id}/map-sums``)."""
+
+    campaign_id: int
+    site: str
+    version: int = Field(description="Realisations in the sums now held for the site (a later send must not have fewer)")
+    pixels: int = Field(description="Observed pixels in the sums")
+
+
 class ArtifactReceipt(ApiModel):
     task_id: str
     name: str

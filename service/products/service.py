@@ -48,9 +48,9 @@ from service.products.aggregates import (
     SpectraAggregates,
     bandpower_aggregates,
     load_state,
-    mean_and_variance_maps,
     spectra_aggregates,
 )
+from service.products.mapsums import mean_and_variance_maps
 from service.storage import CampaignProducts
 
 T = TypeVar("T")
