@@ -24,6 +24,7 @@ from schemas.api import (
     HeartbeatRequest,
     PlanBuilt,
     PlanInvalid,
+    SiteSumsReceipt,
     TaskFailed,
     TaskStarted,
     TaskSucceeded,
@@ -142,6 +143,16 @@ class ServiceClient:
                 "Content-Length": str(size),
             },
         )
+
+    def put_map_sums(self, worker_id: int, campaign_id: int, path: Path) -> SiteSumsReceipt:
+        """PUT the site's partial map sums of a campaign (:mod:`campaignlib.sitesums`), streamed in 1 MiB pieces."""
+        answer = self._request(
+            "PUT",
+            f"/workers/{worker_id}/campaigns/{campaign_id}/map-sums",
+            content=lambda: _file_chunks(path),
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(path.stat().st_size)},
+        )
+        return SiteSumsReceipt.model_validate(answer.json())
 
     def instrument_file(self, sha256: str) -> bytes:
         """The bytes of a file uploaded to the service (``GET /instrument-files/{sha256}``)."""

@@ -159,3 +159,13 @@ class ClaimLoop(Heartbeats, Shutdown):
             error = run.finishing.exception()
             if error is not None:
                 log.error("%s: reporting failed: %s: %s", run.task_id, type(error).__name__, error)
+            self._send_sums_after(run)
+
+    def _send_sums_after(self, run: TaskRun) -> None:
+        """The worker's last task of a campaign ended: send the site's partial map sums of it now."""
+        campaign_id = getattr(run.task, "campaign_id", None)
+        if self.site_store is None or run.task.kind != "realize" or campaign_id is None:
+            return
+        if any(getattr(other.task, "campaign_id", None) == campaign_id for other in self.runs.values()):
+            return
+        self.reporters.submit(self.site_store.send, self.client, campaign_id, force=True)
