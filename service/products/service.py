@@ -50,6 +50,7 @@ from service.products.aggregates import (
     load_state,
     spectra_aggregates,
 )
+from service.products.kept import kept_source
 from service.products.mapsums import mean_and_variance_maps
 from service.storage import CampaignProducts
 
@@ -466,7 +467,10 @@ def realization_download(
     source = None
     for product in result.get("products") or []:
         if product.get("name") == role:
-            source = files.storage.product_path(campaign.id, index, product["path"])
+            if product.get("kept"):
+                source = kept_source(files, index, product)  # KeptFileUnavailable when the service cannot read it
+            else:
+                source = files.storage.product_path(campaign.id, index, product["path"])
     if source is None and which == "mask" and files.mask_path.is_file():
         source = files.mask_path  # the mask comes once per coupling: the campaign's is every realisation's
     if source is None or not source.is_file():

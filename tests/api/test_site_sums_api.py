@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import shutil
+from pathlib import Path
 
 import healpy as hp
 import numpy as np
@@ -204,3 +205,27 @@ def test_a_body_over_the_artifact_limit_is_refused(make_api, tmp_path):
     path.write_bytes(b"\0" * 4_096)
     answer = _send_file(small, worker, campaign, path, small.alice_worker)
     assert answer.status_code == 413, answer.text
+
+
+def test_a_kept_map_is_served_from_the_site_store_with_its_checksum_verified(api, two_sites, mapped):
+    _, kept, sites = two_sites
+    _, folders = mapped
+    detail = api.realization(kept, 0)
+    (iqu,) = [p for p in detail["result"]["products"] if p["name"] == "iqu"]
+    assert iqu["kept"]["site"] in sites
+    path = f"/campaigns/{kept}/products/realizations/0/map"
+    answer = api.get(path, params={"format": "fits"})
+    assert answer.status_code == 200, answer.text
+    assert answer.content == (folders[0] / "map_iqu.fits").read_bytes()
+    assert api.get(path, params={"format": "npz"}).status_code == 200
+
+    stored = Path(iqu["kept"]["path"])
+    damaged = bytearray(stored.read_bytes())
+    damaged[-1] ^= 0xFF  # same size, other bytes
+    stored.write_bytes(bytes(damaged))
+    answer = api.get(path, params={"format": "fits"})
+    assert answer.status_code == 404 and answer.json()["code"] == "kept_file_unavailable"
+    assert "SHA-256" in answer.json()["detail"]
+    stored.unlink()
+    answer = api.get(path, params={"format": "fits"})
+    assert answer.status_code == 404 and "cannot read it" in answer.json()["detail"]
