@@ -41,7 +41,8 @@ from service.deps import (
 )
 from service.errors import NotFound, page_redirect
 from service.events.router import open_event_stream
-from service.storage import ArtifactStore, CampaignStorage
+from service.keptfiles import kept_source
+from service.storage import ArtifactStore, CampaignProducts, CampaignStorage
 
 HERE = Path(__file__).parent
 TEMPLATES_DIR = HERE / "templates"
@@ -303,15 +304,26 @@ async def map_image(
         raise NotFound(f"no map field {field!r}; use I, Q or U")
     database = request.app.state.database
 
-    def find() -> queries.MapProduct | None:
+    def find() -> tuple[queries.MapProduct | None, dict[str, Any] | None]:
         with database.session(write=False) as session:
             campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
-            return queries.realization_map(session=session, campaign_id=campaign_id, index=index)
+            found = queries.realization_map(session=session, campaign_id=campaign_id, index=index)
+            record = (
+                None
+                if found is None
+                else queries.product_of(session=session, campaign_id=campaign_id, index=index, name=found.path)
+            )
+            return found, record
 
-    product = await anyio.to_thread.run_sync(find)
+    product, record = await anyio.to_thread.run_sync(find)
     if product is None:
         raise NotFound(f"realisation {index} of campaign {campaign_id} has no I/Q/U map")
-    source = CampaignStorage(settings.products_dir).product_path(campaign_id, index, product.path)
+    if record is not None and record.get("kept"):
+        # Kept at its site: read there when the service can, checked against the recorded size and SHA-256.
+        files = CampaignProducts(settings.products_dir, campaign_id)
+        source = await anyio.to_thread.run_sync(lambda: kept_source(files, index, record))
+    else:
+        source = CampaignStorage(settings.products_dir).product_path(campaign_id, index, product.path)
     if not source.is_file():
         raise NotFound(f"the map file of realisation {index} is missing from the data folder")
 
@@ -345,7 +357,10 @@ def product_file(
 ) -> Response:
     campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     product = queries.product_of(session=session, campaign_id=campaign_id, index=index, name=name)
-    path = CampaignStorage(settings.products_dir).product_path(campaign_id, index, name)
+    if product is not None and product.get("kept"):
+        path = kept_source(CampaignProducts(settings.products_dir, campaign_id), index, product)
+    else:
+        path = CampaignStorage(settings.products_dir).product_path(campaign_id, index, name)
     if product is None or not path.is_file():
         raise NotFound(f"realisation {index} of campaign {campaign_id} has no product {name!r}")
     media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"

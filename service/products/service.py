@@ -41,6 +41,7 @@ from schemas.states import RealizationState
 from service.campaigns import reads as campaigns
 from service.campaigns.models import Campaign, Realization
 from service.errors import Invalid, NotFound
+from service.keptfiles import kept_source
 from service.products import formats
 from service.products.aggregates import (
     AggregateState,
@@ -50,7 +51,6 @@ from service.products.aggregates import (
     load_state,
     spectra_aggregates,
 )
-from service.products.kept import kept_source
 from service.products.mapsums import mean_and_variance_maps
 from service.storage import CampaignProducts
 

@@ -25,6 +25,7 @@ from schemas.api import API_PREFIX, ARTIFACT_SHA256_HEADER, SiteSumsReceipt
 from schemas.result import RealizationResult
 from service.storage import CampaignProducts
 from tests.api.conftest import Api
+from tests.api.test_dashboard import login
 from tests.support.mapped_campaign import deliver, map_realizations, spec_json, write_spec
 from tests.support.service_helpers import auth
 from worker.client import ServiceError
@@ -218,6 +219,14 @@ def test_a_kept_map_is_served_from_the_site_store_with_its_checksum_verified(api
     assert answer.status_code == 200, answer.text
     assert answer.content == (folders[0] / "map_iqu.fits").read_bytes()
     assert api.get(path, params={"format": "npz"}).status_code == 200
+    login(api)  # the dashboard's realisation page: its quick-look images and the file itself
+    page = api.client.get(f"/campaigns/{kept}/realizations/0").text
+    image = f"/campaigns/{kept}/realizations/0/maps/I.png"
+    assert image in page
+    drawn = api.client.get(image)
+    assert drawn.status_code == 200 and drawn.content.startswith(b"\x89PNG")
+    file = api.client.get(f"/campaigns/{kept}/realizations/0/products/{iqu['path']}")
+    assert file.status_code == 200 and file.content == answer.content
 
     stored = Path(iqu["kept"]["path"])
     damaged = bytearray(stored.read_bytes())
