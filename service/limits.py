@@ -40,7 +40,8 @@ ARTIFACT_UPLOAD = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/artifacts/[^/]+$")
 _RESULT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/succeeded$")
 SPECTRUM_UPLOAD = re.compile(rf"^{API_PREFIX}/spectrum$")  # a user's HEALPix FITS map
 INSTRUMENT_UPLOAD = re.compile(rf"^{API_PREFIX}/instrument-files$")  # a TOAST focal plane or schedule
-SITE_SUMS_UPLOAD = re.compile(rf"^{API_PREFIX}/workers/[^/]+/campaigns/[^/]+/map-sums$")  # a site's partial map sums
+# a site's partial map sums, a kept file the service asked a site for
+SITE_SUMS_UPLOAD = re.compile(rf"^{API_PREFIX}/workers/[^/]+/(campaigns/[^/]+/map-sums|fetches/[^/]+/[^/]+/[^/]+)$")
 
 _CLOSE = {"Connection": "close"}
 

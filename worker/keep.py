@@ -38,7 +38,8 @@ import numpy as np
 from campaignlib import sitesums
 from campaignlib.healpixfile import NotAHealpixMap, read_healpix_fields
 from campaignlib.sitesums import SiteSums, SiteSumsInvalid
-from schemas.files import atomic_write_json
+from schemas.api import KeptFileRequest
+from schemas.files import atomic_write_json, sha256_file
 from schemas.result import KEPT_ROLES, KeptFile, RealizationResult
 from worker.client import ServiceClient, ServiceError
 from worker.clock import SYSTEM_CLOCK, Clock
@@ -124,7 +125,9 @@ class SiteStore:
                     path = Path(json.loads(entry.read_text())["iqu"])
                     npix, pixels, iqu = read_healpix_fields(path, 3)
                 except (OSError, ValueError, KeyError, NotAHealpixMap) as error:
-                    log.error("campaign %d realisation %d: kept map not added to the sums: %s", campaign_id, index, error)
+                    log.error(
+                        "campaign %d realisation %d: kept map not added to the sums: %s", campaign_id, index, error
+                    )
                     continue
                 seen = np.all(np.isfinite(iqu), axis=0) & np.all(np.abs(iqu) < 1e29, axis=0)  # UNSEEN is -1.6375e30
                 where = np.flatnonzero(seen) if pixels is None else pixels[seen]
@@ -201,6 +204,39 @@ class SiteStore:
         with self._locked(campaign_id):
             atomic_write_json(folder / SENT_FILE, {"version": receipt.version})
         log.info("campaign %d: partial map sums of %d realisations sent", campaign_id, receipt.version)
+        return True
+
+    # ------------------------------------------------------------------ kept files the service asks for
+
+    def serve_fetch(self, client: ServiceClient, request: KeptFileRequest) -> bool:
+        """Send a kept file the service asked for, once checked against the recorded size and SHA-256; else tell
+        the service why not (outside the store, gone, damaged). True when it was sent."""
+        assert self.worker_id is not None
+        path = Path(request.path)
+        reason = None
+        if not path.resolve().is_relative_to(self.root.resolve()):
+            reason = f"{path} is not in the site's store {self.root}"
+        elif not path.is_file():
+            reason = f"{path} is missing at the site"
+        elif path.stat().st_size != request.size_bytes or sha256_file(path) != request.sha256:
+            reason = f"{path} at the site does not have the recorded size and SHA-256 (damaged or replaced)"
+        try:
+            if reason is not None:
+                log.error("campaign %d realisation %d: cannot send its %s: %s", request.campaign_id,
+                          request.realization, request.role, reason)  # fmt: skip
+                client.kept_file_failed(self.worker_id, request, reason)
+                return False
+            client.send_kept_file(self.worker_id, request, path)
+        except ServiceError as error:
+            log.warning("campaign %d realisation %d: kept %s not sent: %s", request.campaign_id, request.realization,
+                        request.role, error)  # fmt: skip
+            return False
+        log.info(
+            "campaign %d realisation %d: kept %s sent on request",
+            request.campaign_id,
+            request.realization,
+            request.role,
+        )
         return True
 
     def send_all(self, client: ServiceClient) -> None:

@@ -41,7 +41,7 @@ from service.deps import (
 )
 from service.errors import NotFound, page_redirect
 from service.events.router import open_event_stream
-from service.keptfiles import kept_source
+from service.keptfiles import kept_source, sites_with_workers
 from service.storage import ArtifactStore, CampaignProducts, CampaignStorage
 
 HERE = Path(__file__).parent
@@ -304,7 +304,7 @@ async def map_image(
         raise NotFound(f"no map field {field!r}; use I, Q or U")
     database = request.app.state.database
 
-    def find() -> tuple[queries.MapProduct | None, dict[str, Any] | None]:
+    def find() -> tuple[queries.MapProduct | None, dict[str, Any] | None, set[str]]:
         with database.session(write=False) as session:
             campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
             found = queries.realization_map(session=session, campaign_id=campaign_id, index=index)
@@ -313,15 +313,17 @@ async def map_image(
                 if found is None
                 else queries.product_of(session=session, campaign_id=campaign_id, index=index, name=found.path)
             )
-            return found, record
+            return found, record, sites_with_workers(session)
 
-    product, record = await anyio.to_thread.run_sync(find)
+    product, record, sites = await anyio.to_thread.run_sync(find)
     if product is None:
         raise NotFound(f"realisation {index} of campaign {campaign_id} has no I/Q/U map")
     if record is not None and record.get("kept"):
         # Kept at its site: read there when the service can, checked against the recorded size and SHA-256.
         files = CampaignProducts(settings.products_dir, campaign_id)
-        source = await anyio.to_thread.run_sync(lambda: kept_source(files, index, record))
+        source = await anyio.to_thread.run_sync(
+            lambda: kept_source(files, index, record, site_has_workers=sites.__contains__)
+        )
     else:
         source = CampaignStorage(settings.products_dir).product_path(campaign_id, index, product.path)
     if not source.is_file():
@@ -358,7 +360,8 @@ def product_file(
     campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     product = queries.product_of(session=session, campaign_id=campaign_id, index=index, name=name)
     if product is not None and product.get("kept"):
-        path = kept_source(CampaignProducts(settings.products_dir, campaign_id), index, product)
+        files = CampaignProducts(settings.products_dir, campaign_id)
+        path = kept_source(files, index, product, site_has_workers=sites_with_workers(session).__contains__)
     else:
         path = CampaignStorage(settings.products_dir).product_path(campaign_id, index, name)
     if product is None or not path.is_file():

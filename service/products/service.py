@@ -41,7 +41,7 @@ from schemas.states import RealizationState
 from service.campaigns import reads as campaigns
 from service.campaigns.models import Campaign, Realization
 from service.errors import Invalid, NotFound
-from service.keptfiles import kept_source
+from service.keptfiles import kept_source, sites_with_workers
 from service.products import formats
 from service.products.aggregates import (
     AggregateState,
@@ -468,7 +468,8 @@ def realization_download(
     for product in result.get("products") or []:
         if product.get("name") == role:
             if product.get("kept"):
-                source = kept_source(files, index, product)  # KeptFileUnavailable when the service cannot read it
+                # Read at the site's path, or fetched through its worker (202 meanwhile: KeptFilePending).
+                source = kept_source(files, index, product, site_has_workers=sites_with_workers(session).__contains__)
             else:
                 source = files.storage.product_path(campaign.id, index, product["path"])
     if source is None and which == "mask" and files.mask_path.is_file():

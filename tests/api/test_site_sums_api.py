@@ -20,15 +20,17 @@ import healpy as hp
 import numpy as np
 import pytest
 
-from campaignlib import sitesums
-from schemas.api import API_PREFIX, ARTIFACT_SHA256_HEADER, SiteSumsReceipt
+from campaignlib import sitesums, transport
+from schemas.api import API_PREFIX, ARTIFACT_SHA256_HEADER
 from schemas.result import RealizationResult
+from service import keptfiles
 from service.storage import CampaignProducts
 from tests.api.conftest import Api
 from tests.api.test_dashboard import login
 from tests.support.mapped_campaign import deliver, map_realizations, spec_json, write_spec
 from tests.support.service_helpers import auth
-from worker.client import ServiceError
+from tests.support.worker_helpers import wait_for
+from worker.client import ServiceClient, ServiceError
 from worker.keep import SiteStore
 
 REALIZATIONS = 5
@@ -42,21 +44,13 @@ def mapped(tmp_path_factory):
     return spec_json(spec_path), map_realizations(spec_path, folder / "maps", list(range(REALIZATIONS)))
 
 
-class InProcessSums:
-    """``worker.client.ServiceClient.put_map_sums`` over the in-process app (the same request, the same answers)."""
-
-    def __init__(self, api: Api, token: str):
-        self.api, self.token = api, token
-
-    def put_map_sums(self, worker_id: int, campaign_id: int, path) -> SiteSumsReceipt:
-        answer = self.api.client.put(
-            f"{API_PREFIX}/workers/{worker_id}/campaigns/{campaign_id}/map-sums",
-            content=path.read_bytes(),
-            headers={**auth(self.token), "Content-Type": "application/octet-stream"},
-        )
-        if answer.status_code >= 400:
-            raise ServiceError(answer.text, status=answer.status_code)
-        return SiteSumsReceipt.model_validate(answer.json())
+def worker_client(api: Api) -> ServiceClient:
+    """The worker's own HTTP client (``worker.client.ServiceClient``), its requests served by the in-process app."""
+    client = ServiceClient("http://testserver/api/v1", api.alice_worker, retry_s=0)
+    client._http = transport.http_client(
+        "http://testserver/api/v1", api.alice_worker, timeout_s=30, transport=api.client._transport
+    )
+    return client
 
 
 def _deliver_kept(api: Api, store: SiteStore, task: dict, source, work) -> None:
@@ -134,8 +128,8 @@ def test_two_keeping_sites_give_the_mean_and_variance_of_the_uploaded_maps(api, 
     summary = api.get(f"/campaigns/{kept}/products").json()
     assert summary["map_realizations"] == 0 and summary["included"] == REALIZATIONS  # spectra arrived, maps did not
     for store in sites.values():
-        assert store.send(InProcessSums(api, api.alice_worker), kept)
-        assert not store.send(InProcessSums(api, api.alice_worker), kept)  # within the interval: nothing sent
+        assert store.send(worker_client(api), kept)
+        assert not store.send(worker_client(api), kept)  # within the interval: nothing sent
     assert api.get(f"/campaigns/{kept}/products").json()["map_realizations"] == REALIZATIONS
     mean, variance = _download(api, kept, "mean-map"), _download(api, kept, "variance-map")
     want_mean, want_variance = _download(api, uploaded, "mean-map"), _download(api, uploaded, "variance-map")
@@ -235,6 +229,88 @@ def test_a_kept_map_is_served_from_the_site_store_with_its_checksum_verified(api
     answer = api.get(path, params={"format": "fits"})
     assert answer.status_code == 404 and answer.json()["code"] == "kept_file_unavailable"
     assert "SHA-256" in answer.json()["detail"]
-    stored.unlink()
+    stored.unlink()  # gone: the site's worker is asked, and says so
+    assert api.get(path, params={"format": "fits"}).status_code == 202
+    store = sites[iqu["kept"]["site"]]
+    (request,) = worker_client(api).kept_file_requests(store.worker_id).requests
+    assert not store.serve_fetch(worker_client(api), request)
     answer = api.get(path, params={"format": "fits"})
-    assert answer.status_code == 404 and "cannot read it" in answer.json()["detail"]
+    assert answer.status_code == 404 and "missing at the site" in answer.json()["detail"]
+
+
+def _kept_iqu(api: Api, campaign_id: int, index: int) -> dict:
+    (iqu,) = [p for p in api.realization(campaign_id, index)["result"]["products"] if p["name"] == "iqu"]
+    return iqu
+
+
+def test_a_map_the_service_cannot_read_is_fetched_through_its_sites_worker(api, two_sites, mapped, monkeypatch):
+    _, kept, sites = two_sites
+    _, folders = mapped
+    monkeypatch.setattr(keptfiles, "readable_here", lambda path: False)  # the service on another host than the sites
+    client = worker_client(api)
+    site = _kept_iqu(api, kept, 0)["kept"]["site"]
+    store, other = sites[site], sites[{"a": "b", "b": "a"}[site]]
+    path = f"/campaigns/{kept}/products/realizations/0/map"
+    answer = api.get(path, params={"format": "fits"})
+    assert answer.status_code == 202 and answer.json()["code"] == "kept_file_pending", answer.text
+    assert answer.headers["Retry-After"] == str(keptfiles.FETCH_RETRY_AFTER_S)
+    assert client.kept_file_requests(other.worker_id).requests == []  # another site is not asked
+    (request,) = client.kept_file_requests(store.worker_id).requests
+    assert (request.campaign_id, request.realization, request.role) == (kept, 0, "iqu")
+    assert store.serve_fetch(client, request)
+    answer = api.get(path, params={"format": "fits"})
+    assert answer.status_code == 200 and answer.content == (folders[0] / "map_iqu.fits").read_bytes()
+    assert client.kept_file_requests(store.worker_id).requests == []
+
+    # Damaged at the site: the worker says so, and the download is a 404 naming why, for good.
+    index = next(i for i in range(1, REALIZATIONS) if _kept_iqu(api, kept, i)["kept"]["site"] == site)
+    stored = Path(_kept_iqu(api, kept, index)["kept"]["path"])
+    stored.write_bytes(stored.read_bytes()[:-1] + b"x")
+    path = f"/campaigns/{kept}/products/realizations/{index}/map"
+    assert api.get(path, params={"format": "fits"}).status_code == 202
+    (request,) = client.kept_file_requests(store.worker_id).requests
+    assert not store.serve_fetch(client, request)
+    for _ in range(2):
+        answer = api.get(path, params={"format": "fits"})
+        assert answer.status_code == 404 and "damaged" in answer.json()["detail"], answer.text
+
+
+def test_a_fetched_file_of_other_bytes_is_refused(api, two_sites, monkeypatch, tmp_path):
+    _, kept, sites = two_sites
+    monkeypatch.setattr(keptfiles, "readable_here", lambda path: False)
+    client = worker_client(api)
+    store = sites[_kept_iqu(api, kept, 0)["kept"]["site"]]
+    path = f"/campaigns/{kept}/products/realizations/0/map"
+    assert api.get(path, params={"format": "fits"}).status_code == 202
+    (request,) = client.kept_file_requests(store.worker_id).requests
+    wrong = tmp_path / "wrong.fits"
+    wrong.write_bytes(b"\0" * request.size_bytes)  # the right size, other bytes: a worker that did not check
+    with pytest.raises(ServiceError) as refused:
+        client.send_kept_file(store.worker_id, request, wrong)
+    assert refused.value.status == 422 and "SHA-256" in str(refused.value)
+    answer = api.get(path, params={"format": "fits"})
+    assert answer.status_code == 404 and "damaged at the site" in answer.json()["detail"]
+
+
+def test_the_client_waits_on_202_until_the_worker_sent_the_map(api, two_sites, mapped, monkeypatch):
+    import threading
+
+    from mapcampaign import Client
+
+    _, kept, sites = two_sites
+    _, folders = mapped
+    monkeypatch.setattr(keptfiles, "readable_here", lambda path: False)
+    monkeypatch.setattr(keptfiles, "FETCH_RETRY_AFTER_S", 1)
+    store = sites[_kept_iqu(api, kept, 1)["kept"]["site"]]
+    worker = worker_client(api)
+
+    def site_worker() -> None:  # what the worker's loop does once the request is listed
+        listed = wait_for(lambda: worker.kept_file_requests(store.worker_id).requests, 60, "a fetch request")
+        store.serve_fetch(worker, listed[0])
+
+    helper = threading.Thread(target=site_worker)
+    helper.start()
+    user = Client("http://testserver", api.alice, transport=api.client._transport)
+    iqu = user.realization_map(kept, 1, wait_s=60)
+    helper.join(timeout=60)
+    np.testing.assert_array_equal(iqu, hp.read_map(folders[1] / "map_iqu.fits", field=(0, 1, 2), dtype=np.float64))

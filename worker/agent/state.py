@@ -68,6 +68,7 @@ class AgentState:
         self.heartbeat_answers: queue.SimpleQueue[HeartbeatAnswer] = queue.SimpleQueue()  # heartbeat thread -> loop
         self.launch_failures_in_a_row = 0
         self.claims_paused_until = 0.0  # clock.monotonic()
+        self.fetches_in_flight: set[tuple[int, int, str]] = set()  # kept files being sent on the service's request
         self.reporters = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="report")
         self.dfk: Any = None
         self.executor: Any = None
