@@ -121,6 +121,23 @@ def accept_fetched(files: CampaignProducts, request: dict[str, Any], received: P
     return target
 
 
+def kept_state(files: CampaignProducts, index: int, product: dict[str, Any]) -> dict[str, str]:
+    """Where a kept file stands for a reader, without asking the site: ``state`` is ``readable`` (the service
+    reads the site's path), ``ready`` (fetched), ``pending`` (the site's worker is asked), ``failed`` (with
+    ``reason``) or ``at-site`` (fetched when first opened)."""
+    kept = product["kept"]
+    if readable_here(Path(kept["path"])):
+        return {"state": "readable", "site": kept["site"]}
+    if fetched_path(files, index, product["name"]).is_file():
+        return {"state": "ready", "site": kept["site"]}
+    request = read_request(request_path(files.products_dir, kept["site"], files.campaign_id, index, product["name"]))
+    if request is None:
+        return {"state": "at-site", "site": kept["site"]}
+    if request.get("state") == "failed":
+        return {"state": "failed", "site": kept["site"], "reason": str(request.get("reason"))}
+    return {"state": "pending", "site": kept["site"]}
+
+
 def kept_source(
     files: CampaignProducts, index: int, product: dict[str, Any], *, site_has_workers: Callable[[str], bool]
 ) -> Path:

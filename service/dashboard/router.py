@@ -244,9 +244,16 @@ def campaign_page(
 
 @pages.get("/campaigns/{campaign_id}/realizations/{index}", response_class=HTMLResponse)
 def realization_page(
-    request: Request, campaign_id: RowId, index: RealizationIndex, user: DashboardUser, session: ReadSessionDep
+    request: Request,
+    campaign_id: RowId,
+    index: RealizationIndex,
+    user: DashboardUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
 ) -> Response:
-    context = dashboard.realization_page(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)
+    context = dashboard.realization_page(
+        session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index, products_dir=settings.products_dir
+    )
     return render(request, "realization.html", context, user=user)
 
 

@@ -255,12 +255,17 @@ def test_a_map_the_service_cannot_read_is_fetched_through_its_sites_worker(api, 
     assert answer.status_code == 202 and answer.json()["code"] == "kept_file_pending", answer.text
     assert answer.headers["Retry-After"] == str(keptfiles.FETCH_RETRY_AFTER_S)
     assert client.kept_file_requests(other.worker_id).requests == []  # another site is not asked
+    login(api)
+    assert 'data-state="pending"' in api.client.get(f"/campaigns/{kept}/realizations/0").text
     (request,) = client.kept_file_requests(store.worker_id).requests
     assert (request.campaign_id, request.realization, request.role) == (kept, 0, "iqu")
     assert store.serve_fetch(client, request)
     answer = api.get(path, params={"format": "fits"})
     assert answer.status_code == 200 and answer.content == (folders[0] / "map_iqu.fits").read_bytes()
     assert client.kept_file_requests(store.worker_id).requests == []
+    page = api.client.get(f"/campaigns/{kept}/realizations/0").text
+    assert 'data-state="ready"' in page and f"/campaigns/{kept}/realizations/0/maps/I.png" in page
+    assert api.client.get(f"/campaigns/{kept}/realizations/0/maps/I.png").status_code == 200
 
     # Damaged at the site: the worker says so, and the download is a 404 naming why, for good.
     index = next(i for i in range(1, REALIZATIONS) if _kept_iqu(api, kept, i)["kept"]["site"] == site)
@@ -273,6 +278,8 @@ def test_a_map_the_service_cannot_read_is_fetched_through_its_sites_worker(api, 
     for _ in range(2):
         answer = api.get(path, params={"format": "fits"})
         assert answer.status_code == 404 and "damaged" in answer.json()["detail"], answer.text
+    page = api.client.get(f"/campaigns/{kept}/realizations/{index}").text
+    assert 'data-state="failed"' in page and "damaged" in page
 
 
 def test_a_fetched_file_of_other_bytes_is_refused(api, two_sites, monkeypatch, tmp_path):
