@@ -11,7 +11,9 @@ Layout under ``Settings.products_dir`` (``<data dir>/campaigns``)::
     <id>/products/.lock                                         per-campaign lock of the aggregates
     <id>/products/cache/g<generation>-<name>                    downloads and images of one generation
     <id>/products/realization-cache/r<index>-<name>             one realisation's downloads in other formats
+    <id>/products/sitesums-<site>-<version>/                   a site's partial map sums (service.products.mapsums)
     <id>/quicklook/<index>-<sha256[:16]>-<I|Q|U>.png            quick-look images of a realisation's map
+    .fetches/<site>/c<id>-r<index>-<role>.json                  kept files asked of a site (service.keptfiles)
 
 Deleting a campaign removes its folder, and with it all of the above.
 
