@@ -27,6 +27,7 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -150,9 +151,9 @@ def merge(a: SiteSums, b: SiteSums) -> SiteSums:
 
 def write(path: Path, sums: SiteSums) -> None:
     """Write ``sums`` atomically (temporary file, fsync, rename)."""
-    members = {
-        "format": np.int64(SITE_SUMS_FORMAT),
-        "nside": np.int64(sums.nside),
+    members: dict[str, Any] = {  # by member name; Any so that np.savez(**members) type-checks
+        "format": np.asarray(SITE_SUMS_FORMAT, dtype="<i8"),
+        "nside": np.asarray(sums.nside, dtype="<i8"),
         "pixels": sums.pixels.astype("<i8"),
         "count": sums.count.astype("<i8"),
         "mean": sums.mean.astype("<f8"),

@@ -268,7 +268,7 @@ def parse_site(data: dict, *, source: str = "site file", base_dir: Path | None =
             f"  {_field_path(item['loc'])}: {item['msg'].removeprefix('Value error, ')}" for item in error.errors()
         )
         raise SiteError(f"{source}: invalid site\n{problems}") from None
-    updates = {}
+    updates: dict[str, Path | ProductsSpec] = {}
     for name in ("data_dir", "sky_root", "instrument_root"):
         value = getattr(site, name)
         if value is not None:

@@ -7,6 +7,7 @@ then ``max_tasks - held`` tasks are claimed, unless draining, paused, or the las
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -177,7 +178,10 @@ class ClaimLoop(Heartbeats, Shutdown):
                 continue
             self.fetches_in_flight.add(key)
             done = self.reporters.submit(self.site_store.serve_fetch, self.client, request)
-            done.add_done_callback(lambda _future, key=key: self.fetches_in_flight.discard(key))
+            done.add_done_callback(functools.partial(self._fetch_done, key))
+
+    def _fetch_done(self, key: tuple[int, int, str], _future: object) -> None:
+        self.fetches_in_flight.discard(key)
 
     def _send_sums_after(self, run: TaskRun) -> None:
         """The worker's last task of a campaign ended: send the site's partial map sums of it now."""
