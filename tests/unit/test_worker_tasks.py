@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from schemas.files import sha256_file
 from schemas.programs import CANCEL_FILE, RUNNER_FILE, STATUS_FILE, CancelReason, MapmakerExit
 from schemas.spec import CampaignSpec
-from schemas.files import sha256_file
 from tests.support.service_helpers import result_for
 from tests.support.task_run import RecordingClient, finish_with, make_run, runner_started, runner_status
 from worker.client import ServiceError
