@@ -75,7 +75,9 @@ class ServiceClient:
         self.api_url = api_url.rstrip("/")
         self.retry_s = retry_s
         self.timeout_s = timeout_s
-        self._http = transport.http_client(self.api_url, token, timeout_s=timeout_s, user_agent="mapcampaign-worker")
+        self._http = transport.http_client(
+            self.api_url, token, timeout_s=timeout_s, user_agent="mapcampaign-worker"
+        )
 
     def close(self) -> None:
         self._http.close()
