@@ -112,6 +112,30 @@ def moments_add(count: int, mean: np.ndarray, comoment: np.ndarray, value: np.nd
     return mean, comoment
 
 
+def moments_merge(
+    count_a: np.ndarray, mean_a: np.ndarray, m2_a: np.ndarray, count_b: np.ndarray, mean_b: np.ndarray, m2_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge two sets of running moments element-wise (Chan, Golub and LeVeque's pairwise update).
+
+    ``count_* [n]`` int64 samples per element (0 allowed), ``mean_*`` and ``m2_*`` ``[k, n]`` (or ``[n]``):
+    the mean and the sum of squared deviations of each element over its samples (:func:`moments_add`'s
+    ``comoment`` diagonal, Welford's M2). With ``n = nA + nB`` and ``delta = meanB - meanA``::
+
+        mean = meanA + delta nB / n,    M2 = M2A + M2B + delta^2 nA nB / n
+
+    which is what adding B's samples one by one would give, to round-off. Elements where both counts
+    are 0 return mean 0 and M2 0. Returns ``(count, mean, m2)``.
+    """
+    count_a = np.asarray(count_a, dtype=np.int64)
+    count_b = np.asarray(count_b, dtype=np.int64)
+    count = count_a + count_b
+    safe = np.where(count > 0, count, 1).astype(np.float64)
+    delta = np.asarray(mean_b, dtype=np.float64) - np.asarray(mean_a, dtype=np.float64)
+    mean = mean_a + delta * (count_b / safe)
+    m2 = m2_a + m2_b + delta * delta * (count_a.astype(np.float64) * count_b / safe)
+    return count, mean, m2
+
+
 def covariance_from_moments(count: int, comoment: np.ndarray) -> tuple[np.ndarray, int, float]:
     """``(cov [p, p], n, hartlap)`` from a running co-moment of ``count`` samples (ddof 1), as :func:`bandpower_covariance`."""
     if count < 2:

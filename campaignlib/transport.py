@@ -97,6 +97,15 @@ def send(
         pause = min(pause * 2, LONGEST_PAUSE_S)
 
 
+def retry_after_s(answer: httpx.Response, *, default_s: float = 5.0, longest_s: float = 60.0) -> float:
+    """The answer's Retry-After in seconds (a number of seconds), within [0.5, ``longest_s``]; ``default_s`` without one."""
+    try:
+        value = float(answer.headers.get("Retry-After", default_s))
+    except ValueError:
+        value = default_s
+    return min(max(value, 0.5), longest_s)
+
+
 def error_body(answer: httpx.Response) -> tuple[Any, str | None]:
     """``(detail, code)`` of an error answer: the service's JSON ``{"detail", "code"}``, else its text."""
     try:

@@ -260,19 +260,35 @@ class Client:
         )
         return [self.realization(campaign_id, item.index) for item in failed]
 
-    def realization_map(self, campaign_id: int, index: int) -> np.ndarray:
-        """The I, Q, U map a realisation uploaded: float64 [3, npix] (K), RING order, healpy.UNSEEN where the
-        scan never looked. Read with healpy from the FITS file the worker stored."""
+    def realization_map(self, campaign_id: int, index: int, *, wait_s: float = 300.0) -> np.ndarray:
+        """The I, Q, U map of a realisation: float64 [3, npix] (K), RING order, healpy.UNSEEN where the
+        scan never looked. Read with healpy from the FITS file the worker stored or its site keeps.
+
+        A map kept at a site the service cannot read is fetched through the site's worker: the service
+        answers 202 meanwhile, and this asks again after its Retry-After for up to ``wait_s`` seconds
+        (then :class:`~mapcampaign.errors.ServiceUnavailable`); a map the site cannot send (gone, damaged)
+        is a :class:`~mapcampaign.errors.NotFound` naming the reason.
+        """
         import io
+        import time
 
         # Deferred: healpy (with numpy and astropy) takes seconds to import, and only this method needs it.
         import healpy as hp
         import numpy as np
         from astropy.io import fits
 
-        answer = self._request(
-            "GET", f"/campaigns/{campaign_id}/products/realizations/{index}/map", params={"format": "fits"}
-        )
+        path = f"/campaigns/{campaign_id}/products/realizations/{index}/map"
+        deadline = time.monotonic() + wait_s
+        while (answer := self._request("GET", path, params={"format": "fits"}, expected=(200, 202))).status_code == 202:
+            pause = shared_transport.retry_after_s(answer)
+            if time.monotonic() + pause > deadline:
+                raise ServiceUnavailable(
+                    202,
+                    "kept_file_pending",
+                    f"{answer.json().get('detail')} (waited {wait_s:g} s)",
+                    request=f"GET {path}",
+                )
+            time.sleep(pause)
         with fits.open(io.BytesIO(answer.content)) as hdus:
             iqu = hp.read_map(hdus, field=(0, 1, 2), dtype=np.float64)
         return np.asarray(iqu)

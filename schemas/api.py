@@ -484,6 +484,36 @@ class InstrumentFile(ApiModel):
     scans: int | None = Field(None, description="Scans in a schedule")
 
 
+class SiteSumsReceipt(ApiModel):
+    """The service's answer to a site's partial map sums (``PUT /workers/{id}/campaigns/{id}/map-sums``)."""
+
+    campaign_id: int
+    site: str
+    version: int = Field(description="Realisations in the sums now held for the site (a later send must not have fewer)")
+    pixels: int = Field(description="Observed pixels in the sums")
+
+
+class KeptFileRequest(ApiModel):
+    """A kept file the service asks a site's worker to send (``GET /workers/{id}/fetches``)."""
+
+    campaign_id: int
+    realization: int
+    role: str = Field(description="The product's role: iqu, hits or rcond")
+    path: str = Field(description="Where the result says the site keeps it")
+    sha256: str
+    size_bytes: int
+
+
+class KeptFileRequests(ApiModel):
+    requests: list[KeptFileRequest]
+
+
+class KeptFileFailure(RequestModel):
+    """Why a site cannot send a kept file (gone, damaged): the service reports it to whoever asked, for good."""
+
+    reason: str = Field(min_length=1, max_length=1_000)
+
+
 class ArtifactReceipt(ApiModel):
     task_id: str
     name: str

@@ -93,11 +93,24 @@ class RngStream(ResultModel):
     interval: int | None = None
 
 
+class KeptFile(ResultModel):
+    """Where a product kept at its site lies (site setting ``products.maps = "keep"``): the service holds this, not the bytes."""
+
+    site: str = Field(max_length=128, description="The site that keeps the file")
+    path: str = Field(max_length=4096, description="Absolute path of the file in the site's store")
+
+
 class ProductFile(ResultModel):
     name: str = Field(description="Role of the file: iqu, hits, rcond, spectra, result ...")
     path: str = Field(description="Path relative to the realisation's product folder")
     sha256: str
     size_bytes: int
+    kept: KeptFile | None = Field(
+        None, description="Kept at the site, not uploaded: where (None: uploaded with the result)"
+    )
+
+
+KEPT_ROLES = ("iqu", "hits", "rcond")  # the maps a site may keep; the spectra and the mask always go to the service
 
 
 SpectrumName = Literal["TT", "EE", "BB", "TE", "EB", "TB"]

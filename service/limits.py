@@ -2,7 +2,7 @@
 
 Two kinds of body, each read one way:
 
-- **Streamed bodies** (a product file, an instrument file, the map of ``POST /spectrum``): the endpoint
+- **Streamed bodies** (a product file, a site's partial map sums, an instrument file, the map of ``POST /spectrum``): the endpoint
   checks the token, the caller's right and the media type from the headers first, then reads the body
   itself with :func:`stream_body`, chunk by chunk to a file, under its own limit (``max_artifact_bytes``,
   ``max_upload_bytes``, ``max_spectrum_bytes``) and an idle timeout (``upload_idle_timeout_s``: 408 when
@@ -40,6 +40,8 @@ ARTIFACT_UPLOAD = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/artifacts/[^/]+$")
 _RESULT = re.compile(rf"^{API_PREFIX}/tasks/[^/]+/succeeded$")
 SPECTRUM_UPLOAD = re.compile(rf"^{API_PREFIX}/spectrum$")  # a user's HEALPix FITS map
 INSTRUMENT_UPLOAD = re.compile(rf"^{API_PREFIX}/instrument-files$")  # a TOAST focal plane or schedule
+# a site's partial map sums, a kept file the service asked a site for
+SITE_SUMS_UPLOAD = re.compile(rf"^{API_PREFIX}/workers/[^/]+/(campaigns/[^/]+/map-sums|fetches/[^/]+/[^/]+/[^/]+)$")
 
 _CLOSE = {"Connection": "close"}
 
@@ -58,12 +60,17 @@ class BodyIncomplete(DomainError):
 
 def streamed(path: str) -> bool:
     """Whether the endpoint at ``path`` reads its own body (:func:`stream_body`) instead of having it read here."""
-    return bool(ARTIFACT_UPLOAD.match(path) or SPECTRUM_UPLOAD.match(path) or INSTRUMENT_UPLOAD.match(path))
+    return bool(
+        ARTIFACT_UPLOAD.match(path)
+        or SPECTRUM_UPLOAD.match(path)
+        or INSTRUMENT_UPLOAD.match(path)
+        or SITE_SUMS_UPLOAD.match(path)
+    )
 
 
 def body_limit(settings: Settings, path: str) -> int:
     """The largest body, in bytes, the endpoint at ``path`` accepts."""
-    if ARTIFACT_UPLOAD.match(path):
+    if ARTIFACT_UPLOAD.match(path) or SITE_SUMS_UPLOAD.match(path):
         return settings.max_artifact_bytes
     if SPECTRUM_UPLOAD.match(path):
         return settings.max_spectrum_bytes

@@ -11,7 +11,9 @@ Layout under ``Settings.products_dir`` (``<data dir>/campaigns``)::
     <id>/products/.lock                                         per-campaign lock of the aggregates
     <id>/products/cache/g<generation>-<name>                    downloads and images of one generation
     <id>/products/realization-cache/r<index>-<name>             one realisation's downloads in other formats
+    <id>/products/sitesums-<site>-<version>/                   a site's partial map sums (service.products.mapsums)
     <id>/quicklook/<index>-<sha256[:16]>-<I|Q|U>.png            quick-look images of a realisation's map
+    .fetches/<site>/c<id>-r<index>-<role>.json                  kept files asked of a site (service.keptfiles)
 
 Deleting a campaign removes its folder, and with it all of the above.
 
@@ -131,6 +133,14 @@ class CampaignProducts:
     def map_sums_files(self) -> Iterator[Path]:
         """Every map-sum file in the folder, of any generation."""
         return self.root.glob("mapsums-*.npz")
+
+    def site_sums_dir(self, site: str, version: int) -> Path:
+        """A site's partial map sums of one version, as .npy files read by memory map (``sitesums-<site>-<version>/``)."""
+        return self.root / f"sitesums-{site}-{version:09d}"
+
+    def site_sums_files(self) -> Iterator[Path]:
+        """Every site-sum folder, of any site and version."""
+        return self.root.glob("sitesums-*")
 
     def bandpower_sums_path(self, generation: int) -> Path:
         """Running mean and co-moment of the decoupled bandpowers of one generation (``bpsums-<generation>.npz``)."""
@@ -261,6 +271,8 @@ class ArtifactStore:
         staging = self.layout.staging_dir(campaign_id, attempt_id)
         problems = []
         for product in products:
+            if product.kept is not None:
+                continue  # kept at the site: the service records where, it never holds the bytes
             if not is_valid_artifact_name(product.path):
                 problems.append(f"{product.path!r} is not a valid artifact name")
                 continue
@@ -286,7 +298,7 @@ class ArtifactStore:
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
             staging.mkdir(parents=True, exist_ok=True)
-            keep = {product.path for product in products}
+            keep = {product.path for product in products if product.kept is None}
             for entry in staging.iterdir():
                 if entry.name not in keep:  # notes, partial uploads, files the result does not name
                     entry.unlink(missing_ok=True) if entry.is_file() else shutil.rmtree(entry, ignore_errors=True)

@@ -22,8 +22,12 @@ from schemas.api import (
     ClaimRequest,
     HeartbeatAnswer,
     HeartbeatRequest,
+    KeptFileFailure,
+    KeptFileRequest,
+    KeptFileRequests,
     PlanBuilt,
     PlanInvalid,
+    SiteSumsReceipt,
     TaskFailed,
     TaskStarted,
     TaskSucceeded,
@@ -141,6 +145,35 @@ class ServiceClient:
                 "Content-Type": "application/octet-stream",
                 "Content-Length": str(size),
             },
+        )
+
+    def put_map_sums(self, worker_id: int, campaign_id: int, path: Path) -> SiteSumsReceipt:
+        """PUT the site's partial map sums of a campaign (:mod:`campaignlib.sitesums`), streamed in 1 MiB pieces."""
+        answer = self._request(
+            "PUT",
+            f"/workers/{worker_id}/campaigns/{campaign_id}/map-sums",
+            content=lambda: _file_chunks(path),
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(path.stat().st_size)},
+        )
+        return SiteSumsReceipt.model_validate(answer.json())
+
+    def kept_file_requests(self, worker_id: int) -> KeptFileRequests:
+        """The kept files of this site the service was asked for (``GET /workers/{id}/fetches``)."""
+        return KeptFileRequests.model_validate(self._request("GET", f"/workers/{worker_id}/fetches", retry_s=0).json())
+
+    def send_kept_file(self, worker_id: int, request: KeptFileRequest, path: Path) -> None:
+        """PUT a requested kept file, streamed in 1 MiB pieces; the service checks its size and SHA-256."""
+        self._request(
+            "PUT",
+            f"/workers/{worker_id}/fetches/{request.campaign_id}/{request.realization}/{request.role}",
+            content=lambda: _file_chunks(path),
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(path.stat().st_size)},
+        )
+
+    def kept_file_failed(self, worker_id: int, request: KeptFileRequest, reason: str) -> None:
+        self._post(
+            f"/workers/{worker_id}/fetches/{request.campaign_id}/{request.realization}/{request.role}/failed",
+            KeptFileFailure(reason=reason[:1_000]),
         )
 
     def instrument_file(self, sha256: str) -> bytes:

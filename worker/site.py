@@ -185,6 +185,27 @@ class RunnerSpec(SiteModel):
     )
 
 
+class ProductsSpec(SiteModel):
+    """Where a realisation's maps go: to the service, or kept in the site's storage (``products.maps``)."""
+
+    maps: Literal["upload", "keep"] = Field(
+        "upload",
+        description="'upload': the maps (iqu, hits, rcond) go to the service with the spectra (one machine, small "
+        "campaigns); 'keep': they stay in the site's store, the service records their path, size and sha256 and "
+        "gets the site's partial sums for the mean and variance maps",
+    )
+    store: Path | None = Field(
+        None, description="Folder of kept maps and partial sums (maps = 'keep'); default <data_dir>/products"
+    )
+    sums_interval_s: float = Field(
+        300.0,
+        ge=1,
+        le=86_400,
+        description="Shortest time between two sends of a campaign's partial sums (maps = 'keep'); the sums are also "
+        "sent when the site's last task of the campaign ends and when the worker stops",
+    )
+
+
 class SiteConfig(SiteModel):
     """One site file."""
 
@@ -204,6 +225,7 @@ class SiteConfig(SiteModel):
     mpi: MpiSpec = Field(default_factory=MpiSpec)
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
     runner: RunnerSpec = Field(default_factory=RunnerSpec)
+    products: ProductsSpec = Field(default_factory=ProductsSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> SiteConfig:
@@ -246,15 +268,21 @@ def parse_site(data: dict, *, source: str = "site file", base_dir: Path | None =
             f"  {_field_path(item['loc'])}: {item['msg'].removeprefix('Value error, ')}" for item in error.errors()
         )
         raise SiteError(f"{source}: invalid site\n{problems}") from None
-    updates = {}
+    updates: dict[str, Path | ProductsSpec] = {}
     for name in ("data_dir", "sky_root", "instrument_root"):
         value = getattr(site, name)
         if value is not None:
-            value = value.expanduser()
-            if not value.is_absolute() and base_dir is not None:
-                value = base_dir / value
-            updates[name] = value.resolve()
+            updates[name] = _resolved(value, base_dir)
+    if site.products.store is not None:
+        updates["products"] = site.products.model_copy(update={"store": _resolved(site.products.store, base_dir)})
     return site.model_copy(update=updates) if updates else site
+
+
+def _resolved(value: Path, base_dir: Path | None) -> Path:
+    value = value.expanduser()
+    if not value.is_absolute() and base_dir is not None:
+        value = base_dir / value
+    return value.resolve()
 
 
 def load_site(path: str | Path) -> SiteConfig:

@@ -24,6 +24,7 @@ from schemas.api import PreprocessTask, RealizeTask
 from schemas.programs import CancelReason
 from worker.client import ServiceClient
 from worker.clock import SYSTEM_CLOCK, Clock
+from worker.keep import SiteStore
 from worker.layout import SiteLayout
 from worker.outcome import Outcome, Verdict
 from worker.scheduler import BlockEnding, BlockEndings
@@ -45,6 +46,7 @@ class TaskContext:
     keep_work: bool = False
     block_endings: BlockEndings = field(default_factory=BlockEndings)  # scheduler answers shared by a block's tasks
     clock: Clock = SYSTEM_CLOCK
+    site_store: SiteStore | None = None  # products.maps = "keep": the kept maps and partial sums
 
 
 class TaskRun:
@@ -162,8 +164,14 @@ class TaskRun:
             log.info("%s dropped: the service gave it to another worker", self.task_id)
             timeline["outcome"] = Outcome.DROPPED.value
             return timeline
-        reporter = report.Reporter(self.placement, self.folder, self.context.client)
+        store = self.context.site_store if isinstance(self.task, RealizeTask) else None
+        reporter = report.Reporter(self.placement, self.folder, self.context.client, site_store=store)
         reported = reporter.report(ended, start_reported=self.started_reported)
+        if store is not None and reported.outcome is Outcome.SUCCEEDED:
+            try:
+                store.send(self.context.client, self.task.campaign_id)  # at most once per products.sums_interval_s
+            except (OSError, ValueError) as error:
+                log.error("campaign %d: partial map sums not sent: %s", self.task.campaign_id, error)
         timeline.update(reported.figures)
         if reported.unreported is not None:
             timeline["unreported"] = reported.unreported

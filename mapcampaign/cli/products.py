@@ -32,11 +32,13 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from campaignlib.transport import retry_after_s
 from mapcampaign.cli._utilities import fail
 from schemas.files import atomic_write
 
@@ -75,11 +77,23 @@ def _answer_error(answer: Any, what: str, *, campaign: bool = False) -> None:
     fail(f"{what}: {detail} (HTTP {answer.status_code})", hint=hint, code=code)
 
 
-def _save(client: Any, path: str, params: dict[str, str], target: Path) -> dict[str, Any]:
-    """Stream one download to ``target``, whole or not at all; return its record."""
+def _save(client: Any, path: str, params: dict[str, str], target: Path, *, wait_s: float = 0.0) -> dict[str, Any]:
+    """Stream one download to ``target``, whole or not at all; return its record. A 202 (a map kept at its
+    site, being fetched) is asked again after its Retry-After, for up to ``wait_s`` seconds."""
     # The checksum is taken from the bytes as they are written, so the file is not read back.
     digest = hashlib.sha256()
     size = 0
+    deadline = time.monotonic() + wait_s
+    while True:
+        with client.stream("GET", path, params=params) as answer:
+            if answer.status_code != 202:
+                break
+            answer.read()
+            pause = retry_after_s(answer)
+        if time.monotonic() + pause > deadline:
+            fail(f"GET {path}: {answer.json().get('detail')}", hint="the site has not sent it yet; try again later or "
+                 "raise --wait-s")  # fmt: skip
+        time.sleep(pause)
     with client.stream("GET", path, params=params) as answer:
         if answer.status_code != 200:
             answer.read()
@@ -108,6 +122,9 @@ def products(
     as_json: Annotated[bool, typer.Option("--json", help="Print only JSON on stdout")] = False,
     url: Annotated[str | None, typer.Option("--url", help="Service root URL (default: the global --server)")] = None,
     token_file: Annotated[Path | None, typer.Option("--token-file", help="File holding a user API token")] = None,
+    wait_s: Annotated[
+        float, typer.Option("--wait-s", min=0, help="How long to wait for a realisation map kept at its site")
+    ] = 300.0,
 ) -> None:
     """Download a campaign's Monte Carlo products: the decoupled bandpowers with the transfer function F_b, the
     noise bias N_b or the covariance; the pseudo-spectra; the mean and variance maps and the mask."""
@@ -145,6 +162,7 @@ def products(
                                 f"{api}/realizations/{realization}/{item}",
                                 {"format": fmt},
                                 target / f"{prefix}{name}.{fmt}",
+                                wait_s=wait_s,
                             )
                         )
             else:

@@ -41,7 +41,8 @@ from service.deps import (
 )
 from service.errors import NotFound, page_redirect
 from service.events.router import open_event_stream
-from service.storage import ArtifactStore, CampaignStorage
+from service.keptfiles import kept_source, sites_with_workers
+from service.storage import ArtifactStore, CampaignProducts, CampaignStorage
 
 HERE = Path(__file__).parent
 TEMPLATES_DIR = HERE / "templates"
@@ -243,9 +244,16 @@ def campaign_page(
 
 @pages.get("/campaigns/{campaign_id}/realizations/{index}", response_class=HTMLResponse)
 def realization_page(
-    request: Request, campaign_id: RowId, index: RealizationIndex, user: DashboardUser, session: ReadSessionDep
+    request: Request,
+    campaign_id: RowId,
+    index: RealizationIndex,
+    user: DashboardUser,
+    session: ReadSessionDep,
+    settings: SettingsDep,
 ) -> Response:
-    context = dashboard.realization_page(session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index)
+    context = dashboard.realization_page(
+        session=session, owner_id=user.user_id, campaign_id=campaign_id, index=index, products_dir=settings.products_dir
+    )
     return render(request, "realization.html", context, user=user)
 
 
@@ -303,15 +311,28 @@ async def map_image(
         raise NotFound(f"no map field {field!r}; use I, Q or U")
     database = request.app.state.database
 
-    def find() -> queries.MapProduct | None:
+    def find() -> tuple[queries.MapProduct | None, dict[str, Any] | None, set[str]]:
         with database.session(write=False) as session:
             campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
-            return queries.realization_map(session=session, campaign_id=campaign_id, index=index)
+            found = queries.realization_map(session=session, campaign_id=campaign_id, index=index)
+            record = (
+                None
+                if found is None
+                else queries.product_of(session=session, campaign_id=campaign_id, index=index, name=found.path)
+            )
+            return found, record, sites_with_workers(session)
 
-    product = await anyio.to_thread.run_sync(find)
+    product, record, sites = await anyio.to_thread.run_sync(find)
     if product is None:
         raise NotFound(f"realisation {index} of campaign {campaign_id} has no I/Q/U map")
-    source = CampaignStorage(settings.products_dir).product_path(campaign_id, index, product.path)
+    if record is not None and record.get("kept"):
+        # Kept at its site: read there when the service can, checked against the recorded size and SHA-256.
+        files = CampaignProducts(settings.products_dir, campaign_id)
+        source = await anyio.to_thread.run_sync(
+            lambda: kept_source(files, index, record, site_has_workers=sites.__contains__)
+        )
+    else:
+        source = CampaignStorage(settings.products_dir).product_path(campaign_id, index, product.path)
     if not source.is_file():
         raise NotFound(f"the map file of realisation {index} is missing from the data folder")
 
@@ -345,7 +366,11 @@ def product_file(
 ) -> Response:
     campaigns.get_campaign(session=session, owner_id=user.user_id, campaign_id=campaign_id)
     product = queries.product_of(session=session, campaign_id=campaign_id, index=index, name=name)
-    path = CampaignStorage(settings.products_dir).product_path(campaign_id, index, name)
+    if product is not None and product.get("kept"):
+        files = CampaignProducts(settings.products_dir, campaign_id)
+        path = kept_source(files, index, product, site_has_workers=sites_with_workers(session).__contains__)
+    else:
+        path = CampaignStorage(settings.products_dir).product_path(campaign_id, index, name)
     if product is None or not path.is_file():
         raise NotFound(f"realisation {index} of campaign {campaign_id} has no product {name!r}")
     media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"

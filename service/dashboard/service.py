@@ -7,6 +7,7 @@ Each function takes the owner's user id: another user's campaign raises
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -20,7 +21,9 @@ from service.config import Settings
 from service.dashboard import queries
 from service.dashboard.panels import collect_products_panel
 from service.events.service import latest_event_id
+from service.keptfiles import kept_state
 from service.queue import couplings
+from service.storage import CampaignProducts
 
 CAMPAIGNS_PER_PAGE = 50
 REALIZATIONS_PER_PAGE = 50
@@ -141,7 +144,9 @@ def campaign_page(
     }
 
 
-def realization_page(*, session: Session, owner_id: int, campaign_id: int, index: int) -> dict[str, Any]:
+def realization_page(
+    *, session: Session, owner_id: int, campaign_id: int, index: int, products_dir: Path
+) -> dict[str, Any]:
     after_event = latest_event_id(session=session)
     campaign = campaigns.get_campaign(session=session, owner_id=owner_id, campaign_id=campaign_id)
     detail = campaigns.get_realization(session=session, owner_id=owner_id, campaign_id=campaign.id, index=index)
@@ -156,11 +161,24 @@ def realization_page(*, session: Session, owner_id: int, campaign_id: int, index
             ),
         )
     failed = [attempt.number for attempt in detail.attempt_history if attempt.failure_class]
+    files = CampaignProducts(products_dir, campaign.id)
+    kept = {  # maps kept at their site: readable here, fetched, being fetched, or refused by the site
+        product["path"]: kept_state(files, index, product)
+        for product in (result or {}).get("products") or []
+        if isinstance(product, dict) and product.get("kept")
+    }
+    if (
+        maps is not None
+        and map_product is not None
+        and kept.get(map_product[0], {}).get("state") not in (None, "readable", "ready")
+    ):
+        maps = None  # its images would wait on the site: the products list says where it stands
     return {
         "campaign": campaign,
         "realization": detail,
         "result": result,
         "maps": maps,
+        "kept": kept,
         "open_log": max(failed) if failed else None,  # the latest failure's log is shown open
         "after_event": after_event,
     }

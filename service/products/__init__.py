@@ -1,6 +1,7 @@
 """Monte Carlo products of a campaign: running aggregates, their API, CLI downloads and dashboard panel.
 
 ``mount_products(app)`` adds the API routes under ``/api/v1/campaigns/{id}/products`` and
+``/api/v1/workers/{id}/campaigns/{id}/map-sums`` (a site's partial map sums, :mod:`service.products.mapsums`),
 ``/api/v1/spectrum`` (a data map's unbiased bandpowers, :mod:`service.products.spectrum`),
 the dashboard's image and chart routes, registers the result hook that updates
 the aggregates (``service.campaigns.hooks.on_result_accepted``) and the
@@ -27,10 +28,12 @@ def mount_products(app: FastAPI) -> None:
     from service.products.reconcile import update_after_result
     from service.products.router import router as api_router
     from service.products.router import spectrum_router
+    from service.products.site_router import site_sums_router
 
     api = APIRouter(prefix=API_PREFIX)
     api.include_router(api_router)
     api.include_router(spectrum_router)
+    api.include_router(site_sums_router)
     app.include_router(api)
     app.include_router(dashboard_router)
     app.include_router(pages_router)  # /products and the browser downloads

@@ -63,6 +63,8 @@ from typing import Any
 import numpy as np
 
 from campaignlib import montecarlo
+from campaignlib.healpixfile import NotAHealpixMap, read_healpix_fields
+from campaignlib.sitesums import ledger_add, ledger_contains, ledger_count
 from schemas.files import atomic_write, atomic_write_bytes, sha256_file
 from schemas.result import SPECTRA, SpectrumName
 from service.storage import CampaignProducts
@@ -91,25 +93,6 @@ def campaign_lock(files: CampaignProducts) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- ledger: sorted [start, stop) ranges
-
-
-def ledger_contains(ranges: list[list[int]], index: int) -> bool:
-    return any(start <= index < stop for start, stop in ranges)
-
-
-def ledger_add(ranges: list[list[int]], index: int) -> list[list[int]]:
-    """The ranges with ``index`` added, merged with its neighbours."""
-    merged: list[list[int]] = []
-    for start, stop in sorted([*ranges, [index, index + 1]]):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], stop)
-        else:
-            merged.append([start, stop])
-    return merged
-
-
-def ledger_count(ranges: list[list[int]]) -> int:
-    return sum(stop - start for start, stop in ranges)
 
 
 def ledger_indexes(ranges: list[list[int]]) -> Iterator[int]:
@@ -150,6 +133,8 @@ class AggregateState:
     maps: dict[str, Any] | None = None  # {file, nside, n (realisations with a map)}
     mask: dict[str, Any] | None = None  # {file, sha256, realization}
     bandpowers: dict[str, Any] | None = None  # identity (BANDPOWER_IDENTITY), model, n, file (the bpsums npz)
+    kept: dict[str, list[list[int]]] = field(default_factory=dict)  # site -> realisations whose map it keeps
+    site_sums: dict[str, dict[str, Any]] = field(default_factory=dict)  # site -> {file, version, n, ledger}
     warnings: list[str] = field(default_factory=list)
     updated_at: str | None = None
 
@@ -163,7 +148,9 @@ class AggregateState:
 
     @property
     def n_maps(self) -> int:
-        return int(self.maps["n"]) if self.maps else 0
+        """Realisations in the mean and variance maps: uploaded maps and the sites' partial sums."""
+        uploaded = int(self.maps["n"]) if self.maps else 0
+        return uploaded + sum(int(sums["n"]) for sums in self.site_sums.values())
 
     @property
     def n_bandpowers(self) -> int:
@@ -191,6 +178,8 @@ class AggregateState:
             "maps": self.maps,
             "mask": self.mask,
             "bandpowers": self.bandpowers,
+            "kept": self.kept,
+            "site_sums": self.site_sums,
             "warnings": self.warnings,
             "updated_at": self.updated_at,
         }
@@ -208,6 +197,8 @@ class AggregateState:
             maps=data.get("maps"),
             mask=data.get("mask"),
             bandpowers=data.get("bandpowers"),
+            kept={str(site): [[int(a), int(b)] for a, b in ranges] for site, ranges in (data.get("kept") or {}).items()},
+            site_sums=dict(data.get("site_sums") or {}),
             warnings=list(data.get("warnings", [])),
             updated_at=data.get("updated_at"),
         )
@@ -237,8 +228,9 @@ def save_state(files: CampaignProducts, state: AggregateState) -> None:
 
 
 def load_map_sums(files: CampaignProducts, state: AggregateState) -> dict[str, np.ndarray] | None:
-    """``count [npix]`` int64, ``mean`` and ``m2`` [3, npix] of the state's generation."""
-    if not state.maps:
+    """``count [npix]`` int64, ``mean`` and ``m2`` [3, npix] of the uploaded maps, of the state's generation
+    (None before the first uploaded map; the sites' partial sums are apart: :mod:`service.products.mapsums`)."""
+    if not state.maps or not state.maps.get("file"):
         return None
     with np.load(files.root / state.maps["file"]) as data:
         return {name: data[name] for name in ("count", "mean", "m2")}
@@ -348,9 +340,7 @@ def _add_bandpowers(
 
 
 def _read_iqu(path: Path) -> tuple[int, np.ndarray | None, np.ndarray]:
-    """``(npix, pixels, iqu)`` of a realisation's map file, cut-sky or full-sky (:func:`formats.read_healpix_fields`)."""
-    from service.products.formats import NotAHealpixMap, read_healpix_fields
-
+    """``(npix, pixels, iqu)`` of a realisation's map file, cut-sky or full-sky (:func:`campaignlib.healpixfile.read_healpix_fields`)."""
     try:
         return read_healpix_fields(path, 3)
     except NotAHealpixMap:
@@ -399,8 +389,18 @@ def _store_mask(files: CampaignProducts, state: AggregateState, index: int, path
         )
 
 
+def _kept_at(result: dict[str, Any], role: str) -> str | None:
+    """The site that keeps the realisation's ``role`` file, or None when it was uploaded (or is absent)."""
+    for product in result.get("products") or []:
+        if product.get("name") == role and product.get("kept"):
+            return str(product["kept"]["site"])
+    return None
+
+
 def _product_path(result: dict[str, Any], product_dir: Path, role: str) -> Path | None:
     for product in result.get("products") or []:
+        if product.get("kept"):
+            continue
         if product.get("name") == role and "/" not in product.get("path", "/"):
             path = product_dir / product["path"]
             return path if path.is_file() else None
@@ -464,8 +464,13 @@ def include_realization(
                 state.maps = {
                     "file": new_map_file.name,
                     "nside": round(math.sqrt(sums["count"].size / 12)),
-                    "n": (state.n_maps + 1),
+                    "n": (int(state.maps["n"]) if state.maps else 0) + 1,
+                    "ledger": ledger_add((state.maps or {}).get("ledger") or [], index),
                 }
+        keeper = _kept_at(result, "iqu")
+        if keeper is not None:
+            # Its map joins the mean and variance through the site's partial sums (service.products.mapsums).
+            state.kept[keeper] = ledger_add(state.kept.get(keeper, []), index)
         mask_path = _product_path(result, product_dir, "mask")
         if mask_path is not None:
             _store_mask(files, state, index, mask_path)
@@ -480,9 +485,10 @@ def include_realization(
 
 def _remove_stale(files: CampaignProducts, state: AggregateState) -> None:
     keep = {state.maps["file"] if state.maps else None, state.bandpowers["file"] if state.bandpowers else None}
-    for path in [*files.map_sums_files(), *files.bandpower_sums_files()]:
+    keep |= {sums["file"] for sums in state.site_sums.values()}
+    for path in [*files.map_sums_files(), *files.bandpower_sums_files(), *files.site_sums_files()]:
         if path.name not in keep:
-            path.unlink(missing_ok=True)
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     if files.cache_dir.is_dir():
         # Files of the previous generation stay: a request may be serving one right now.
         for path in files.cache_dir.iterdir():
@@ -577,18 +583,6 @@ def spectra_aggregates(state: AggregateState) -> SpectraAggregates | None:
         apodization_deg=float(spectra["apodization_deg"]),
         min_hits=int(spectra["min_hits"]),
     )
-
-
-def mean_and_variance_maps(files: CampaignProducts, state: AggregateState) -> tuple[np.ndarray, np.ndarray] | None:
-    """Mean [3, npix] (K; UNSEEN where never observed) and sample variance [3, npix] (K^2; UNSEEN below 2)."""
-    sums = load_map_sums(files, state)
-    if sums is None:
-        return None
-    count = sums["count"]
-    mean = np.where(count > 0, sums["mean"], UNSEEN)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        variance = np.where(count > 1, np.maximum(sums["m2"], 0.0) / (count - 1), UNSEEN)
-    return mean, variance
 
 
 # --------------------------------------------------------------------------- decoupled bandpowers

@@ -56,9 +56,9 @@ from service.products.aggregates import (
     BandpowerAggregates,
     bandpower_aggregates,
     load_state,
-    mean_and_variance_maps,
     spectra_aggregates,
 )
+from service.products.mapsums import mean_and_variance_maps
 from service.products.service import ProductsNotReady, snapshot
 from service.products.spectrum import MatrixPair, matrix_partner, sky_polarization, transfer_matrix_pair
 from service.storage import CampaignProducts

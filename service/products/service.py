@@ -41,6 +41,7 @@ from schemas.states import RealizationState
 from service.campaigns import reads as campaigns
 from service.campaigns.models import Campaign, Realization
 from service.errors import Invalid, NotFound
+from service.keptfiles import kept_source, sites_with_workers
 from service.products import formats
 from service.products.aggregates import (
     AggregateState,
@@ -48,9 +49,9 @@ from service.products.aggregates import (
     SpectraAggregates,
     bandpower_aggregates,
     load_state,
-    mean_and_variance_maps,
     spectra_aggregates,
 )
+from service.products.mapsums import mean_and_variance_maps
 from service.storage import CampaignProducts
 
 T = TypeVar("T")
@@ -466,7 +467,11 @@ def realization_download(
     source = None
     for product in result.get("products") or []:
         if product.get("name") == role:
-            source = files.storage.product_path(campaign.id, index, product["path"])
+            if product.get("kept"):
+                # Read at the site's path, or fetched through its worker (202 meanwhile: KeptFilePending).
+                source = kept_source(files, index, product, site_has_workers=sites_with_workers(session).__contains__)
+            else:
+                source = files.storage.product_path(campaign.id, index, product["path"])
     if source is None and which == "mask" and files.mask_path.is_file():
         source = files.mask_path  # the mask comes once per coupling: the campaign's is every realisation's
     if source is None or not source.is_file():

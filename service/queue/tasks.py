@@ -25,7 +25,7 @@ from schemas.api import (
     realize_task_id,
     site_path_problem,
 )
-from schemas.result import RealizationResult
+from schemas.result import KEPT_ROLES, RealizationResult
 from schemas.spec import CampaignSpec, spec_hash
 from schemas.states import (
     LEASED_REALIZATION_STATES,
@@ -230,6 +230,18 @@ def check_result(held: HeldAttempt, result: RealizationResult) -> None:
         raise ResultMismatch("result.spec_hash does not match the campaign's spec hash")
     if result.scan_key != held.campaign.scan_key:
         raise ResultMismatch("result.scan_key does not match the campaign's scan key")
+    for product in result.products:
+        if product.kept is None:
+            continue
+        if product.name not in KEPT_ROLES:
+            raise ResultMismatch(f"result.products: {product.name!r} cannot be kept at the site, only {', '.join(KEPT_ROLES)}")
+        if product.kept.site != held.worker.site:
+            raise ResultMismatch(
+                f"result.products: {product.path!r} is kept at site {product.kept.site!r}, "
+                f"but the worker is of site {held.worker.site!r}"
+            )
+        if not product.kept.path.startswith("/"):
+            raise ResultMismatch(f"result.products: the kept path of {product.path!r} is not absolute")
 
 
 def accept_result(*, session: Session, held: HeldAttempt, result: RealizationResult) -> None:

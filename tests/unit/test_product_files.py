@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from astropy.io import fits
 
+from campaignlib.healpixfile import NotAHealpixMap, read_healpix_fields
 from mapmaker.programs import products
 from schemas.io import load_spec
 from schemas.spec import _sha256, spec_hash
 from service.products import aggregates
 from service.products.aggregates import include_realization, load_map_sums, load_state
-from service.products.formats import NotAHealpixMap, read_healpix_fields
 from service.storage import CampaignProducts
 
 NSIDE = 32

@@ -21,9 +21,9 @@ from service.products.aggregates import (
     ledger_contains,
     ledger_count,
     load_state,
-    mean_and_variance_maps,
     spectra_aggregates,
 )
+from service.products.mapsums import mean_and_variance_maps
 from service.storage import CampaignProducts
 
 NSIDE = 4

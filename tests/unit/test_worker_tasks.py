@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas.files import sha256_file
 from schemas.programs import CANCEL_FILE, RUNNER_FILE, STATUS_FILE, CancelReason, MapmakerExit
 from schemas.spec import CampaignSpec
 from tests.support.service_helpers import result_for
@@ -484,3 +485,52 @@ def test_a_stop_asked_while_the_work_folder_is_removed_does_not_leave_it_behind(
     assert not run.placement.workdir.exists()
     run.request_stop(CancelReason.LOST)  # asked again after the removal: nothing is written
     assert not run.placement.workdir.exists()
+
+
+class SumsRecordingClient(RecordingClient):
+    def put_map_sums(self, worker_id, campaign_id, path):
+        from campaignlib import sitesums
+        from schemas.api import SiteSumsReceipt
+
+        version = sitesums.read(path).version
+        self._call("put_map_sums", worker_id, campaign_id, version)
+        return SiteSumsReceipt(campaign_id=campaign_id, site="local", version=version, pixels=1)
+
+
+def test_a_keeping_site_keeps_the_maps_uploads_the_rest_and_adds_the_accepted_map_to_its_sums(tmp_path):
+    import dataclasses
+
+    import healpy as hp
+    import numpy as np
+
+    from campaignlib import sitesums
+    from worker.keep import SiteStore
+
+    client = SumsRecordingClient()
+    run = make_run(tmp_path, client)
+    store = SiteStore(tmp_path / "store", "local", interval_s=60.0)
+    store.worker_id = 9
+    run.context = dataclasses.replace(run.context, site_store=store)
+    run.prepare()
+    out = run.placement.out
+    out.mkdir(parents=True)
+    iqu = np.full((3, 12 * 4**2), hp.UNSEEN)
+    iqu[:, 10:50] = 1e-6
+    hp.write_map(str(out / "map_iqu.fits"), iqu, dtype=np.float64)
+    (out / "spectra.npz").write_bytes(b"spectra")
+    products = [
+        {"name": role, "path": name, "sha256": sha256_file(out / name), "size_bytes": (out / name).stat().st_size}
+        for role, name in (("iqu", "map_iqu.fits"), ("spectra", "spectra.npz"))
+    ]
+    (out / "result.json").write_text(json.dumps(result_for(run.task.spec.model_dump(mode="json"), 0, products)))
+    finish_with(run, "exited", 0)
+    assert client.calls == [
+        ("started", "realize-5", "node7"),
+        ("upload", "realize-5", "spectra.npz"),  # the map stays at the site
+        ("succeeded", "realize-5", 0),
+        ("put_map_sums", 9, 1, 1),  # the first send of the campaign's sums goes at once
+    ]
+    kept = store.campaign_dir(1) / "0" / "map_iqu.fits"
+    assert sha256_file(kept) == products[0]["sha256"]
+    sums = sitesums.read(store.campaign_dir(1) / "sums.npz")
+    assert sums.ledger == [[0, 1]] and sums.pixels.tolist() == list(range(10, 50))

@@ -92,11 +92,16 @@ class Agent(Registration, ClaimLoop):
         toucher = threading.Thread(target=self._touch_liveness, name="liveness", daemon=True)
         toucher.start()
         self._sweep_leftovers()
+        if self.site_store is not None:
+            self.site_store.repair()  # journalled realisations a stopped worker had not added yet
+            self.reporters.submit(self.site_store.send_all, self.client)
         try:
             self._loop()
         finally:
             self.quit.set()
             self.reporters.shutdown(wait=True)
+            if self.site_store is not None:
+                self.site_store.send_all(self.client)
             self._stop_parsl()
             self.client.close()
             for sig, handler in previous.items():

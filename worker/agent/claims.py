@@ -7,6 +7,7 @@ then ``max_tasks - held`` tasks are claimed, unless draining, paused, or the las
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -60,6 +61,7 @@ class ClaimLoop(Heartbeats, Shutdown):
             if self._parsl_failed(now, drain_deadline):
                 continue
             if not self.draining and now >= next_claim and now >= self.claims_paused_until:
+                self._poll_fetches()
                 free = self._free_slots()
                 if free > 0:
                     claimed = self._claim(free)
@@ -159,3 +161,33 @@ class ClaimLoop(Heartbeats, Shutdown):
             error = run.finishing.exception()
             if error is not None:
                 log.error("%s: reporting failed: %s: %s", run.task_id, type(error).__name__, error)
+            self._send_sums_after(run)
+
+    def _poll_fetches(self) -> None:
+        """At the claims' pace: the kept files the service was asked for, each sent by a reporting thread."""
+        if self.site_store is None or self.worker_id is None:
+            return
+        try:
+            requests = self.client.kept_file_requests(self.worker_id).requests
+        except ServiceError as error:
+            log.warning("could not list the kept files the service asks for: %s", error)
+            return
+        for request in requests:
+            key = (request.campaign_id, request.realization, request.role)
+            if key in self.fetches_in_flight:
+                continue
+            self.fetches_in_flight.add(key)
+            done = self.reporters.submit(self.site_store.serve_fetch, self.client, request)
+            done.add_done_callback(functools.partial(self._fetch_done, key))
+
+    def _fetch_done(self, key: tuple[int, int, str], _future: object) -> None:
+        self.fetches_in_flight.discard(key)
+
+    def _send_sums_after(self, run: TaskRun) -> None:
+        """The worker's last task of a campaign ended: send the site's partial map sums of it now."""
+        campaign_id = getattr(run.task, "campaign_id", None)
+        if self.site_store is None or run.task.kind != "realize" or campaign_id is None:
+            return
+        if any(getattr(other.task, "campaign_id", None) == campaign_id for other in self.runs.values()):
+            return
+        self.reporters.submit(self.site_store.send, self.client, campaign_id, force=True)

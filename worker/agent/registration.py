@@ -51,6 +51,8 @@ class Registration(AgentState):
                 pause = min(pause * 2, LONGEST_RETRY_S)
                 continue
             self.worker_id = info.id
+            if self.site_store is not None:
+                self.site_store.worker_id = info.id
             log.info(
                 "worker %s (id %d) registered for site %r at %s: %d tasks at once, data in %s",
                 self.name, info.id, self.site.name, self.settings.server, registration.capacity, self.layout.root,

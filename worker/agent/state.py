@@ -13,6 +13,7 @@ from typing import Any
 from schemas.api import HeartbeatAnswer
 from worker.client import ServiceClient
 from worker.clock import SYSTEM_CLOCK, Clock
+from worker.keep import SiteStore, store_root
 from worker.layout import SiteLayout
 from worker.settings import WorkerSettings
 from worker.site import SiteConfig
@@ -38,6 +39,11 @@ class AgentState:
         self.client = ServiceClient(
             settings.api_url, token, timeout_s=settings.timeout_s, retry_s=settings.report_retry_s
         )
+        self.site_store = (
+            SiteStore(store_root(site, self.layout.root), site.name, interval_s=site.products.sums_interval_s, clock=clock)
+            if site.products.maps == "keep"
+            else None
+        )
         self.context = TaskContext(
             site=site,
             layout=self.layout,
@@ -46,6 +52,7 @@ class AgentState:
             client=self.client,
             keep_work=settings.keep_work,
             clock=clock,
+            site_store=self.site_store,
         )
         self.worker_id: int | None = None
         self.runs: dict[str, TaskRun] = {}
@@ -61,6 +68,7 @@ class AgentState:
         self.heartbeat_answers: queue.SimpleQueue[HeartbeatAnswer] = queue.SimpleQueue()  # heartbeat thread -> loop
         self.launch_failures_in_a_row = 0
         self.claims_paused_until = 0.0  # clock.monotonic()
+        self.fetches_in_flight: set[tuple[int, int, str]] = set()  # kept files being sent on the service's request
         self.reporters = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="report")
         self.dfk: Any = None
         self.executor: Any = None

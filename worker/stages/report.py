@@ -2,7 +2,9 @@
 
 A success is checked before it is reported: every product named in ``result.json`` must be a
 file of the product folder with the size and SHA-256 written there (a built plan: the size and
-the scan key of its report). The products are uploaded, then the result (or the plan) reported.
+the scan key of its report). The products are uploaded, then the result (or the plan) reported;
+at a site that keeps its maps (:mod:`worker.keep`) the maps move into the site's store instead,
+the result names them, and once it is accepted the map joins the site's partial sums.
 A success that cannot be reported as one (output missing or damaged, the service refusing it for
 good) becomes an ``app_error`` with the reason; a service out of reach reports nothing, and its
 lease running out gives the task to someone again. A failure is reported with its class, exit
@@ -32,6 +34,7 @@ from schemas.programs import (
 )
 from schemas.result import RealizationResult
 from worker.client import RETRY_STATUS, NotAuthorized, ServiceClient, ServiceError, TaskGone
+from worker.keep import SiteStore
 from worker.layout import remove_entry
 from worker.outcome import Outcome, Verdict
 from worker.stages.prepare import Placement, PreprocessPlacement, RealizePlacement
@@ -93,10 +96,13 @@ def _refusal_is_a_failure(report: Callable[[], None], what: str) -> None:
 class Reporter:
     """Reports one ended task to the service."""
 
-    def __init__(self, placement: Placement, folder: WorkFolder, client: ServiceClient):
+    def __init__(
+        self, placement: Placement, folder: WorkFolder, client: ServiceClient, *, site_store: SiteStore | None = None
+    ):
         self.placement = placement
         self.folder = folder
         self.client = client
+        self.site_store = site_store  # maps kept at the site (products.maps = "keep"); None: uploaded
         self.task_id = placement.task.task_id
 
     def report(self, ended: EndedTask, *, start_reported: bool) -> Reported:
@@ -153,7 +159,14 @@ class Reporter:
                 raise ReportProblem(f"product {product.path!r} named in {RESULT_FILE} is not a file in {folder}")
             if path.stat().st_size != product.size_bytes or sha256_file(path) != product.sha256:
                 raise ReportProblem(f"product {product.path!r} does not match the size or sha256 in {RESULT_FILE}")
+        if self.site_store is not None:
+            try:
+                result = self.site_store.keep_maps(result, folder, placement.task.campaign_id)
+            except OSError as error:
+                raise ReportProblem(f"could not move the maps into the site's store: {error}") from None
         for product in result.products:
+            if product.kept is not None:
+                continue  # kept at the site: the result names where
             try:
                 self.client.upload(self.task_id, product.path, folder / product.path, product.sha256)
             except TaskGone:
@@ -164,13 +177,19 @@ class Reporter:
                 # e.g. 507: the service answered that it could not store it; a failed attempt, not a lost one
                 raise ReportProblem(f"the service did not store product {product.path!r}: {error}") from None
         _refusal_is_a_failure(lambda: self.client.succeeded(self.task_id, result), "result")
+        if self.site_store is not None:
+            try:
+                self.site_store.accepted(placement.task.campaign_id, result)
+            except (OSError, ValueError) as error:  # the result stands; its map stays kept, outside the sums
+                log.error("%s: its map was not added to the site's partial sums: %s", self.task_id, error)
         log.info(
-            "%s succeeded: %d iterations, %s, %.1f s in the map-maker; %d products uploaded",
+            "%s succeeded: %d iterations, %s, %.1f s in the map-maker; %d products uploaded, %d kept at the site",
             placement.describe(),
             result.iterations,
             "converged" if result.converged else "NOT converged",
             result.timing.total,
-            len(result.products),
+            sum(product.kept is None for product in result.products),
+            sum(product.kept is not None for product in result.products),
         )
         return {"mapmaker_total_s": result.timing.total}
 
