@@ -37,7 +37,7 @@ from numba import njit, prange
 from mapmaker.kernels import threads as threading
 from mapmaker.kernels.noise_fast import CirculantFilter
 from mapmaker.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row_for_read, prefetch_row_for_write
-from mapmaker.kernels.projection_fast import iqu_rows, iqu_target, add_partial_maps, gather_samples, scatter_samples
+from mapmaker.kernels.projection_fast import add_partial_maps, gather_samples, iqu_rows, iqu_target, scatter_samples
 from mapmaker.kernels.rows import add_to_row, dot_row
 
 # Samples per batch of back-to-back intervals: BATCH_SAMPLES (32 MiB of buffer per thread), never more than a
