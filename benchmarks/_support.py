@@ -68,6 +68,24 @@ def write_json(destination: str | None, figures: dict[str, Any]) -> None:
         atomic_write_json(Path(destination), figures)
 
 
+# --------------------------------------------------------------------------- MPI runs
+
+
+def run_ranks(ranks: int, *args: str, timeout: float = 3600) -> str:
+    """Run ``python -m mpi4py ARGS`` on ``ranks`` ranks of this environment's ``mpiexec`` (from the repository);
+    its standard output. A failure raises with the tail of its standard error."""
+    command = [str(Path(sys.executable).with_name("mpiexec")), "-n", str(ranks), sys.executable, "-m", "mpi4py", *args]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{completed.stderr[-3000:]}")
+    return completed.stdout
+
+
+def run_ranks_json(ranks: int, *args: str, timeout: float = 3600) -> dict[str, Any]:
+    """:func:`run_ranks`, returning the JSON object the last line prints (a benchmark's ``--worker`` half)."""
+    return json.loads(run_ranks(ranks, *args, timeout=timeout).strip().splitlines()[-1])
+
+
 # --------------------------------------------------------------------------- PostgreSQL databases
 
 PG_ADMIN_URL = os.environ.get("MAPCAMPAIGN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._support import add_json_option, write_json
+from benchmarks._support import add_json_option, run_ranks_json, write_json
 from schemas.io import example_spec_path, load_spec
 
 CONFIGS = "block-diagonal,default-one-off,default-first,default-cached"
@@ -159,14 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps(figures))
         return 0
-    mpiexec = Path(sys.executable).with_name("mpiexec")
     runs = []
     for ranks in [int(r) for r in args.ranks.split(",")]:
-        command = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", __file__, "--worker",
+        command = [__file__, "--worker",
                    "--nside", str(args.nside), "--configs", args.configs, "--rounds", str(args.rounds)]
         command += ["--spec", args.spec] if args.spec else []
-        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        runs.append(json.loads(output.strip().splitlines()[-1]))
+        runs.append(run_ranks_json(ranks, *command))
     if args.json != "-":
         print_table(runs)
     write_json(args.json, {"runs": runs})

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from mpi4py import MPI
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._support import run_ranks, run_ranks_json
 from mapmaker.kernels import implementation
 from mapmaker.kernels import preconditioner as reference_blocks
 from mapmaker.model.decomposition import chunk_layout, decompose
@@ -244,14 +244,6 @@ def pcg_iterations(comm, spec, local_pixels, plan, machine) -> dict[str, dict[st
 # --------------------------------------------------------------------------- driver
 
 
-def run_ranks(ranks: int, *args: str, timeout: float = 3600) -> str:
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    command = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", *args]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO, check=False)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{completed.stderr[-3000:]}")
-    return completed.stdout
-
 
 def measure(nsides: list[int], rank_counts: list[int], repeat: int, calibration: str | None) -> list[dict]:
     rows = []
@@ -262,8 +254,7 @@ def measure(nsides: list[int], rank_counts: list[int], repeat: int, calibration:
                 path.write_text(json.dumps(data))
                 for ranks in rank_counts:
                     extra = ["--calibration", calibration] if calibration else []
-                    output = run_ranks(ranks, __file__, "--worker", str(path), "--repeat", str(repeat), *extra)
-                    row = json.loads(output.strip().splitlines()[-1])
+                    row = run_ranks_json(ranks, __file__, "--worker", str(path), "--repeat", str(repeat), *extra)
                     row.update({"scan": kind, "nside": nside, "load": os.getloadavg()[0]})
                     rows.append(row)
                     print(f"measured {kind} nside {nside} on {ranks} ranks", file=sys.stderr, flush=True)

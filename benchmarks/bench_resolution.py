@@ -59,7 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._support import add_json_option, write_json
+from benchmarks._support import add_json_option, run_ranks_json, write_json
 from schemas.io import example_spec_path, load_spec
 from schemas.spec import CampaignSpec
 
@@ -286,17 +286,16 @@ def main(argv: list[str] | None = None) -> int:
                       f"{100 * row['products_and_write_share_mean']:.0f}%), coupling built in {row['coupling_build_s']:.1f} s")
         write_json(args.json, figures)
         return 0
-    mpiexec = Path(sys.executable).with_name("mpiexec")
     runs = []
     for nside in [int(n) for n in args.nsides.split(",")]:
         for ranks in [int(r) for r in args.ranks.split(",")]:
             for rate in [float(r) for r in args.rates.split(",")]:
                 for pointing in args.pointing.split(","):
-                    command = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", __file__, "--worker",
-                               "--nside", str(nside), "--rate", str(rate), "--detectors", str(args.detectors),
-                               "--hours", str(args.hours), "--iterations", str(args.iterations), "--pointing", pointing]
-                    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-                    runs.append(json.loads(output.strip().splitlines()[-1]))
+                    runs.append(run_ranks_json(
+                        ranks, __file__, "--worker", "--nside", str(nside), "--rate", str(rate),
+                        "--detectors", str(args.detectors), "--hours", str(args.hours),
+                        "--iterations", str(args.iterations), "--pointing", pointing,
+                    ))  # fmt: skip
     figures = {"detectors": args.detectors, "hours": args.hours, "iterations": args.iterations, "runs": runs,
                "slopes": slopes(runs)}
     if args.coupling:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._support import add_json_option, write_json
+from benchmarks._support import add_json_option, run_ranks_json, write_json
 
 
 def run_ranks_here(args: argparse.Namespace) -> dict:
@@ -94,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         if figures:
             print(json.dumps(figures))
         return 0
-    command = [str(Path(sys.executable).with_name("mpiexec")), "-n", str(args.ranks), sys.executable, "-m", "mpi4py",
-               __file__, "--worker", "--nside", str(args.nside), "--repeat", str(args.repeat)]
-    figures = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    figures = run_ranks_json(args.ranks, __file__, "--worker", "--nside", str(args.nside), "--repeat", str(args.repeat))
     if args.json != "-":
         for way in figures["ways"]:
             print(f"{way['wait']:>9}: root {way['root_seconds_per_transform']:.2f} s per transform "

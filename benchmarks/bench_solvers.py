@@ -42,7 +42,6 @@ import argparse
 import json
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._support import add_json_option, write_json
+from benchmarks._support import add_json_option, run_ranks_json, write_json
 from schemas.io import example_spec_path, load_spec
 
 PRECONDITIONERS = ("block-diagonal", "two-level", "two-level-additive")
@@ -263,10 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps(figures))
         return 0
-    mpiexec = Path(sys.executable).with_name("mpiexec")
     runs = []
     for ranks in [int(r) for r in args.ranks.split(",")]:
-        command = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpi4py", __file__, "--worker",
+        command = [__file__, "--worker",
                    "--tol", str(args.tol), "--quality", str(args.quality),
                    "--filter-tolerance", str(args.filter_tolerance), "--campaign", str(args.campaign), "--rounds", str(args.rounds)]
         command += ["--spec", args.spec] if args.spec else []
@@ -274,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         command += ["--f-min", str(args.f_min)] if args.f_min is not None else []
         command += ["--preconditioners", args.preconditioners]
         command += ["--coarse-nside", str(args.coarse_nside)] if args.coarse_nside is not None else []
-        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        runs.append(json.loads(output.strip().splitlines()[-1]))
+        runs.append(run_ranks_json(ranks, *command))
     if args.json != "-":
         print_table(runs)
     write_json(args.json, {"runs": runs})
