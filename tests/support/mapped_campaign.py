@@ -101,11 +101,14 @@ def read_result(folder: Path) -> dict[str, Any]:
 
 
 def deliver(client: Any, task: dict[str, Any], folder: Path, *, prefix: str = "", headers: dict | None = None):
-    """Upload the products of ``folder`` for ``task`` and report it succeeded; return the report's answer."""
+    """Upload the products of ``folder`` for ``task`` (not those kept at the site) and report it succeeded;
+    return the report's answer."""
     headers = headers or {}
     result = read_result(folder)
     assert result["realization"] == task["realization"], (result["realization"], task["realization"])
     for product in result["products"]:
+        if product.get("kept"):
+            continue
         payload = (folder / product["path"]).read_bytes()
         answer = client.put(
             f"{prefix}/tasks/{task['task_id']}/artifacts/{product['path']}",
