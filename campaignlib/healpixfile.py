@@ -72,3 +72,14 @@ def read_healpix_fields(path: Path, n_fields: int) -> tuple[int, np.ndarray | No
     if maps.ndim != 2 or maps.shape[0] != n_fields or not hp.isnpixok(maps.shape[1]):
         raise NotAHealpixMap(f"{path.name} is not a HEALPix map of {n_fields} fields")
     return maps.shape[1], None, maps
+
+
+def observed_columns(pixels: np.ndarray | None, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where a map read by :func:`read_healpix_fields` has a value in every field (finite, not UNSEEN).
+
+    Returns ``(where, columns)``: ``where`` [n] the RING pixels, ``columns`` [n] their columns of
+    ``values`` (the same as ``where`` for a full-sky map), so that ``values[:, columns]`` are theirs.
+    """
+    seen = np.all(np.isfinite(values), axis=0) & np.all(np.abs(values) < 1e29, axis=0)  # UNSEEN is -1.6375e30
+    columns = np.flatnonzero(seen)
+    return (columns if pixels is None else pixels[columns]), columns

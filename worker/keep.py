@@ -33,10 +33,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
 from campaignlib import sitesums
-from campaignlib.healpixfile import NotAHealpixMap, read_healpix_fields
+from campaignlib.healpixfile import NotAHealpixMap, observed_columns, read_healpix_fields
 from campaignlib.sitesums import SiteSums, SiteSumsInvalid
 from schemas.api import KeptFileRequest
 from schemas.files import atomic_write_json, sha256_file
@@ -129,10 +127,9 @@ class SiteStore:
                         "campaign %d realisation %d: kept map not added to the sums: %s", campaign_id, index, error
                     )
                     continue
-                seen = np.all(np.isfinite(iqu), axis=0) & np.all(np.abs(iqu) < 1e29, axis=0)  # UNSEEN is -1.6375e30
-                where = np.flatnonzero(seen) if pixels is None else pixels[seen]
+                where, columns = observed_columns(pixels, iqu)
                 sums = sums or SiteSums.empty(round((npix / 12) ** 0.5))
-                sums = sitesums.add_map(sums, index, where, iqu[:, seen])
+                sums = sitesums.add_map(sums, index, where, iqu[:, columns])
                 changed = True
             if changed and sums is not None:
                 sitesums.write(folder / SUMS_FILE, sums)  # the commit point: its ledger names the entries

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from campaignlib import montecarlo
-from campaignlib.healpixfile import NotAHealpixMap, read_healpix_fields
+from campaignlib.healpixfile import NotAHealpixMap, observed_columns, read_healpix_fields
 from campaignlib.sitesums import ledger_add, ledger_contains, ledger_count
 from schemas.files import atomic_write, atomic_write_bytes, sha256_file
 from schemas.result import SPECTRA, SpectrumName
@@ -362,14 +362,11 @@ def _add_map(
         raise RealizationUnusable(
             f"realisation {index}: map of {npix} pixels, the campaign's have {current['count'].size}"
         )
-    seen = np.all(np.isfinite(iqu), axis=0) & np.all(np.abs(iqu) < 1e29, axis=0)  # UNSEEN is -1.6375e30
-    where = np.flatnonzero(seen) if pixels is None else pixels[seen]
-    take = None if pixels is None else np.flatnonzero(seen)
-    del seen
+    where, columns = observed_columns(pixels, iqu)
     # In slices of MAP_UPDATE_PIXELS, so that the update's temporaries stay a fraction of one map.
     for start in range(0, where.size, MAP_UPDATE_PIXELS):
         chunk = where[start : start + MAP_UPDATE_PIXELS]
-        values = iqu[:, chunk] if take is None else iqu[:, take[start : start + MAP_UPDATE_PIXELS]]
+        values = iqu[:, columns[start : start + MAP_UPDATE_PIXELS]]
         count = current["count"][chunk]
         mean, m2 = welford_add(count, current["mean"][:, chunk], current["m2"][:, chunk], values)
         current["mean"][:, chunk] = mean
