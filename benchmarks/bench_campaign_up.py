@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -33,9 +33,11 @@ sys.path.insert(0, str(REPO))
 from benchmarks._support import add_json_option, free_port, is_healthy, mapcampaign_command, write_json
 from mapcampaign.client import Client
 from schemas.io import example_spec_path, load_spec
+from schemas.result import Stage
 from schemas.spec import CampaignSpec
 
-STAGES = ("sky", "pointing", "distribution", "simulate", "coarse", "solve", "gather", "products", "write")
+STAGES = get_args(Stage)  # in the order a realisation runs them
+
 
 
 def campaign_spec(args: argparse.Namespace) -> CampaignSpec:
