@@ -36,11 +36,11 @@ Conventions (the known answers are in ``tests/unit/test_bandpowers.py``):
   than the standard estimator). The window must be smooth at the edge: pspy's "C2" taper (which
   NaMaster calls "C1"), over several pixels (10 deg at nside 64 leaves E -> B below 0.5% of
   the lensing BB up to 1.5 nside; at nside 32 the same 10 deg leaves 10-20%).
-* **Threads**: pspy's and healpy's OpenMP threads spin-wait; hold them to the caller's share of
-  the cores (``threadpoolctl.threadpool_limits(n, user_api="openmp")``), or a busy machine runs
-  them ten times slower. pixell's ducc0 transforms (the pure estimator's spin-1 and spin-2 terms)
-  take ``OMP_NUM_THREADS``. A realisation runs all of them on root with its node's cores
-  (:mod:`mapmaker.parallel.rootwork`).
+* **Threads**: pspy's and healpy's OpenMP threads (the apodisation, the coupling build) spin-wait;
+  hold them to the caller's share of the cores (``threadpoolctl.threadpool_limits(n, user_api="openmp")``),
+  or a busy machine runs them ten times slower. The a_lm of a realisation are pixell's iterated
+  analyses over ducc0's transforms (:func:`iterated_map2alm`), which take ``OMP_NUM_THREADS``. A
+  realisation runs all of them on root with its node's cores (:mod:`mapmaker.parallel.rootwork`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ FIELD_OF_SPECTRUM = {"TT": (0, 0), "EE": (1, 1), "BB": (2, 2), "TE": (0, 1), "EB
 PSPY_SPECTRA = ["TT", "TE", "TB", "ET", "BT", "EE", "EB", "BE", "BB"]  # pspy's names for one spin-0 + spin-2 field
 HARMONIC_ITERATIONS = 3  # Jacobi iterations of every map2alm (healpy's default): the window's a_lm and the map's
 APODISATION_TYPE = "C2"  # pspy's C2 = x - sin(2 pi x) / (2 pi): zero slope and curvature at the edge (pure B needs it)
-COUPLING_FORMAT = 1  # version of the npz layout written by Coupling.write_npz
+COUPLING_FORMAT = 2  # version of the npz layout written by Coupling.write_npz (2 adds the spin windows)
+READABLE_COUPLING_FORMATS = (1, 2)  # a format-1 file lacks the spin windows: they are computed when needed
 
 
 class CouplingMismatch(ValueError):
@@ -221,7 +222,9 @@ class Coupling:
     ``spin0xspin0``, ``spin0xspin2``, ``spin2xspin0`` ``[n_bins, n_bins]`` / ``[n_bins, lmax]`` and
     ``spin2xspin2`` ``[4 n_bins, 4 n_bins]`` / ``[4 n_bins, 4 lmax]`` (blocks EE EB BE BB); window
     columns are ell = 2 .. lmax + 1. Build with :func:`build_coupling`; store with
-    :meth:`write_npz`, reload with :meth:`read_npz`.
+    :meth:`write_npz`, reload with :meth:`read_npz`. ``stored_spin_windows`` are the mask's
+    :func:`spinned_windows` (``[4, npix]``, pure estimator only) when they came with it; None otherwise
+    (:attr:`spin_windows` computes them).
     """
 
     mask: np.ndarray  # [npix] float64, the apodised analysis mask
@@ -229,6 +232,14 @@ class Coupling:
     purify_b: bool
     mode_coupling_inv: dict[str, np.ndarray]
     pspy_windows: dict[str, np.ndarray]
+    stored_spin_windows: np.ndarray | None = None
+
+    @cached_property
+    def spin_windows(self) -> np.ndarray:
+        """The mask's :func:`spinned_windows` ``[4, npix]`` to the binning's ``lmax`` (the pure a_lm's)."""
+        if self.stored_spin_windows is not None:
+            return self.stored_spin_windows
+        return spinned_windows(self.mask, self.binning.lmax)
 
     @cached_property
     def mask_sha256(self) -> str:
@@ -269,11 +280,17 @@ class Coupling:
         return windows
 
     def write_npz(self, handle: IO[bytes] | str) -> None:
-        """Write the coupling as an npz of arrays only (fits ``schemas.files.atomic_write(path, coupling.write_npz)``)."""
+        """Write the coupling as an npz of arrays only (fits ``schemas.files.atomic_write(path, coupling.write_npz)``).
+
+        With the pure estimator the spin windows go in too, over the pixels where the mask is positive
+        (``spin_windows [4, n_observed]``): the pure a_lm read them nowhere else.
+        """
         matrices: dict[str, Any] = {  # by member name; Any so that np.savez(**matrices) type-checks
             **{f"mode_coupling_inv_{pair}": matrix for pair, matrix in self.mode_coupling_inv.items()},
             **{f"windows_{pair}": matrix for pair, matrix in self.pspy_windows.items()},
         }
+        if self.purify_b:
+            matrices["spin_windows"] = self.spin_windows[:, self.mask > 0]
         np.savez(
             handle,
             format=np.int64(COUPLING_FORMAT),
@@ -303,12 +320,22 @@ class Coupling:
         stored checksum as well (a damaged file is refused the same way).
         """
         with np.load(handle, allow_pickle=False) as stored:
-            if int(stored["format"]) != COUPLING_FORMAT:
+            if int(stored["format"]) not in READABLE_COUPLING_FORMATS:
                 raise CouplingMismatch(
-                    f"coupling file format {int(stored['format'])}, this code reads {COUPLING_FORMAT}"
+                    f"coupling file format {int(stored['format'])}, this code reads {READABLE_COUPLING_FORMATS}"
                 )
             mask = np.array(stored["mask"], dtype=np.float64)
             stored_sha256 = str(stored["mask_sha256"])
+            spin_windows = None
+            if "spin_windows" in stored.files:
+                observed = mask > 0
+                shape = (4, int(np.count_nonzero(observed)))
+                if stored["spin_windows"].shape != shape:
+                    raise CouplingMismatch(
+                        f"its spin_windows have shape {stored['spin_windows'].shape}, not {shape} (damaged file)"
+                    )
+                spin_windows = np.zeros((4, mask.size))
+                spin_windows[:, observed] = stored["spin_windows"]
             coupling = cls(
                 mask=mask,
                 binning=Binning(
@@ -323,6 +350,7 @@ class Coupling:
                 pspy_windows={
                     k.removeprefix("windows_"): np.array(stored[k]) for k in stored.files if k.startswith("windows_")
                 },
+                stored_spin_windows=spin_windows,
             )
         damaged = coupling.mask_sha256 != stored_sha256
         differences = [f"its mask's sha256 is {coupling.mask_sha256} but it records {stored_sha256} (damaged file)"]
@@ -381,6 +409,7 @@ def build_coupling(mask: np.ndarray, binning: Binning, *, purify_b: bool = True)
         purify_b=purify_b,
         mode_coupling_inv=mode_coupling_inv,
         pspy_windows=pspy_windows,
+        stored_spin_windows=spinned_windows(mask, binning.lmax) if purify_b else None,
     )
 
 
@@ -422,33 +451,31 @@ def masked_alms(iqu: np.ndarray, coupling: Coupling) -> tuple[np.ndarray, np.nda
             healpix_map(observed), (healpix_map(mask), healpix_map(mask)), niter=HARMONIC_ITERATIONS, lmax=lmax
         )
         return plain, plain
-    return _pure_and_plain_alms(observed, mask, lmax)
+    return _pure_and_plain_alms(observed, mask, coupling.spin_windows, lmax)
 
 
-def _pure_and_plain_alms(observed: np.ndarray, mask: np.ndarray, lmax: int) -> tuple[np.ndarray, np.ndarray]:
+def _pure_and_plain_alms(
+    observed: np.ndarray, mask: np.ndarray, spin_windows: np.ndarray, lmax: int
+) -> tuple[np.ndarray, np.ndarray]:
     """pspy's ``get_pure_alms`` for a HEALPix map (Smith 2006 pure E and B: the spin-2, spin-1 and spin-0
     terms of the map times the window's spin derivatives), returning its plain T and spin-2 a_lm as well.
 
-    The operations and their order are pspy 1.8's, so the pure a_lm are the same numbers; the tests
-    compare them with ``sph_tools.get_pure_alms``.
+    ``observed [3, npix]`` (K, zero where ``mask [npix]`` is 0), ``spin_windows [4, npix]`` the mask's
+    :func:`spinned_windows` (read where the mask is positive only); returns ``(pure, plain)``, each
+    ``[3, n_alm]`` complex128 to ``lmax`` (T, E, B). The terms are pspy 1.8's, each iterated analysis
+    (:func:`iterated_map2alm`) made by pixell's Jacobi iterations over ducc0's transforms, as pspy's own
+    spin-1 and spin-2 terms are: the same a_lm as ``sph_tools.get_pure_alms`` to round-off (the tests
+    compare them), at a third of the time of healpy's iterated ``map2alm`` for the spin-0 ones.
     """
-    w1_plus, w1_minus, w2_plus, w2_minus = (
-        spinned.data for spinned in so_window.get_spinned_windows(healpix_map(mask), lmax, niter=HARMONIC_ITERATIONS)
-    )
+    w1_plus, w1_minus, w2_plus, w2_minus = spin_windows
     q, u = observed[1], observed[2]
     p2 = np.array([mask * q, mask * u])
     p1 = np.array([w1_plus * q + w1_minus * u, w1_plus * u - w1_minus * q])
     p0 = np.array([w2_plus * q + w2_minus * u, w2_plus * u - w2_minus * q])
-    alm_t = hp.map2alm(observed[0] * mask, lmax=lmax, iter=HARMONIC_ITERATIONS)
-    spin2 = curvedsky.map2alm_healpix(p2, spin=2, lmax=lmax)
-    spin1 = curvedsky.map2alm_healpix(p1, spin=1, lmax=lmax)
-    p2_work, p1_work = p2.copy(), p1.copy()  # alm2map_healpix writes into its map argument
-    for _ in range(HARMONIC_ITERATIONS):  # Jacobi iterations, as healpy's map2alm(iter=...)
-        spin2 += curvedsky.map2alm_healpix(p2 - curvedsky.alm2map_healpix(spin2, p2_work, spin=2), lmax=lmax, spin=2)
-        spin1 += curvedsky.map2alm_healpix(p1 - curvedsky.alm2map_healpix(spin1, p1_work, spin=1), lmax=lmax, spin=1)
-    spin0 = spin1.copy()
-    spin0[0] = hp.map2alm(p0[0], lmax=lmax, iter=HARMONIC_ITERATIONS)
-    spin0[1] = hp.map2alm(p0[1], lmax=lmax, iter=HARMONIC_ITERATIONS)
+    scalar = iterated_map2alm(np.array([observed[0] * mask, p0[0], p0[1]]), spin=0, lmax=lmax)  # T, spin-0 terms
+    spin2 = iterated_map2alm(p2, spin=2, lmax=lmax)
+    spin1 = iterated_map2alm(p1, spin=1, lmax=lmax)
+    spin0 = scalar[1:]
     ell = np.arange(lmax + 1)
     filter_1, filter_2 = np.zeros(lmax + 1), np.zeros(lmax + 1)
     filter_1[2:] = 2 * np.sqrt(1.0 / ((ell[2:] + 2.0) * (ell[2:] - 1.0)))
@@ -456,8 +483,39 @@ def _pure_and_plain_alms(observed: np.ndarray, mask: np.ndarray, lmax: int) -> t
     for k in range(2):
         spin1[k] = hp.almxfl(spin1[k], filter_1)
         spin0[k] = hp.almxfl(spin0[k], filter_2)
+    alm_t = scalar[0]
     pure = np.array([alm_t, spin2[0] + spin1[0] + spin0[0], spin2[1] + spin1[1] + spin0[1]])
     return pure, np.array([alm_t, spin2[0], spin2[1]])
+
+
+def spinned_windows(mask: np.ndarray, lmax: int) -> np.ndarray:
+    """The window's spin-1 and spin-2 derivatives ``[4, npix]`` float64 (w1+, w1-, w2+, w2-) to ``lmax``.
+
+    pspy's ``so_window.get_spinned_windows`` for a HEALPix window ``mask [npix]``, its analysis made by
+    :func:`iterated_map2alm` and its syntheses by pixell as pspy's are: the same maps to round-off.
+    They depend on the mask only, so a coupling file keeps them (:attr:`Coupling.spin_windows`).
+    """
+    wlm = iterated_map2alm(np.asarray(mask, dtype=np.float64)[None], spin=0, lmax=lmax)[0]
+    ell = np.arange(lmax + 1)
+    filter_1 = -np.sqrt((ell + 1.0) * ell)
+    filter_2 = np.sqrt((ell + 2.0) * (ell + 1.0) * ell * (ell - 1.0))
+    filter_2[:1] = 0
+    windows = np.empty((4, np.size(mask)))
+    for spin, (filter_, rows) in ((1, (filter_1, slice(0, 2))), (2, (filter_2, slice(2, 4)))):
+        alm = np.array([hp.almxfl(wlm, filter_), np.zeros_like(wlm)])  # E from the window, no B
+        curvedsky.alm2map_healpix(alm, windows[rows], spin=spin)
+    return windows
+
+
+def iterated_map2alm(maps: np.ndarray, *, spin: int, lmax: int) -> np.ndarray:
+    """a_lm ``[k, n_alm]`` complex128 to ``lmax`` of HEALPix RING maps ``maps [k, npix]`` of one ``spin``.
+
+    Spin 0: each map on its own (healpy's ``map2alm(iter=HARMONIC_ITERATIONS)``, to round-off); spin 1
+    or 2: ``k = 2``, the (+, -) pair's E and B (pixell's sign convention, pspy's). Quadrature weights
+    ``4 pi / npix`` with :data:`HARMONIC_ITERATIONS` Jacobi iterations (pixell's ``niter``), ducc0's
+    transforms on ``OMP_NUM_THREADS`` threads (all cores when unset; :mod:`mapmaker.parallel.rootwork`).
+    """
+    return curvedsky.map2alm_healpix(np.asarray(maps, dtype=np.float64), spin=spin, lmax=lmax, niter=HARMONIC_ITERATIONS)
 
 
 def decoupled_bandpowers(iqu: np.ndarray, coupling: Coupling) -> Bandpowers:

@@ -15,7 +15,7 @@ import math
 import healpy as hp
 import numpy as np
 import pytest
-from pspy import sph_tools
+from pspy import so_window, sph_tools
 from threadpoolctl import threadpool_limits
 
 from benchmarks import bench_bandpowers
@@ -350,6 +350,38 @@ def test_coupling_round_trips_through_npz_and_refuses_another_mask(tmp_path):
     damaged.seek(0)
     with pytest.raises(bp.CouplingMismatch, match="damaged file"):
         bp.Coupling.read_npz(damaged)
+
+    # The spin windows travel where the mask is positive; a file without them (format 1) or with
+    # the wrong number of them is read as written: computed again, or refused.
+    assert loaded.stored_spin_windows is not None
+    observed = mask > 0
+    np.testing.assert_array_equal(loaded.spin_windows[:, observed], coupling.spin_windows[:, observed])
+    arrays = {name: stored for name, stored in arrays.items() if name != "spin_windows"}
+    older = io.BytesIO()
+    np.savez(older, **{**arrays, "mask": mask, "format": np.int64(1)})
+    older.seek(0)
+    from_older = bp.Coupling.read_npz(older)
+    assert from_older.stored_spin_windows is None
+    np.testing.assert_allclose(
+        bp.decoupled_bandpowers(sky, from_older).cb, bp.decoupled_bandpowers(sky, loaded).cb, rtol=1e-10, atol=0
+    )
+    short = io.BytesIO()
+    np.savez(short, **{**arrays, "mask": mask, "spin_windows": coupling.spin_windows[:, :10]})
+    short.seek(0)
+    with pytest.raises(bp.CouplingMismatch, match="spin_windows have shape \\(4, 10\\).*damaged file"):
+        bp.Coupling.read_npz(short)
+
+
+def test_spin_windows_are_pspys(half_sky):
+    """The window's spin-1 and spin-2 derivatives (pixell's iterated analysis) are pspy's
+    get_spinned_windows (healpy's) to 1e-11 of each map's largest, on a half sky's apodised mask (the
+    derivatives weigh the a_lm by up to ell^2, so the two analyses' round-off differs by ~2e-12 there)."""
+    mask, lmax = half_sky["mask"], half_sky["binning"].lmax
+    expected = so_window.get_spinned_windows(bp.healpix_map(mask), lmax, niter=bp.HARMONIC_ITERATIONS)
+    got = bp.spinned_windows(mask, lmax)
+    for row, want in zip(got, expected, strict=True):
+        assert np.max(np.abs(row - want.data)) <= 1e-11 * np.max(np.abs(want.data))
+    assert np.max(np.abs(got)) > 0
 
 
 def test_decoupled_bandpowers_refuse_a_map_of_another_resolution(half_sky):
