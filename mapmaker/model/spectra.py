@@ -66,15 +66,19 @@ ANAFAST_ITERATIONS = bandpowers.HARMONIC_ITERATIONS  # the same as the bandpower
 # --------------------------------------------------------------------------- mask
 
 
-def campaign_mask(spec: CampaignSpec, iqu: np.ndarray, hits: np.ndarray) -> np.ndarray:
+def campaign_mask(
+    spec: CampaignSpec, iqu: np.ndarray, hits: np.ndarray, known: bandpowers.Coupling | None = None
+) -> np.ndarray:
     """The analysis mask [npix] of a campaign's map ``iqu [3, npix]`` (UNSEEN where not solved) and ``hits [npix]``.
 
     :func:`mapmaker.model.bandpowers.analysis_mask` (pspy's C2 taper) of the pixels with
-    ``hits >= products.min_hits`` that the solver kept, tapered over ``products.apodization_deg``.
+    ``hits >= products.min_hits`` that the solver kept, tapered over ``products.apodization_deg``;
+    ``known`` a coupling whose mask it may be (taken from it, not tapered again).
     """
     solved = np.asarray(iqu)[0] != hp.UNSEEN
     return bandpowers.analysis_mask(
-        hits, apodisation_deg=spec.products.apodization_deg, min_hits=spec.products.min_hits, solved=solved
+        hits, apodisation_deg=spec.products.apodization_deg, min_hits=spec.products.min_hits, solved=solved,
+        known=known,
     )
 
 

@@ -202,7 +202,7 @@ def campaign_coupling(
         say(f"coupling: read from {path} (mask sha256 {coupling.mask_sha256[:12]})")
         return coupling, {"source": "file", "build_s": None, **coupling_file_identity(path)}
     started = time.perf_counter()
-    coupling = build_coupling(mask, binning, purify_b=purify_b)
+    coupling = build_coupling(mask, binning, purify_b=purify_b, apodisation_deg=spec.products.apodization_deg)
     build_s = time.perf_counter() - started
     if path is not None:
         atomic_write(path, coupling.write_npz)
@@ -237,7 +237,7 @@ def write_products(
     # run_realization gathers the maps on root, the rank that writes the products
     assert outcome.iqu is not None and outcome.hits is not None and outcome.rcond is not None
     with timers.stage("products"), timers("calc"):
-        mask = spectra.campaign_mask(spec, outcome.iqu, outcome.hits)
+        mask = spectra.campaign_mask(spec, outcome.iqu, outcome.hits, known=coupling_in_file)
         coupling, coupling_record = campaign_coupling(spec, mask, coupling_path, progress, coupling_in_file)
     with timers.stage("write"), timers("io"):
         folder = ProductFolder(out)

@@ -372,6 +372,33 @@ def test_coupling_round_trips_through_npz_and_refuses_another_mask(tmp_path):
         bp.Coupling.read_npz(short)
 
 
+def test_analysis_mask_is_taken_from_a_coupling_of_the_same_pixels_and_scale(tmp_path):
+    """A coupling built for analysis_mask(hits, deg) gives its mask back for the same observed pixels and
+    scale (the very array, the taper not run again, also after a round trip through its file); another
+    scale, another pixel set or a coupling that does not know its scale give a freshly tapered mask."""
+    nside = 16
+    hits = cap_hits(nside, 70.0)
+    mask = bp.analysis_mask(hits, apodisation_deg=15.0)
+    coupling = bp.build_coupling(mask, bp.Binning.for_nside(nside, 8), purify_b=False, apodisation_deg=15.0)
+    path = tmp_path / "coupling.npz"
+    atomic_write(path, coupling.write_npz)
+    loaded = bp.Coupling.read_npz(path)
+    assert loaded.apodisation_deg == 15.0
+    for known in (coupling, loaded):
+        assert bp.analysis_mask(hits, apodisation_deg=15.0, known=known) is known.mask
+    other_scale = bp.analysis_mask(hits, apodisation_deg=10.0, known=coupling)
+    np.testing.assert_array_equal(other_scale, bp.analysis_mask(hits, apodisation_deg=10.0))
+    assert not np.array_equal(other_scale, mask)
+    solved = np.ones(hits.size, dtype=bool)
+    solved[np.flatnonzero(hits > 0)[:5]] = False
+    fewer = bp.analysis_mask(hits, apodisation_deg=15.0, solved=solved, known=coupling)
+    np.testing.assert_array_equal(fewer, bp.analysis_mask(hits, apodisation_deg=15.0, solved=solved))
+    assert np.all(fewer[~solved] == 0)
+    unknown_scale = bp.build_coupling(mask, bp.Binning.for_nside(nside, 8), purify_b=False)
+    assert unknown_scale.apodisation_deg is None
+    assert bp.analysis_mask(hits, apodisation_deg=15.0, known=unknown_scale) is not mask
+
+
 def test_spin_windows_are_pspys(half_sky):
     """The window's spin-1 and spin-2 derivatives (pixell's iterated analysis) are pspy's
     get_spinned_windows (healpy's) to 1e-11 of each map's largest, on a half sky's apodised mask (the
