@@ -54,7 +54,7 @@ from typing import IO, Any
 import healpy as hp
 import numpy as np
 from pixell import curvedsky
-from pspy import so_map, so_mcm, so_spectra, so_window, sph_tools
+from pspy import so_map, so_mcm, so_spectra, so_window
 
 # The Monte Carlo products are defined once in campaignlib.montecarlo, where the service's running aggregates use
 # them too (the service may not import mapmaker); re-exported here beside the bandpowers they are made of.
@@ -457,7 +457,7 @@ def masked_alms(iqu: np.ndarray, coupling: Coupling) -> tuple[np.ndarray, np.nda
     """The a_lm of ``iqu [3, npix]`` (K) on the coupling's mask, to ``lmax``: ``(alms, plain)``, each [3, n_alm] complex128.
 
     ``alms`` (T, E, B) are what the bandpowers decouple: pure E and B when ``coupling.purify_b``
-    (pspy's ``sph_tools.get_pure_alms``, step for step), else the plain ones. ``plain`` are the a_lm of
+    (pspy's ``sph_tools.get_pure_alms``, term for term), else the plain ones (its ``get_alms``). ``plain`` are the a_lm of
     the mask times the map, whose spectra are the pseudo-spectra (healpy's ``anafast`` of it with the
     same iterations, to round-off). The pure estimator computes them on its way (its T and its spin-2
     term), so a realisation's pseudo-spectra cost no transform of their own.
@@ -468,9 +468,10 @@ def masked_alms(iqu: np.ndarray, coupling: Coupling) -> tuple[np.ndarray, np.nda
         raise ValueError(f"iqu has shape {iqu.shape}, expected (3, {mask.size}) for the coupling's mask")
     observed = np.where(mask > 0, iqu, 0.0)  # UNSEEN outside must not meet the pure windows' ringing
     lmax = coupling.binning.lmax
-    if not coupling.purify_b:
-        plain = sph_tools.get_alms(
-            healpix_map(observed), (healpix_map(mask), healpix_map(mask)), niter=HARMONIC_ITERATIONS, lmax=lmax
+    if not coupling.purify_b:  # pspy's get_alms: the T and spin-2 analyses of the mask times the map
+        weighted = observed * mask
+        plain = np.concatenate(
+            [iterated_map2alm(weighted[:1], spin=0, lmax=lmax), iterated_map2alm(weighted[1:], spin=2, lmax=lmax)]
         )
         return plain, plain
     return _pure_and_plain_alms(observed, mask, coupling.spin_windows, lmax)
