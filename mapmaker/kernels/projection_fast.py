@@ -11,9 +11,11 @@ order as the numpy kernel's ``bincount``, hence the same bits.
 
 The sample loops (:func:`gather_samples`, :func:`scatter_samples`) work on
 a row at a time with :mod:`mapmaker.kernels.rows` and request the map row
-``PREFETCH_DISTANCE`` samples ahead in a loop of their own (the last
-samples, with nothing ahead, run in a second loop without the request): no
-per-sample test of the distance to the end.
+``PREFETCH_DISTANCE`` samples ahead in a loop of their own, two samples an
+iteration: the first element of sample ``t``'s row and the last of sample
+``t + 1``'s (one request a sample; see :mod:`mapmaker.kernels.prefetch`).
+The last samples, with nothing ahead, run in a second loop without the
+request: no per-sample test of the distance to the end.
 """
 from __future__ import annotations
 
@@ -21,7 +23,13 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from mapmaker.kernels.prefetch import PREFETCH_DISTANCE, prefetch_row_for_read, prefetch_row_for_write
+from mapmaker.kernels.prefetch import (
+    PREFETCH_DISTANCE,
+    prefetch_first_for_read,
+    prefetch_first_for_write,
+    prefetch_last_for_read,
+    prefetch_last_for_write,
+)
 from mapmaker.kernels.rows import add_to_row, dot_row
 
 # Below this many samples per thread, P^T runs on one thread (the private maps would cost more).
@@ -35,10 +43,12 @@ def gather_samples(local_map, local_index, weights, out):
     local_map [n_local, 3] float64 and weights [n, 3] C-contiguous (see :mod:`mapmaker.kernels.rows`).
     """
     n = len(out)
-    ahead = max(n - PREFETCH_DISTANCE, 0)
-    for t in range(ahead):
-        prefetch_row_for_read(local_map, local_index[t + PREFETCH_DISTANCE])
+    ahead = max(n - PREFETCH_DISTANCE - 1, 0) & ~1  # an even count of samples with a row to request
+    for t in range(0, ahead, 2):
+        prefetch_first_for_read(local_map, local_index[t + PREFETCH_DISTANCE])
         out[t] = dot_row(local_map, local_index[t], weights, t)
+        prefetch_last_for_read(local_map, local_index[t + 1 + PREFETCH_DISTANCE])
+        out[t + 1] = dot_row(local_map, local_index[t + 1], weights, t + 1)
     for t in range(ahead, n):
         out[t] = dot_row(local_map, local_index[t], weights, t)
 
@@ -86,10 +96,12 @@ def scatter_samples(tod, local_index, weights, out):
     out [n_local, 3] float64 and weights [n, 3] C-contiguous (see :mod:`mapmaker.kernels.rows`).
     """
     n = len(tod)
-    ahead = max(n - PREFETCH_DISTANCE, 0)
-    for t in range(ahead):
-        prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
+    ahead = max(n - PREFETCH_DISTANCE - 1, 0) & ~1  # an even count of samples with a row to request
+    for t in range(0, ahead, 2):
+        prefetch_first_for_write(out, local_index[t + PREFETCH_DISTANCE])
         add_to_row(out, local_index[t], weights, t, tod[t])
+        prefetch_last_for_write(out, local_index[t + 1 + PREFETCH_DISTANCE])
+        add_to_row(out, local_index[t + 1], weights, t + 1, tod[t + 1])
     for t in range(ahead, n):
         add_to_row(out, local_index[t], weights, t, tod[t])
 
@@ -137,12 +149,16 @@ def accumulate_tod_to_map(
 def scatter_samples_in_rows(tod, local_index, weights, rows, keep, out):
     """:func:`scatter_samples` of the samples whose pixel row has ``rows[row] == keep`` alone."""
     n = len(tod)
-    ahead = max(n - PREFETCH_DISTANCE, 0)
-    for t in range(ahead):
-        prefetch_row_for_write(out, local_index[t + PREFETCH_DISTANCE])
+    ahead = max(n - PREFETCH_DISTANCE - 1, 0) & ~1
+    for t in range(0, ahead, 2):
+        prefetch_first_for_write(out, local_index[t + PREFETCH_DISTANCE])
         p = local_index[t]
         if rows[p] == keep:
             add_to_row(out, p, weights, t, tod[t])
+        prefetch_last_for_write(out, local_index[t + 1 + PREFETCH_DISTANCE])
+        p = local_index[t + 1]
+        if rows[p] == keep:
+            add_to_row(out, p, weights, t + 1, tod[t + 1])
     for t in range(ahead, n):
         p = local_index[t]
         if rows[p] == keep:
