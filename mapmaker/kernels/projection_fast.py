@@ -31,9 +31,13 @@ from mapmaker.kernels.prefetch import (
     prefetch_last_for_write,
 )
 from mapmaker.kernels.rows import add_to_row, dot_row
+from mapmaker.kernels.streaming import store_fence, store_streaming
 
 # Below this many samples per thread, P^T runs on one thread (the private maps would cost more).
 SERIAL_SAMPLES_PER_THREAD = 1 << 16
+# From this many samples (32 MiB of TOD, the L3 of the project's machines) P writes its TOD with streaming
+# stores (mapmaker.kernels.streaming): a TOD that size leaves the caches before it is read anyway.
+STREAMING_SAMPLES = 1 << 22
 
 
 @njit(nogil=True, cache=True)
@@ -53,12 +57,30 @@ def gather_samples(local_map, local_index, weights, out):
         out[t] = dot_row(local_map, local_index[t], weights, t)
 
 
+@njit(nogil=True, cache=True)
+def stream_samples(local_map, local_index, weights, out):
+    """:func:`gather_samples` writing ``out`` with streaming stores (see :mod:`mapmaker.kernels.streaming`)."""
+    n = len(out)
+    ahead = max(n - PREFETCH_DISTANCE - 1, 0) & ~1
+    for t in range(0, ahead, 2):
+        prefetch_first_for_read(local_map, local_index[t + PREFETCH_DISTANCE])
+        store_streaming(out, t, dot_row(local_map, local_index[t], weights, t))
+        prefetch_last_for_read(local_map, local_index[t + 1 + PREFETCH_DISTANCE])
+        store_streaming(out, t + 1, dot_row(local_map, local_index[t + 1], weights, t + 1))
+    for t in range(ahead, n):
+        out[t] = dot_row(local_map, local_index[t], weights, t)
+    store_fence()
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def _project(local_map, local_index, weights, out, blocks):
+def _project(local_map, local_index, weights, out, blocks, streaming):
     n = len(out)
     for b in prange(blocks):
         first, stop = b * n // blocks, (b + 1) * n // blocks
-        gather_samples(local_map, local_index[first:stop], weights[first:stop], out[first:stop])
+        if streaming:
+            stream_samples(local_map, local_index[first:stop], weights[first:stop], out[first:stop])
+        else:
+            gather_samples(local_map, local_index[first:stop], weights[first:stop], out[first:stop])
 
 
 def iqu_rows(array: np.ndarray, name: str) -> np.ndarray:
@@ -84,7 +106,8 @@ def project_map_to_tod(local_map: np.ndarray, local_index: np.ndarray, weights: 
     if out is None:
         out = np.empty(len(local_index), dtype=np.float64)
     blocks = max(1, min(numba.get_num_threads(), len(out) // SERIAL_SAMPLES_PER_THREAD))
-    _project(iqu_rows(np.asarray(local_map, dtype=np.float64), "local_map"), local_index, iqu_rows(weights, "weights"), out, blocks)
+    _project(iqu_rows(np.asarray(local_map, dtype=np.float64), "local_map"), local_index, iqu_rows(weights, "weights"), out,
+             blocks, len(out) >= STREAMING_SAMPLES)
     return out
 
 

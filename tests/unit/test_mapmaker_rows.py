@@ -74,3 +74,20 @@ def test_row_shapes_are_checked_and_named():
         projection_fast.accumulate_tod_to_map(np.zeros(4), index, np.zeros((4, 2)), 2)
     with pytest.raises(ValueError, match="out"):  # a copy of a strided target would drop the sums
         projection_fast.accumulate_tod_to_map(np.zeros(4), index, np.zeros((4, 3)), 2, out=np.zeros((3, 2)).T)
+
+
+def test_p_with_streaming_stores_gives_the_same_bits(monkeypatch):
+    """A TOD from STREAMING_SAMPLES on is written with streaming stores: the values of the ordinary path."""
+    threads.configure(1)
+    rng = np.random.default_rng(5)
+    n_local, n_samp = 2_000, 4_000
+    local_index = (np.cumsum(rng.integers(0, 2, n_samp)) * 7 % n_local).astype(np.int32)
+    weights = rng.standard_normal((n_samp, 3)).astype(np.float32)
+    local_map = rng.standard_normal((n_local, 3))
+    reference = projection.project_map_to_tod(local_map, local_index.astype(np.int64), weights)
+    monkeypatch.setattr(projection_fast, "STREAMING_SAMPLES", 1)
+    np.testing.assert_array_equal(projection_fast.project_map_to_tod(local_map, local_index, weights), reference)
+    strided = np.zeros(2 * n_samp)
+    projection_fast.project_map_to_tod(local_map, local_index, weights, out=strided[::2])
+    np.testing.assert_array_equal(strided[::2], reference)
+    assert not strided[1::2].any()
