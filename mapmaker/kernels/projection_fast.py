@@ -30,7 +30,7 @@ from mapmaker.kernels.prefetch import (
     prefetch_last_for_read,
     prefetch_last_for_write,
 )
-from mapmaker.kernels.rows import add_to_row, dot_row
+from mapmaker.kernels.rows import add_to_row, add_to_row_reading_ahead, dot_row
 from mapmaker.kernels.streaming import store_fence, store_streaming
 
 # Below this many samples per thread, P^T runs on one thread (the private maps would cost more).
@@ -122,9 +122,9 @@ def scatter_samples(tod, local_index, weights, out):
     ahead = max(n - PREFETCH_DISTANCE - 1, 0) & ~1  # an even count of samples with a row to request
     for t in range(0, ahead, 2):
         prefetch_first_for_write(out, local_index[t + PREFETCH_DISTANCE])
-        add_to_row(out, local_index[t], weights, t, tod[t])
+        add_to_row_reading_ahead(out, local_index[t], weights, t, tod[t])
         prefetch_last_for_write(out, local_index[t + 1 + PREFETCH_DISTANCE])
-        add_to_row(out, local_index[t + 1], weights, t + 1, tod[t + 1])
+        add_to_row_reading_ahead(out, local_index[t + 1], weights, t + 1, tod[t + 1])
     for t in range(ahead, n):
         add_to_row(out, local_index[t], weights, t, tod[t])
 
@@ -177,11 +177,11 @@ def scatter_samples_in_rows(tod, local_index, weights, rows, keep, out):
         prefetch_first_for_write(out, local_index[t + PREFETCH_DISTANCE])
         p = local_index[t]
         if rows[p] == keep:
-            add_to_row(out, p, weights, t, tod[t])
+            add_to_row_reading_ahead(out, p, weights, t, tod[t])
         prefetch_last_for_write(out, local_index[t + 1 + PREFETCH_DISTANCE])
         p = local_index[t + 1]
         if rows[p] == keep:
-            add_to_row(out, p, weights, t + 1, tod[t + 1])
+            add_to_row_reading_ahead(out, p, weights, t + 1, tod[t + 1])
     for t in range(ahead, n):
         p = local_index[t]
         if rows[p] == keep:

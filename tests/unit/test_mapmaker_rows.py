@@ -6,7 +6,7 @@ import pytest
 from numba import njit
 
 from mapmaker.kernels import projection, projection_fast, threads
-from mapmaker.kernels.rows import add_to_row, dot_row
+from mapmaker.kernels.rows import add_to_row, add_to_row_reading_ahead, dot_row
 
 
 @njit
@@ -14,6 +14,17 @@ def _rows_with_intrinsics(local_map, local_index, weights, tod, out, scattered):
     for t in range(len(local_index)):
         out[t] = dot_row(local_map, local_index[t], weights, t)
         add_to_row(scattered, local_index[t], weights, t, tod[t])
+
+
+@njit
+def _rows_reading_ahead(local_map, local_index, weights, tod, out, scattered):
+    n = len(local_index)
+    for t in range(n):
+        out[t] = dot_row(local_map, local_index[t], weights, t)
+        if t + 1 < n:
+            add_to_row_reading_ahead(scattered, local_index[t], weights, t, tod[t])
+        else:
+            add_to_row(scattered, local_index[t], weights, t, tod[t])
 
 
 @njit
@@ -36,12 +47,13 @@ def test_row_operations_give_the_scalar_bits_on_every_row_alignment(index_dtype,
     weights = rng.standard_normal((n_samp, 3)).astype(weights_dtype)
     tod = rng.standard_normal(n_samp) * 1e3
     results = []
-    for kernel in (_rows_with_intrinsics, _rows_scalar):
+    for kernel in (_rows_scalar, _rows_with_intrinsics, _rows_reading_ahead):
         out, scattered = np.empty(n_samp), np.zeros((n_local, 3))
         kernel(local_map, local_index, weights, tod, out, scattered)
         results.append((out, scattered))
-    np.testing.assert_array_equal(results[0][0], results[1][0])
-    np.testing.assert_array_equal(results[0][1], results[1][1])
+    for out, scattered in results[1:]:
+        np.testing.assert_array_equal(out, results[0][0])
+        np.testing.assert_array_equal(scattered, results[0][1])
 
 
 def test_p_and_pt_equal_the_reference_bit_for_bit_on_a_masked_sky():
