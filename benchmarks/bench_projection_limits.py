@@ -5,15 +5,18 @@
 3 float32 weights read, the float64 TOD written or read, at ``np.copyto``'s rate). This script builds the same
 synthetic satellite scan (``--samples``, ``--nside``) and times, in interleaved rounds with the copy rate,
 
-* ``scan``: the fast P and P^T on the scan's own pixel rows (what ``mapmaker bench`` reports);
-* ``visit order``: the same after :func:`first_visit_order` renumbers the rows (locality of the map);
+* ``scan``: the fast P and P^T on the scan's own pixel rows (what ``mapmaker bench`` reports below
+  ``VISIT_ORDER_SAMPLES_PER_PIXEL`` samples per local pixel);
+* ``visit order``: the same after :func:`first_visit_order` renumbers the rows (locality of the map; what
+  ``mapmaker bench`` reports above that);
 * ``map in L1/L2``: the same loops with every pixel folded into 1,024 rows (24 KiB, runs kept): the loops'
   own cost when no map row ever misses;
 * ``random pixels``: uniformly random rows of the same map: a pure random gather / scatter;
 * ``stream only``: a numba loop that reads the index and the weights and writes a float64 per sample with no
   map at all: the 24 bytes a sample alone.
 
-Each row prints seconds and ``times_copy_floor`` (seconds over 24 x samples / copy rate), best of
+P^T adds into a kept map, as in ``mapmaker bench`` and the PCG operator (no fresh pages). Each row prints
+seconds and ``times_copy_floor`` (seconds over 24 x samples / copy rate), best of
 ``--rounds``; ``--clock cpu`` times the process's CPU time (a shared machine's other work then counts less).
 """
 from __future__ import annotations
@@ -63,6 +66,7 @@ def main() -> int:
     local_map = rng.standard_normal((n_local, 3))
     tod = rng.standard_normal(n)
     out = np.empty(n)
+    kept_map = np.zeros((n_local, 3))
     visit = index.copy()
     projection_fast.first_visit_order(visit, n_local)
     indices = {
@@ -76,7 +80,9 @@ def main() -> int:
              "stream only": lambda: stream_only(index, weights, out)}
     for name, rows in indices.items():
         cases[f"P, {name}"] = lambda rows=rows: projection_fast.project_map_to_tod(local_map, rows, weights, out=out)
-        cases[f"P^T, {name}"] = lambda rows=rows: projection_fast.accumulate_tod_to_map(tod, rows, weights, n_local)
+        cases[f"P^T, {name}"] = lambda rows=rows: projection_fast.accumulate_tod_to_map(
+            tod, rows, weights, n_local, out=kept_map
+        )
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     best = dict.fromkeys(cases, float("inf"))
     for operation in cases.values():

@@ -32,7 +32,7 @@ DEFAULT = "fast"
 #   boresight   satellite(times_s, **angles), ground(times_s, **angles) -> quaternions [n, 4]
 #   pointing    detector_pointing(q_boresight, q_detector, nside) -> pixels [n], weights [n, 3]
 #   projection  P: project_map_to_tod; P^T: accumulate_tod_to_map, accumulate_tod_to_rows (of some rows' samples);
-#               first_visit_order (pixel rows)
+#               first_visit_order, permute_rows (pixel rows)
 #   blocks      3x3 blocks: accumulate_blocks, apply (the preconditioner)
 #   noise       N^-1 per stationary interval: inverse_noise_filters, apply_inverse_noise, apply_inverse_white
 #   operator    the PCG operator P^T N^-1 P: apply_inverse_noise_operator, apply_white_operator
@@ -91,6 +91,7 @@ def warm_up(name: str = DEFAULT) -> float:
     starts, lengths = np.array([0], dtype=np.int64), np.array([4], dtype=np.int64)
     index = pixels.astype(np.int32)  # the pointing cache's index type (see mapmaker.kernels.pixels)
     kernels.projection.first_visit_order(index.copy(), 12)
+    kernels.projection.permute_rows(local_map, np.arange(12, dtype=np.int64))
     filters = kernels.noise.inverse_noise_filters([np.ones(3), np.ones(3)], {0: 4, 1: 5})
     kernels.noise.CirculantFilter(np.ones(5), 8, four_step_from=0).apply(np.ones(8))  # the four-step kernels
     # float32: the cached weights (solver.pointing = "cached"); float64: recomputed ones.

@@ -72,3 +72,8 @@ def first_visit_order(local_index: np.ndarray, n_local: int) -> tuple[np.ndarray
     position[order] = np.arange(n_local, dtype=np.int64)
     local_index[:] = position[local_index]
     return order, position
+
+
+def permute_rows(rows: np.ndarray, order: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``rows[order]``: pixel rows [n_local, ...] in another order (order [n_local] int64), into ``out`` if given."""
+    return np.take(rows, order, axis=0, out=out)

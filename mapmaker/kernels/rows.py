@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 _F64 = ir.DoubleType()
 _I32 = ir.IntType(32)
 _PAIR = ir.VectorType(_F64, 2)
+_QUAD = ir.VectorType(_F64, 4)
 
 
 def _iqu_rows(array) -> bool:
@@ -101,6 +102,40 @@ def add_to_row(typingctx, out, row, weights, t, y):
                       pair_pointer, align=8)
         third = builder.gep(m, [ir.Constant(_I32, 2)], inbounds=True)
         builder.store(builder.fadd(builder.load(third), builder.fmul(y, _third(builder, w))), third)
+        return context.get_dummy_value()
+
+    return types.void(out, row, weights, t, y), codegen
+
+
+@intrinsic
+def add_to_row_reading_ahead(typingctx, out, row, weights, t, y):
+    """:func:`add_to_row` with the three weights widened and multiplied by ``y`` as one 4-lane vector.
+
+    The 4-lane load also reads ``weights[t + 1, 0]`` (its product is
+    dropped), so row ``t + 1`` must exist: callers use it for every sample
+    but the last. One widening and one multiplication instead of two each,
+    the same products and sums (the same bits): P^T 4-5% faster on an
+    L1-resident map (AMD EPYC, Zen 4).
+    """
+    if not (_iqu_rows(out) and out.dtype == types.float64 and _iqu_rows(weights) and isinstance(row, types.Integer)
+            and isinstance(t, types.Integer) and y == types.float64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        out_type, row_type, weights_type, t_type, _ = signature.args
+        m = _row_pointer(context, builder, out_type, args[0], args[1], row_type)
+        w = _row_pointer(context, builder, weights_type, args[2], args[3], t_type)
+        element = w.type.pointee
+        quad = builder.load(builder.bitcast(w, ir.VectorType(element, 4).as_pointer()), align=element == _F64 and 8 or 4)
+        quad = quad if element == _F64 else builder.fpext(quad, _QUAD)
+        ys = builder.insert_element(ir.Constant(_QUAD, ir.Undefined), args[4], ir.Constant(_I32, 0))
+        ys = builder.shuffle_vector(ys, ys, ir.Constant(ir.VectorType(_I32, 4), [0, 0, 0, 0]))
+        products = builder.fmul(ys, quad)
+        pair_pointer = builder.bitcast(m, _PAIR.as_pointer())
+        first_two = builder.shuffle_vector(products, products, ir.Constant(ir.VectorType(_I32, 2), [0, 1]))
+        builder.store(builder.fadd(builder.load(pair_pointer, align=8), first_two), pair_pointer, align=8)
+        third = builder.gep(m, [ir.Constant(_I32, 2)], inbounds=True)
+        builder.store(builder.fadd(builder.load(third), builder.extract_element(products, ir.Constant(_I32, 2))), third)
         return context.get_dummy_value()
 
     return types.void(out, row, weights, t, y), codegen

@@ -51,10 +51,11 @@ visit them (``order``, made by
 :func:`mapmaker.kernels.projection_fast.first_visit_order`): the gathers and
 scatters of P and P^T then stay within few cache lines (P 1.7x faster at
 nside 256). :meth:`to_compute` / :meth:`to_sorted` convert, twice per PCG
-iteration; each is a random-access pass over the local map (~100 ns per
-pixel once the map outgrows the caches), so the renumbering pays only
-above ~100 samples per local pixel (``pixel_order="auto"``). Otherwise,
-and always with the numpy reference, rows stay sorted (``order`` None).
+iteration; each is a random-access pass over the local map (the kernels'
+``permute_rows``: ~3 ns a pixel with the compiled gather at nside 256,
+25-60 ns with numpy's ``rows[order]``), so the renumbering pays only above
+VISIT_ORDER_SAMPLES_PER_PIXEL samples per local pixel (``pixel_order="auto"``).
+Otherwise, and always with the numpy reference, rows stay sorted (``order`` None).
 
 The samples of the rank's chunks are concatenated in chunk-id order into
 flat arrays; stationary intervals tile them without overlap.
@@ -124,6 +125,7 @@ class LocalData:
     filter_error: float = 0.0  # finite N^-1: largest relative spectral error delta of any filter (0: exact)
     pointer: ChunkPointing | None = field(default=None, repr=False)  # recomputes the weights (weights None)
     _filters: list | None = field(default=None, repr=False)
+    _compute_map: np.ndarray | None = field(default=None, repr=False)  # apply_operator's map in compute order
 
     @property
     def n_samples(self) -> int:
@@ -137,13 +139,16 @@ class LocalData:
         """Diagonal of N^-1 per sample, [n_samp] (K^-2)."""
         return np.repeat(self.noise_diagonal, self.interval_lengths)
 
-    def to_compute(self, rows: np.ndarray) -> np.ndarray:
-        """Pixel rows [n_local, ...] from sorted order to compute order (``rows`` itself when they agree)."""
-        return rows if self.order is None else rows[self.order]
+    def to_compute(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Pixel rows [n_local, ...] from sorted order to compute order (``rows`` itself when they agree).
 
-    def to_sorted(self, rows: np.ndarray) -> np.ndarray:
-        """Pixel rows [n_local, ...] from compute order back to sorted order."""
-        return rows if self.position is None else rows[self.position]
+        ``out``: where to write them when they are permuted (a new array if None).
+        """
+        return rows if self.order is None else self.kernels.projection.permute_rows(rows, self.order, out)
+
+    def to_sorted(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Pixel rows [n_local, ...] from compute order back to sorted order (``out`` as in :meth:`to_compute`)."""
+        return rows if self.position is None else self.kernels.projection.permute_rows(rows, self.position, out)
 
     def accumulate_blocks(self, noise_weighted: bool) -> np.ndarray:
         """Packed 3x3 blocks [n_local, 6], sorted order: geometric, or weighted by the diagonal of N^-1.
@@ -323,7 +328,9 @@ class LocalData:
         over (None: all), exact for a map whose ``P x`` is zero on the others
         (the two-level preconditioner's coarse columns).
         """
-        compute_map = self.to_compute(local_map)
+        if self.order is not None and self._compute_map is None:
+            self._compute_map = np.empty((self.n_local, 3))  # kept: fresh pages every iteration cost ~1 ms
+        compute_map = self.to_compute(local_map, out=self._compute_map)
         straight_into_out = out if self.position is None else None  # no permutation after: write out directly
         if self.weights is None:
             product = self._apply_operator_recomputed(compute_map, workers, straight_into_out, intervals)
@@ -335,7 +342,10 @@ class LocalData:
         if out is None:
             return self.to_sorted(product)
         if product is not out:
-            out[:] = self.to_sorted(product)
+            if self.position is None:
+                out[:] = product
+            else:
+                self.to_sorted(product, out=out)
         return out
 
     def _operator_kernel(self, compute_map: np.ndarray, local_index: np.ndarray, weights: np.ndarray,
@@ -417,7 +427,10 @@ class LocalData:
         self.apply_inverse_noise(tod, workers=workers)
         partial = np.zeros((self.n_local, 3))
         projection.accumulate_tod_to_rows(tod, self.local_index, self.weights, split.shared_rows, True, partial)
-        out[:] = self.to_sorted(partial)
+        if self.position is None:
+            out[:] = partial
+        else:
+            self.to_sorted(partial, out=out)
         start(out)
         partial.fill(0.0)
         projection.accumulate_tod_to_rows(tod, self.local_index, self.weights, split.shared_rows, False, partial)
@@ -444,7 +457,10 @@ class OperatorSplit:
 
 
 # Samples per local pixel above which the fast path renumbers pixels in visit order (see the module docstring).
-VISIT_ORDER_SAMPLES_PER_PIXEL = 100
+# The fast PCG operator (P^T N^-1 P and the two row permutations) on the bench's satellite scan at nside 256,
+# best of 7 alternating calls, CPU clock: 12M samples (22 a pixel) sorted 161.6 ms, visit 163.4 ms; 36M (46 a
+# pixel) sorted 491.1 ms, visit 482.6 ms. The gain is small (N^-1's FFTs dominate) and starts between the two.
+VISIT_ORDER_SAMPLES_PER_PIXEL = 40
 
 
 def build_local_data(

@@ -358,11 +358,28 @@ def test_first_visit_order_renumbers_in_place(impl):
     np.testing.assert_array_equal(position[order], np.arange(8))
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_permute_rows_is_a_gather_of_whole_rows(impl):
+    """IQU maps (the compiled gather, more rows than PREFETCH_DISTANCE) and other rows alike, into out or not."""
+    permute_rows = implementation.get(impl).projection.permute_rows
+    rng = np.random.default_rng(7)
+    order = rng.permutation(1_000).astype(np.int64)
+    iqu = rng.standard_normal((1_000, 3))
+    np.testing.assert_array_equal(permute_rows(iqu, order), iqu[order])
+    out = np.empty_like(iqu)
+    assert permute_rows(iqu, order, out) is out
+    np.testing.assert_array_equal(out, iqu[order])
+    mask = rng.random(1_000) < 0.5
+    np.testing.assert_array_equal(permute_rows(mask, order), mask[order])
+    blocks = rng.standard_normal((1_000, 6))
+    np.testing.assert_array_equal(permute_rows(blocks, order), blocks[order])
+
+
 # What each family of the registry offers, in both implementations alike.
 FAMILY_FUNCTIONS = {
     "boresight": ["satellite", "ground"],
     "pointing": ["detector_pointing"],
-    "projection": ["project_map_to_tod", "accumulate_tod_to_map", "first_visit_order"],
+    "projection": ["project_map_to_tod", "accumulate_tod_to_map", "first_visit_order", "permute_rows"],
     "blocks": ["accumulate_blocks", "apply"],
     "noise": ["inverse_noise_filters", "apply_inverse_noise", "apply_inverse_white"],
     "operator": ["apply_inverse_noise_operator", "apply_white_operator"],

@@ -6,7 +6,7 @@ import pytest
 from numba import njit
 
 from mapmaker.kernels import projection, projection_fast, threads
-from mapmaker.kernels.rows import add_to_row, dot_row
+from mapmaker.kernels.rows import add_to_row, add_to_row_reading_ahead, dot_row
 
 
 @njit
@@ -14,6 +14,17 @@ def _rows_with_intrinsics(local_map, local_index, weights, tod, out, scattered):
     for t in range(len(local_index)):
         out[t] = dot_row(local_map, local_index[t], weights, t)
         add_to_row(scattered, local_index[t], weights, t, tod[t])
+
+
+@njit
+def _rows_reading_ahead(local_map, local_index, weights, tod, out, scattered):
+    n = len(local_index)
+    for t in range(n):
+        out[t] = dot_row(local_map, local_index[t], weights, t)
+        if t + 1 < n:
+            add_to_row_reading_ahead(scattered, local_index[t], weights, t, tod[t])
+        else:
+            add_to_row(scattered, local_index[t], weights, t, tod[t])
 
 
 @njit
@@ -36,12 +47,13 @@ def test_row_operations_give_the_scalar_bits_on_every_row_alignment(index_dtype,
     weights = rng.standard_normal((n_samp, 3)).astype(weights_dtype)
     tod = rng.standard_normal(n_samp) * 1e3
     results = []
-    for kernel in (_rows_with_intrinsics, _rows_scalar):
+    for kernel in (_rows_scalar, _rows_with_intrinsics, _rows_reading_ahead):
         out, scattered = np.empty(n_samp), np.zeros((n_local, 3))
         kernel(local_map, local_index, weights, tod, out, scattered)
         results.append((out, scattered))
-    np.testing.assert_array_equal(results[0][0], results[1][0])
-    np.testing.assert_array_equal(results[0][1], results[1][1])
+    for out, scattered in results[1:]:
+        np.testing.assert_array_equal(out, results[0][0])
+        np.testing.assert_array_equal(scattered, results[0][1])
 
 
 def test_p_and_pt_equal_the_reference_bit_for_bit_on_a_masked_sky():
@@ -74,3 +86,20 @@ def test_row_shapes_are_checked_and_named():
         projection_fast.accumulate_tod_to_map(np.zeros(4), index, np.zeros((4, 2)), 2)
     with pytest.raises(ValueError, match="out"):  # a copy of a strided target would drop the sums
         projection_fast.accumulate_tod_to_map(np.zeros(4), index, np.zeros((4, 3)), 2, out=np.zeros((3, 2)).T)
+
+
+def test_p_with_streaming_stores_gives_the_same_bits(monkeypatch):
+    """A TOD from STREAMING_SAMPLES on is written with streaming stores: the values of the ordinary path."""
+    threads.configure(1)
+    rng = np.random.default_rng(5)
+    n_local, n_samp = 2_000, 4_000
+    local_index = (np.cumsum(rng.integers(0, 2, n_samp)) * 7 % n_local).astype(np.int32)
+    weights = rng.standard_normal((n_samp, 3)).astype(np.float32)
+    local_map = rng.standard_normal((n_local, 3))
+    reference = projection.project_map_to_tod(local_map, local_index.astype(np.int64), weights)
+    monkeypatch.setattr(projection_fast, "STREAMING_SAMPLES", 1)
+    np.testing.assert_array_equal(projection_fast.project_map_to_tod(local_map, local_index, weights), reference)
+    strided = np.zeros(2 * n_samp)
+    projection_fast.project_map_to_tod(local_map, local_index, weights, out=strided[::2])
+    np.testing.assert_array_equal(strided[::2], reference)
+    assert not strided[1::2].any()
