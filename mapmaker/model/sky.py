@@ -38,7 +38,6 @@ from typing import cast
 
 import healpy as hp
 import numpy as np
-from pixell import curvedsky
 
 from mapmaker.model import rng
 from schemas.spec import CampaignSpec, CmbSky, MapSky
@@ -100,6 +99,8 @@ def synthesize_cmb(cls: np.ndarray, nside: int, lmax: int, fwhm_rad: float, gene
     healpy's ``alm2map(pol=True)`` to round-off (tested), in half its time, on ``OMP_NUM_THREADS``
     threads (:mod:`mapmaker.parallel.rootwork` gives it root's node).
     """
+    from pixell import curvedsky  # deferred: ducc0 loads only where a CMB sky is made (the numpy path stays numpy)
+
     alms = cmb_alms(cls, lmax, fwhm_rad, generator)
     return curvedsky.alm2map_healpix(alms, np.empty((3, hp.nside2npix(nside))), spin=[0, 2])
 
