@@ -13,14 +13,15 @@ The fast kernels are compiled by numba on first use and cached on disk
 a machine pays the compilation (about 20-40 s for all of them on this
 project's 2-core machine), every later one loads them in about a second.
 ``python -m mapmaker.kernels.implementation`` (run by ``scripts/bootstrap``)
-compiles them ahead; :func:`warm_up` does it at the start of a run and
-says how long it took.
+removes the old caches (:func:`forget_compiled`: why) and compiles them
+ahead; :func:`warm_up` does it at the start of a run and says how long it took.
 """
 from __future__ import annotations
 
 import importlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -110,5 +111,21 @@ def warm_up(name: str = DEFAULT) -> float:
     return time.perf_counter() - started
 
 
+def forget_compiled(folder: Path = Path(__file__).parent) -> int:
+    """Remove numba's on-disk caches (``__pycache__/*.nbi``, ``*.nbc``) of the kernels in ``folder``; return how many went.
+
+    numba invalidates a cached function when its own source file changes, not when a function it
+    inlines from another module does (``rows``, ``prefetch``, ``streaming`` are inlined into the
+    projection and operator kernels), so a copy upgraded in place could keep running the old
+    code. The ahead-of-time compile (``python -m mapmaker.kernels.implementation``, which
+    ``scripts/bootstrap`` runs after every install) starts from nothing instead.
+    """
+    cached = [*folder.glob("__pycache__/*.nbi"), *folder.glob("__pycache__/*.nbc")]
+    for path in cached:
+        path.unlink(missing_ok=True)
+    return len(cached)
+
+
 if __name__ == "__main__":
-    print(f"mapmaker: fast kernels compiled and cached in {warm_up('fast'):.1f} s")
+    forgotten = forget_compiled()
+    print(f"mapmaker: fast kernels compiled and cached in {warm_up('fast'):.1f} s ({forgotten} older cache files removed)")

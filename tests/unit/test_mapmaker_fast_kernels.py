@@ -482,3 +482,19 @@ def test_the_numpy_path_runs_without_numba():
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert completed.stdout.split() == ["False", "False"]
+
+
+def test_the_ahead_compile_forgets_numba_caches_and_nothing_else(tmp_path):
+    """numba does not invalidate a cache when an inlined function of another module changes, so the
+    ahead-of-time compile removes every .nbi/.nbc of the kernels first; bytecode and sources stay."""
+    from mapmaker.kernels.implementation import forget_compiled
+
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    stale = [cache / "projection_fast.project-40.py311.nbi", cache / "projection_fast.project-40.py311.1.nbc"]
+    kept = [cache / "projection_fast.cpython-311.pyc", tmp_path / "projection_fast.py"]
+    for path in stale + kept:
+        path.write_bytes(b"x")
+    assert forget_compiled(tmp_path) == 2
+    assert not any(path.exists() for path in stale) and all(path.exists() for path in kept)
+    assert forget_compiled(tmp_path) == 0
