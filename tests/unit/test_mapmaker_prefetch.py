@@ -51,7 +51,7 @@ def test_the_gathers_and_scatters_request_rows_ahead():
     tod = rng.standard_normal(n_samp)
     one_interval = (np.array([0, 1]), np.array([0]), np.array([n_samp]), np.array([2.0]))
     cases = {
-        "P": (projection_fast._project, local_map, index, weights, np.empty(n_samp), 2),
+        "P": (projection_fast._project, local_map, index, weights, np.empty(n_samp), 2, False),
         "P^T": (projection_fast._accumulate, tod, index, weights, np.zeros((n_local, 3)), 2),
         "operator gather": (operator_fast.gather_samples, local_map, index, weights, np.empty(n_samp)),
         "operator scatter": (operator_fast._scatter, tod, index, weights, np.zeros((n_local, 3))),
