@@ -44,10 +44,12 @@ _LOCALITY_KEEP_IN_ALL_CACHES = 3  # llvm.prefetch locality: 3 = keep in every ca
 _DATA_CACHE = 1  # llvm.prefetch cache type: 1 = data
 
 
-def _row_prefetch(write: int):
+def _prefetch(write: int, columns: tuple[int, ...]):
+    """An intrinsic ``prefetch(array, row)`` requesting ``array[row, c]`` for each c in ``columns`` (a negative c
+    counts from the row's end) of a C-contiguous 2-D array; ``write`` 1 announces a store, 0 a load."""
+
     @intrinsic
     def prefetch(typingctx, array, row):
-        """Request ``array[row, 0]`` and ``array[row, -1]`` (a C-contiguous 2-D array) into the caches."""
         if not (isinstance(array, types.Array) and array.ndim == 2 and isinstance(row, types.Integer)):
             return None
 
@@ -55,14 +57,16 @@ def _row_prefetch(write: int):
             array_type, row_type = signature.args
             value = context.make_array(array_type)(context, builder, args[0])
             row_index = context.cast(builder, args[1], row_type, types.intp)
-            columns = cgutils.unpack_tuple(builder, value.shape, 2)[1]
-            last = builder.sub(columns, context.get_constant(types.intp, 1))
+            row_length = cgutils.unpack_tuple(builder, value.shape, 2)[1]
             byte_pointer = ir.IntType(8).as_pointer()
             i32 = ir.IntType(32)
             function_type = ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32])
             function = cgutils.get_or_insert_function(builder.module, function_type, "llvm.prefetch.p0")
-            for column in (context.get_constant(types.intp, 0), last):
-                pointer = cgutils.get_item_pointer(context, builder, array_type, value, [row_index, column], wraparound=False)
+            for column in columns:
+                index = context.get_constant(types.intp, column)
+                if column < 0:
+                    index = builder.add(row_length, index)
+                pointer = cgutils.get_item_pointer(context, builder, array_type, value, [row_index, index], wraparound=False)
                 builder.call(function, [
                     builder.bitcast(pointer, byte_pointer),
                     ir.Constant(i32, write), ir.Constant(i32, _LOCALITY_KEEP_IN_ALL_CACHES), ir.Constant(i32, _DATA_CACHE),
@@ -74,42 +78,10 @@ def _row_prefetch(write: int):
     return prefetch
 
 
-prefetch_row_for_read = _row_prefetch(write=0)
-prefetch_row_for_write = _row_prefetch(write=1)
-
-
-def _element_prefetch(write: int, last: bool):
-    @intrinsic
-    def prefetch(typingctx, array, row):
-        """Request the first (or last) element of ``array[row]`` (a C-contiguous 2-D array) into the caches."""
-        if not (isinstance(array, types.Array) and array.ndim == 2 and isinstance(row, types.Integer)):
-            return None
-
-        def codegen(context, builder, signature, args):
-            array_type, row_type = signature.args
-            value = context.make_array(array_type)(context, builder, args[0])
-            row_index = context.cast(builder, args[1], row_type, types.intp)
-            column = context.get_constant(types.intp, 0)
-            if last:
-                columns = cgutils.unpack_tuple(builder, value.shape, 2)[1]
-                column = builder.sub(columns, context.get_constant(types.intp, 1))
-            byte_pointer = ir.IntType(8).as_pointer()
-            i32 = ir.IntType(32)
-            function_type = ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32])
-            function = cgutils.get_or_insert_function(builder.module, function_type, "llvm.prefetch.p0")
-            pointer = cgutils.get_item_pointer(context, builder, array_type, value, [row_index, column], wraparound=False)
-            builder.call(function, [
-                builder.bitcast(pointer, byte_pointer),
-                ir.Constant(i32, write), ir.Constant(i32, _LOCALITY_KEEP_IN_ALL_CACHES), ir.Constant(i32, _DATA_CACHE),
-            ])
-            return context.get_dummy_value()
-
-        return types.void(array, row), codegen
-
-    return prefetch
-
-
-prefetch_first_for_read = _element_prefetch(write=0, last=False)
-prefetch_last_for_read = _element_prefetch(write=0, last=True)
-prefetch_first_for_write = _element_prefetch(write=1, last=False)
-prefetch_last_for_write = _element_prefetch(write=1, last=True)
+_FIRST, _LAST = 0, -1
+prefetch_row_for_read = _prefetch(write=0, columns=(_FIRST, _LAST))
+prefetch_row_for_write = _prefetch(write=1, columns=(_FIRST, _LAST))
+prefetch_first_for_read = _prefetch(write=0, columns=(_FIRST,))
+prefetch_last_for_read = _prefetch(write=0, columns=(_LAST,))
+prefetch_first_for_write = _prefetch(write=1, columns=(_FIRST,))
+prefetch_last_for_write = _prefetch(write=1, columns=(_LAST,))

@@ -80,62 +80,59 @@ def dot_row(typingctx, local_map, row, weights, t):
     return types.float64(local_map, row, weights, t), codegen
 
 
-@intrinsic
-def add_to_row(typingctx, out, row, weights, t, y):
-    """``out[row, k] += y * weights[t, k]`` for k = 0, 1, 2.
+def _row_adder(scaled_weights):
+    """An intrinsic ``add(out, row, weights, t, y)``: ``out[row, k] += y * weights[t, k]`` for k = 0, 1, 2.
 
     out [n_local, 3] float64, weights [n_samp, 3] float32/float64 (C-contiguous), y float64.
+    ``scaled_weights(builder, w, y)`` forms the products from the weights' row pointer ``w``: the pair
+    ``y w_0, y w_1`` and the scalar ``y w_2``, each product rounded on its own.
     """
-    if not (_iqu_rows(out) and out.dtype == types.float64 and _iqu_rows(weights) and isinstance(row, types.Integer)
-            and isinstance(t, types.Integer) and y == types.float64):
-        return None
 
-    def codegen(context, builder, signature, args):
-        out_type, row_type, weights_type, t_type, _ = signature.args
-        m = _row_pointer(context, builder, out_type, args[0], args[1], row_type)
-        w = _row_pointer(context, builder, weights_type, args[2], args[3], t_type)
-        y = args[4]
-        ys = builder.insert_element(ir.Constant(_PAIR, ir.Undefined), y, ir.Constant(_I32, 0))
-        ys = builder.shuffle_vector(ys, ys, ir.Constant(ir.VectorType(_I32, 2), [0, 0]))
-        pair_pointer = builder.bitcast(m, _PAIR.as_pointer())
-        builder.store(builder.fadd(builder.load(pair_pointer, align=8), builder.fmul(ys, _pair(builder, w))),
-                      pair_pointer, align=8)
-        third = builder.gep(m, [ir.Constant(_I32, 2)], inbounds=True)
-        builder.store(builder.fadd(builder.load(third), builder.fmul(y, _third(builder, w))), third)
-        return context.get_dummy_value()
+    @intrinsic
+    def add(typingctx, out, row, weights, t, y):
+        if not (_iqu_rows(out) and out.dtype == types.float64 and _iqu_rows(weights) and isinstance(row, types.Integer)
+                and isinstance(t, types.Integer) and y == types.float64):
+            return None
 
-    return types.void(out, row, weights, t, y), codegen
+        def codegen(context, builder, signature, args):
+            out_type, row_type, weights_type, t_type, _ = signature.args
+            m = _row_pointer(context, builder, out_type, args[0], args[1], row_type)
+            w = _row_pointer(context, builder, weights_type, args[2], args[3], t_type)
+            first_two, last = scaled_weights(builder, w, args[4])
+            pair_pointer = builder.bitcast(m, _PAIR.as_pointer())
+            builder.store(builder.fadd(builder.load(pair_pointer, align=8), first_two), pair_pointer, align=8)
+            third = builder.gep(m, [ir.Constant(_I32, 2)], inbounds=True)
+            builder.store(builder.fadd(builder.load(third), last), third)
+            return context.get_dummy_value()
+
+        return types.void(out, row, weights, t, y), codegen
+
+    return add
 
 
-@intrinsic
-def add_to_row_reading_ahead(typingctx, out, row, weights, t, y):
-    """:func:`add_to_row` with the three weights widened and multiplied by ``y`` as one 4-lane vector.
+def _pair_and_third_times(builder, w, y):
+    """``y w_0, y w_1`` as one 2-lane multiplication, ``y w_2`` as a scalar one."""
+    ys = builder.insert_element(ir.Constant(_PAIR, ir.Undefined), y, ir.Constant(_I32, 0))
+    ys = builder.shuffle_vector(ys, ys, ir.Constant(ir.VectorType(_I32, 2), [0, 0]))
+    return builder.fmul(ys, _pair(builder, w)), builder.fmul(y, _third(builder, w))
 
-    The 4-lane load also reads ``weights[t + 1, 0]`` (its product is
-    dropped), so row ``t + 1`` must exist: callers use it for every sample
-    but the last. One widening and one multiplication instead of two each,
-    the same products and sums (the same bits): P^T 4-5% faster on an
-    L1-resident map (AMD EPYC, Zen 4).
-    """
-    if not (_iqu_rows(out) and out.dtype == types.float64 and _iqu_rows(weights) and isinstance(row, types.Integer)
-            and isinstance(t, types.Integer) and y == types.float64):
-        return None
 
-    def codegen(context, builder, signature, args):
-        out_type, row_type, weights_type, t_type, _ = signature.args
-        m = _row_pointer(context, builder, out_type, args[0], args[1], row_type)
-        w = _row_pointer(context, builder, weights_type, args[2], args[3], t_type)
-        element = w.type.pointee
-        quad = builder.load(builder.bitcast(w, ir.VectorType(element, 4).as_pointer()), align=element == _F64 and 8 or 4)
-        quad = quad if element == _F64 else builder.fpext(quad, _QUAD)
-        ys = builder.insert_element(ir.Constant(_QUAD, ir.Undefined), args[4], ir.Constant(_I32, 0))
-        ys = builder.shuffle_vector(ys, ys, ir.Constant(ir.VectorType(_I32, 4), [0, 0, 0, 0]))
-        products = builder.fmul(ys, quad)
-        pair_pointer = builder.bitcast(m, _PAIR.as_pointer())
-        first_two = builder.shuffle_vector(products, products, ir.Constant(ir.VectorType(_I32, 2), [0, 1]))
-        builder.store(builder.fadd(builder.load(pair_pointer, align=8), first_two), pair_pointer, align=8)
-        third = builder.gep(m, [ir.Constant(_I32, 2)], inbounds=True)
-        builder.store(builder.fadd(builder.load(third), builder.extract_element(products, ir.Constant(_I32, 2))), third)
-        return context.get_dummy_value()
+def _quad_times(builder, w, y):
+    """``y w_0, y w_1`` and ``y w_2`` from one 4-lane load, widening and multiplication (lane 3 dropped)."""
+    element = w.type.pointee
+    quad = builder.load(builder.bitcast(w, ir.VectorType(element, 4).as_pointer()), align=element == _F64 and 8 or 4)
+    quad = quad if element == _F64 else builder.fpext(quad, _QUAD)
+    ys = builder.insert_element(ir.Constant(_QUAD, ir.Undefined), y, ir.Constant(_I32, 0))
+    ys = builder.shuffle_vector(ys, ys, ir.Constant(ir.VectorType(_I32, 4), [0, 0, 0, 0]))
+    products = builder.fmul(ys, quad)
+    first_two = builder.shuffle_vector(products, products, ir.Constant(ir.VectorType(_I32, 2), [0, 1]))
+    return first_two, builder.extract_element(products, ir.Constant(_I32, 2))
 
-    return types.void(out, row, weights, t, y), codegen
+
+# ``out[row, k] += y * weights[t, k]`` for k = 0, 1, 2 (see _row_adder).
+add_to_row = _row_adder(_pair_and_third_times)
+# add_to_row with the three weights widened and multiplied by ``y`` as one 4-lane vector. The 4-lane load also
+# reads ``weights[t + 1, 0]`` (its product is dropped), so row ``t + 1`` must exist: callers use it for every
+# sample but the last. One widening and one multiplication instead of two each, the same products and sums (the
+# same bits): P^T 4-5% faster on an L1-resident map (AMD EPYC, Zen 4).
+add_to_row_reading_ahead = _row_adder(_quad_times)
