@@ -47,17 +47,18 @@ CONFIGS = "block-diagonal,default-one-off,default-first,default-cached"
 CAMPAIGN = 16  # realisations of the campaign that shares the coarse cache
 
 
-def problem(nside: int, spec_file: str | None = None):
+def problem(nside: int, spec_file: str | None = None, spin_period_s: float | None = None):
     """``spec_file`` or the satellite example at nside 64, or that scaled to ``nside`` (8 detectors, 24 h,
-    20 Hz), with the default preconditioner and coarse nside, to 1e-6."""
+    20 Hz, a spin of ``spin_period_s``: by default bench_resolution's 600 s), with the default preconditioner
+    and coarse nside, to 1e-6."""
     if spec_file is not None:
         spec = load_spec(spec_file)
     elif nside == 64:
         spec = load_spec(example_spec_path("satellite"))
     else:
-        from benchmarks.bench_resolution import bench_spec
+        from benchmarks.bench_resolution import SPIN_PERIOD_S, bench_spec
 
-        spec = bench_spec(nside, 20.0, 8, 24.0, "cached", 200)
+        spec = bench_spec(nside, 20.0, 8, 24.0, "cached", 200, spin_period_s or SPIN_PERIOD_S)
     defaults = type(spec.solver)()
     solver = spec.solver.model_copy(update={"tol": 1e-6, "max_iter": 200, "preconditioner": defaults.preconditioner,
                                             "coarse_nside": defaults.coarse_nside})
@@ -73,7 +74,7 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
     from mapmaker.solve.timing import Timers
 
     comm = MPI.COMM_WORLD
-    spec = problem(args.nside, args.spec)
+    spec = problem(args.nside, args.spec, args.spin_period)
 
     def quiet(message: str) -> None:
         pass
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="1,2", help="rank counts, each under mpiexec (default 1,2)")
     parser.add_argument("--nside", type=int, default=64, help="64: the satellite example; else scaled (default 64)")
+    parser.add_argument("--spin-period", type=float, default=None,
+                        help="the scaled satellite's spin period, s (default bench_resolution's 600; 60: the example's)")
     parser.add_argument("--spec", default=None, help="a campaign spec file instead (its nside; --nside ignored)")
     parser.add_argument("--configs", default=CONFIGS, help=f"configurations (default {CONFIGS})")
     parser.add_argument("--rounds", type=int, default=3, help="solves per configuration; the median is reported")
@@ -163,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         command = [__file__, "--worker",
                    "--nside", str(args.nside), "--configs", args.configs, "--rounds", str(args.rounds)]
         command += ["--spec", args.spec] if args.spec else []
+        command += ["--spin-period", str(args.spin_period)] if args.spin_period else []
         runs.append(run_ranks_json(ranks, *command))
     if args.json != "-":
         print_table(runs)

@@ -1,7 +1,7 @@
 """Deflation by Ritz vectors recycled from earlier realisations: how many PCG iterations it saves.
 
-    .venv/bin/python benchmarks/bench_recycled_deflation.py --json FILE          # nside 64 and 512, K = 4, 16
-    .venv/bin/python benchmarks/bench_recycled_deflation.py --nsides 512 --columns 2,8 --realizations 5
+    .venv/bin/python benchmarks/bench_recycled_deflation.py --json FILE    # nside 64; 512 at a 600 s and a 60 s spin
+    .venv/bin/python benchmarks/bench_recycled_deflation.py --problems 512:60 --columns 2,8 --realizations 5
 
 Every realisation of a campaign solves ``A x = b`` with the same ``A = P^T N^-1 P`` and a new ``b``. The
 Krylov space of one solve holds approximations of the extreme eigenvectors of ``M_BD^-1 A``, and A-DEF2
@@ -10,15 +10,16 @@ for every search direction ``p_j``, so Ritz vectors ``Z = P Y`` come with ``A Z 
 operator application: a deflation space at no set-up cost (Saad, Yeung, Erhel & Guyomarc'h, SIAM J. Sci.
 Comput. 21, 1909, 2000; for CMB map-making, Papez, Grigori & Stompor, A&A 638, A73, 2020).
 
-Here, on the problem of ``benchmarks/bench_default_solver.py`` (the satellite example at nside 64, or
-that scaled to nside 512, to 1e-6), under ``mpiexec -n R`` (``--ranks``): realisation 0 is solved
-block-diagonal, recording ``p_j`` and ``A p_j``; Rayleigh-Ritz on their span (``P^T A P y = theta
-P^T M_BD P y``) gives the K (``--columns``) Ritz vectors of smallest ``theta``; realisation r = 1 ..
-``--realizations``-1 (the same set-up, noise draw r) is solved by A-DEF2 on those K vectors, and its
-own directions are added to the space for the next (Rayleigh-Ritz on ``[Z, P_r]``, K kept). Printed:
-the iterations of each realisation, block-diagonal's for realisation 1 beside them, and the smallest
-Ritz values of realisation 0's solve. Iterations are counts, not seconds: the load of a shared machine
-does not move them.
+Here, on the problems of ``benchmarks/bench_default_solver.py`` (``--problems``: the satellite example at
+nside 64; ``512``, that scaled to nside 512 with bench_resolution's 600 s spin; ``512:60``, the same with
+the example's own 60 s spin, whose 1/f modes are ten times larger on the sky), to 1e-6, under ``mpiexec -n
+R`` (``--ranks``): realisation 0 is solved block-diagonal, recording ``p_j`` and ``A p_j``; Rayleigh-Ritz
+on their span (``P^T A P y = theta P^T M_BD P y``) gives the K (``--columns``) Ritz vectors of smallest
+``theta``; realisation r = 1 .. ``--realizations``-1 (the same set-up, noise draw r) is solved by A-DEF2
+on those K vectors, and its own directions are added to the space for the next (Rayleigh-Ritz on ``[Z,
+P_r]``, K kept). Printed: the iterations of each realisation, block-diagonal's for realisation 1 beside
+them, and the smallest Ritz values of realisation 0's solve. Iterations are counts, not seconds: the load
+of a shared machine does not move them.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
     from mapmaker.solve.timing import Timers
 
     comm = MPI.COMM_WORLD
-    spec = problem(args.nside)
+    spec = problem(args.nside, args.spec, args.spin_period)
+    spin_period_s = spec.scan.spin_period_s
     spec = spec.model_copy(update={"solver": spec.solver.model_copy(update={"preconditioner": "block-diagonal"})})
     setup = set_up_realization(spec, 0, comm, sky_root=None, threads=1, kernels=implementation.get("fast"),
                                plan=None, machine=None, timers=Timers(), say=lambda message: None)
@@ -121,7 +123,8 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
             iterations.append(result.iterations)
             _, basis, basis_images = ritz(list(basis) + new, list(basis_images) + new_images, k)
         runs.append({"columns": k, "iterations": iterations})
-    return {"ranks": comm.Get_size(), "nside": spec.pixelization.nside, "samples": spec.total_samples,
+    return {"ranks": comm.Get_size(), "nside": spec.pixelization.nside, "spin_period_s": spin_period_s,
+            "samples": spec.total_samples,
             "tol": tol, "block_diagonal_iterations": [first.iterations, block_diagonal_second],
             "smallest_ritz_values": [round(float(v), 4) for v in spectrum[:RITZ_VALUES_SHOWN]],
             "largest_ritz_value": round(float(spectrum[-1]), 4), "recycled": runs}
@@ -129,7 +132,8 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
 
 def print_table(runs: list[dict]) -> None:
     for figures in runs:
-        print(f"nside {figures['nside']}, {figures['ranks']} rank(s), {figures['samples']:,} samples, tol "
+        print(f"nside {figures['nside']}, {figures['spin_period_s']:g} s spin, {figures['ranks']} rank(s), "
+              f"{figures['samples']:,} samples, tol "
               f"{figures['tol']:g}: block-diagonal {figures['block_diagonal_iterations'][0]} iterations "
               f"(realisation 0), {figures['block_diagonal_iterations'][1]} (realisation 1)")
         print(f"  Ritz values of M_BD^-1 A, smallest: {figures['smallest_ritz_values']}; largest "
@@ -141,7 +145,10 @@ def print_table(runs: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nsides", default="64,512", help="64: the satellite example; else scaled (default 64,512)")
+    parser.add_argument("--problems", default="64,512,512:60",
+                        help="NSIDE[:SPIN_S], 64 the satellite example, else scaled (default 64,512,512:60)")
+    parser.add_argument("--spec", default=None, help="a campaign spec file instead (--problems ignored)")
+    parser.add_argument("--spin-period", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--ranks", type=int, default=1, help="ranks under mpiexec (default 1)")
     parser.add_argument("--columns", default="4,16", help="Ritz vectors kept, K (default 4,16)")
     parser.add_argument("--realizations", type=int, default=4, help="realisations solved, the first block-diagonal")
@@ -156,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         if MPI.COMM_WORLD.Get_rank() == 0:
             print(json.dumps(figures))
         return 0
-    runs = [run_ranks_json(args.ranks, __file__, "--worker", "--nside", nside, "--columns", args.columns,
-                           "--realizations", str(args.realizations)) for nside in args.nsides.split(",")]
+    problems = [["--spec", args.spec]] if args.spec else [
+        ["--nside", nside, *(["--spin-period", spin] if spin else [])]
+        for nside, _, spin in (problem.partition(":") for problem in args.problems.split(","))]
+    runs = [run_ranks_json(args.ranks, __file__, "--worker", *problem, "--columns", args.columns,
+                           "--realizations", str(args.realizations)) for problem in problems]
     if args.json != "-":
         print_table(runs)
     write_json(args.json, {"runs": runs})

@@ -76,8 +76,10 @@ SPIN_PERIOD_S = 600.0
 STAGE_ORDER = ("sky", "pointing", "distribution", "simulate", "coarse", "solve", "gather")
 
 
-def bench_spec(nside: int, rate_hz: float, detectors: int, hours: float, pointing: str, iterations: int):
-    """The satellite example at ``nside`` and ``rate_hz`` with ``detectors`` detectors, ``hours`` long."""
+def bench_spec(nside: int, rate_hz: float, detectors: int, hours: float, pointing: str, iterations: int,
+               spin_period_s: float = SPIN_PERIOD_S):
+    """The satellite example at ``nside`` and ``rate_hz`` with ``detectors`` detectors, ``hours`` long, spinning
+    once in ``spin_period_s`` (the example's own: 60 s)."""
     data = load_spec(example_spec_path("satellite")).model_dump(mode="json", exclude_none=True)
     rows = data["focal_plane"]["detectors"]
     made = []
@@ -92,7 +94,7 @@ def bench_spec(nside: int, rate_hz: float, detectors: int, hours: float, pointin
     # A slow spin (0.46 deg/s on the sky): at 5 Hz the samples along the scan are 0.09 deg apart, closer than a
     # pixel at nside 512 (0.11 deg), so tripling the rate adds samples to the pixels already seen, not pixels
     # (the example's 60 s spin leaves 0.9 deg between samples at 5 Hz: more rate, more pixels).
-    data["scan"]["spin_period_s"] = SPIN_PERIOD_S
+    data["scan"]["spin_period_s"] = spin_period_s
     data["solver"].update(tol=1e-30, max_iter=iterations, preconditioner="block-diagonal")
     if pointing != "unset":  # "unset": a map-maker without solver.pointing (for a comparison with an older commit)
         data["solver"]["pointing"] = pointing
