@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_default_solver.py --json FILE          # the satellite example, 1 and 2 ranks
     .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --ranks 1 # the scaled satellite at nside 512
+    .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --spin-period 60 --ranks 1   # with the example's spin
     .venv/bin/python benchmarks/bench_default_solver.py --configs block-diagonal,default-cached,two-level-additive:2
     .venv/bin/python benchmarks/bench_default_solver.py --spec my-campaign.toml --ranks 4
 
