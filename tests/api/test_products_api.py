@@ -1,7 +1,7 @@
 """Monte Carlo products in the service, on SQLite and PostgreSQL, with real map-maker outputs.
 
-Realisations of a tiny noise-only campaign are mapped once per module with
-``python -m mapmaker realize`` under ``mpiexec -n 2`` and delivered through
+Realisations of a tiny noise-only campaign are mapped once per module by what
+``python -m mapmaker realize`` runs, under ``mpiexec -n 2`` and delivered through
 the real worker API (uploads + success report), so the result hook, the
 reconciler, the endpoints, the dashboard panel and the CLI all see what a
 worker would send.

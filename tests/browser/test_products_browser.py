@@ -1,7 +1,7 @@
 """The Monte Carlo products panel in headless Chromium (SQLite and PostgreSQL), with real map-maker outputs.
 
-Realisations of a tiny noise-only campaign are mapped once with
-``python -m mapmaker realize`` under ``mpiexec -n 2`` and delivered through
+Realisations of a tiny noise-only campaign are mapped once by what
+``python -m mapmaker realize`` runs, under ``mpiexec -n 2`` and delivered through
 the worker API; the page must draw the charts with the renderers of
 ``static/products.js`` (no script error, nothing refused by the
 Content-Security-Policy: the ``page`` fixture checks) and follow the next

@@ -2,7 +2,7 @@
 
 Five campaigns of one scan (signal+noise, signal-only, noise-only, 3 realisations each; and the pure-E and pure-B
 signal-only pair of the E/B transfer matrix, 2 each, the fewest a Monte Carlo error needs) are mapped for real
-(``python -m mapmaker realize`` under ``mpiexec -n 2``: maps, masks, pseudo-spectra and bandpowers) and
+(what ``python -m mapmaker realize`` runs, under ``mpiexec -n 2``: maps, masks, pseudo-spectra and bandpowers) and
 delivered through the worker API, so each is finished with every product its kind has. Then, page by page in
 document order, each block that reads a product runs in a folder of its own page, as a reader would run it
 (the CLI on the PATH, the service and the token in the environment):

@@ -34,26 +34,29 @@ def read_result(out) -> RealizationResult:
 def maps(tmp_path_factory):
     """Realisation 0 with allreduce on 1 rank (the reference), every strategy on 2-4 ranks, auto on 4.
 
-    On 4 ranks the plan comes from ``preprocess`` (``--plan``); on 2 and 3 it is built in memory.
+    The reference goes through ``mapmaker realize``; the strategies of one rank count run in one process
+    start (the driver runs ``realize_to_folder`` once per strategy, as ``realize`` does). On 4 ranks the
+    plan of STRATEGIES and auto comes from ``preprocess`` (``--plan``); on 2 and 3, and for the new
+    strategies, it is built in memory.
     """
     folder = tmp_path_factory.mktemp("strategies")
-    runs = {}
     plan4 = folder / "plan4.bin"
-    assert preprocess(4, write_spec(folder), plan4, "--quiet").returncode == 0
-    cases = [(1, "allreduce")] + [(r, s) for r in (2, 3, 4) for s in STRATEGIES] + [(4, "auto")]
-    for ranks, strategy in cases:
-        spec = write_spec(folder, f"{strategy}.toml", **{'reduction = "allreduce"': f'reduction = "{strategy}"'})
-        out = folder / f"{strategy}-{ranks}"
-        extra = ("--plan", str(plan4)) if ranks == 4 else ()
-        completed = realize(ranks, spec, 0, out, "--quiet", *extra)
+    spec = write_spec(folder)
+    assert preprocess(4, spec, plan4, "--quiet").returncode == 0
+    reference = folder / "allreduce-1"
+    completed = realize(1, write_spec(folder, "allreduce.toml"), 0, reference, "--quiet")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    runs = {(1, "allreduce"): reference}
+    in_memory = {2: STRATEGIES + NEW_STRATEGIES, 3: STRATEGIES, 4: NEW_STRATEGIES}
+    from_file = {4: (*STRATEGIES, "auto")}
+    for ranks in (2, 3, 4):
+        out = folder / f"ranks-{ranks}"
+        plan = ("--plan", str(plan4), *from_file[ranks]) if ranks in from_file else ()
+        completed = run_ranks(
+            ranks, str(DRIVERS / "run_strategies.py"), str(spec), str(out), *in_memory[ranks], *plan, timeout=300
+        )
         assert completed.returncode == 0, completed.stderr[-3000:]
-        runs[ranks, strategy] = out
-    spec = write_spec(folder, "new.toml")
-    for ranks in (2, 4):  # the new strategies: one process start per rank count
-        out = folder / f"new-{ranks}"
-        completed = run_ranks(ranks, str(DRIVERS / "run_strategies.py"), str(spec), str(out), *NEW_STRATEGIES, timeout=300)
-        assert completed.returncode == 0, completed.stderr[-3000:]
-        runs.update({(ranks, strategy): out / strategy for strategy in NEW_STRATEGIES})
+        runs.update({(ranks, strategy): out / strategy for strategy in in_memory[ranks] + from_file.get(ranks, ())})
     return runs
 
 
@@ -116,7 +119,7 @@ def test_model_bytes_equal_the_bytes_a_run_counted(maps):
 
     from mpi_support import REPO
 
-    spec = maps[2, "alltoallv"].parent / "alltoallv.toml"
+    spec = write_spec(maps[1, "allreduce"].parent, "alltoallv.toml", **{'reduction = "allreduce"': 'reduction = "alltoallv"'})
     completed = subprocess.run(
         [sys.executable, "-m", "mapmaker", "model", "--spec", str(spec), "--ranks", "2,4", "--json"],
         check=False, capture_output=True, text=True, cwd=REPO, timeout=300,

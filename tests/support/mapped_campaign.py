@@ -1,11 +1,12 @@
 """Real map-maker outputs for service tests, delivered through the worker API as a test worker would.
 
-``map_realizations`` runs ``python -m mapmaker realize`` for real under
-``mpiexec -n 2`` on a tiny noise-only spec (nside 16, white noise, a few
-seconds each); ``deliver`` uploads a realisation's product files
-(``PUT /tasks/{id}/artifacts/{name}`` with their sha256) and reports its
-``result.json`` (``POST /tasks/{id}/succeeded``). Works with the in-process
-``TestClient`` (``prefix="/api/v1"``) and with an ``httpx.Client`` on a live
+``map_realizations`` runs the map-maker's realisations for real under
+``mpiexec -n 2`` (what ``python -m mapmaker realize`` runs, all of them in one
+process start) on a tiny noise-only spec (nside 16, white noise); ``deliver``
+uploads a realisation's product files (``PUT /tasks/{id}/artifacts/{name}``
+with their sha256) and reports its ``result.json`` (``POST
+/tasks/{id}/succeeded``). Works with the in-process ``TestClient``
+(``prefix="/api/v1"``) and with an ``httpx.Client`` on a live
 service (``prefix=""``).
 """
 
@@ -23,6 +24,7 @@ from schemas.api import ARTIFACT_SHA256_HEADER
 from schemas.io import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
+RUN_REALIZATIONS = REPO / "tests" / "mpi" / "drivers" / "run_realizations.py"
 
 SPEC = """
 name = "products service test"
@@ -80,20 +82,24 @@ def spec_json(path: Path) -> dict[str, Any]:
 
 
 def map_realizations(spec_path: Path, out: Path, indexes: list[int]) -> dict[int, Path]:
-    """Run ``mpiexec -n 2 python -m mpi4py -m mapmaker realize`` for each index; return the product folders."""
+    """Map realisations ``indexes`` (consecutive) under ``mpiexec -n 2``; return the product folders by index.
+
+    One process start maps them all (tests/mpi/drivers/run_realizations.py: ``realize_to_folder`` per
+    realisation, what ``python -m mapmaker realize`` runs): the start-up of the interpreter, its libraries
+    and MPI costs more than these tiny solves.
+    """
+    first, last = indexes[0], indexes[-1] + 1
+    if list(indexes) != list(range(first, last)):
+        raise ValueError(f"realisations {indexes} are not consecutive")
     mpiexec = Path(sys.executable).with_name("mpiexec")
-    folders = {}
-    for index in indexes:
-        target = out / f"r{index:04d}"
-        command = [
-            str(mpiexec), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "mapmaker", "realize",
-            "--spec", str(spec_path), "--realization", str(index), "--out", str(target), "--quiet",
-        ]  # fmt: skip
-        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300, cwd=REPO)
-        if done.returncode != 0:
-            raise RuntimeError(f"mapmaker realize {index} failed:\n{done.stderr[-3000:]}")
-        folders[index] = target
-    return folders
+    command = [
+        str(mpiexec), "-n", "2", sys.executable, "-m", "mpi4py", str(RUN_REALIZATIONS),
+        str(spec_path), str(out), str(first), str(last),
+    ]  # fmt: skip
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300 * len(indexes), cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"mapmaker realize {first}..{last - 1} failed:\n{done.stderr[-3000:]}")
+    return {index: out / f"r{index:04d}" for index in indexes}
 
 
 def read_result(folder: Path) -> dict[str, Any]:
