@@ -86,6 +86,15 @@ def run_ranks_json(ranks: int, *args: str, timeout: float = 3600) -> dict[str, A
     return json.loads(run_ranks(ranks, *args, timeout=timeout).strip().splitlines()[-1])
 
 
+def print_json_on_root(figures: dict[str, Any] | None) -> None:
+    """The ``--worker`` half's output under mpiexec: rank 0 prints ``figures`` as the one JSON line that
+    :func:`run_ranks_json` reads."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(json.dumps(figures))
+
+
 # --------------------------------------------------------------------------- PostgreSQL databases
 
 PG_ADMIN_URL = os.environ.get("MAPCAMPAIGN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")

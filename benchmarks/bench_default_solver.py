@@ -30,7 +30,6 @@ nothing here asserts on time.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -41,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._support import add_json_option, run_ranks_json, write_json
+from benchmarks._support import add_json_option, print_json_on_root, run_ranks_json, write_json
 from schemas.io import example_spec_path, load_spec
 
 CONFIGS = "block-diagonal,default-one-off,default-first,default-cached"
@@ -156,11 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     add_json_option(parser)
     args = parser.parse_args(argv)
     if args.worker:
-        figures = run_ranks_here(args)
-        from mpi4py import MPI
-
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            print(json.dumps(figures))
+        print_json_on_root(run_ranks_here(args))
         return 0
     runs = []
     for ranks in [int(r) for r in args.ranks.split(",")]:

@@ -25,7 +25,6 @@ of a shared machine does not move them.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._support import add_json_option, run_ranks_json, write_json
+from benchmarks._support import add_json_option, print_json_on_root, run_ranks_json, write_json
 
 RITZ_VALUES_SHOWN = 8
 
@@ -157,11 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     add_json_option(parser)
     args = parser.parse_args(argv)
     if args.worker:
-        figures = run_ranks_here(args)
-        from mpi4py import MPI
-
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            print(json.dumps(figures))
+        print_json_on_root(run_ranks_here(args))
         return 0
     problems = [["--spec", args.spec]] if args.spec else [
         ["--nside", nside, *(["--spin-period", spin] if spin else [])]
