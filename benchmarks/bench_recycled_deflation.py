@@ -100,8 +100,12 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
         return result, directions, images
 
     def gram(left, right):
-        matrix = np.array([[dot(u, v) for v in right] for u in left])
-        return 0.5 * (matrix + matrix.T)
+        """``left^T right`` for a pair whose product is symmetric (``A``, ``M_BD`` are): the upper triangle's dots."""
+        matrix = np.empty((len(left), len(left)))
+        for i, u in enumerate(left):
+            for j in range(i, len(left)):
+                matrix[i, j] = matrix[j, i] = dot(u, right[j])
+        return matrix
 
     def ritz(vectors, images, k):
         """The k Ritz pairs of smallest value of M_BD^-1 A on span(vectors): (values, Z, A Z)."""
@@ -110,15 +114,17 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
         chosen = coefficients[:, :k].T
         return values, np.tensordot(chosen, np.stack(vectors), axes=1), np.tensordot(chosen, np.stack(images), axes=1)
 
-    first, directions, images = solve_recording(rhs(0), None)
-    block_diagonal_second = pcg(apply_matrix, block_diagonal, dot, rhs(1), tol=tol, max_iter=max_iter).iterations
+    right_hand_sides = [rhs(realization) for realization in range(args.realizations)]  # the same for every K
+    first, directions, images = solve_recording(right_hand_sides[0], None)
+    block_diagonal_second = pcg(apply_matrix, block_diagonal, dot, right_hand_sides[1], tol=tol,
+                                max_iter=max_iter).iterations
     spectrum = ritz(directions, images, 0)[0]
     runs = []
     for k in [int(c) for c in args.columns.split(",")]:
         _, basis, basis_images = ritz(directions, images, k)
         iterations = []
         for realization in range(1, args.realizations):
-            result, new, new_images = solve_recording(rhs(realization), (basis, basis_images))
+            result, new, new_images = solve_recording(right_hand_sides[realization], (basis, basis_images))
             iterations.append(result.iterations)
             _, basis, basis_images = ritz(list(basis) + new, list(basis_images) + new_images, k)
         runs.append({"columns": k, "iterations": iterations})
