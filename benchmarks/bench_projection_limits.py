@@ -5,10 +5,10 @@
 3 float32 weights read, the float64 TOD written or read, at ``np.copyto``'s rate). This script builds the same
 synthetic satellite scan (``--samples``, ``--nside``) and times, in interleaved rounds with the copy rate,
 
-* ``scan``: the fast P and P^T on the scan's own pixel rows (what ``mapmaker bench`` reports below
-  ``VISIT_ORDER_SAMPLES_PER_PIXEL`` samples per local pixel);
+* ``scan``: the fast P and P^T on the scan's own pixel rows, sorted (what ``mapmaker bench`` reports up to
+  ``VISIT_ORDER_MIN_LOCAL_PIXELS`` local pixels);
 * ``visit order``: the same after :func:`first_visit_order` renumbers the rows (locality of the map; what
-  ``mapmaker bench`` reports above that);
+  ``mapmaker bench`` reports above that, as at the default size);
 * ``map in L1/L2``: the same loops with every pixel folded into 1,024 rows (24 KiB, runs kept): the loops'
   own cost when no map row ever misses;
 * ``random pixels``: uniformly random rows of the same map: a pure random gather / scatter;

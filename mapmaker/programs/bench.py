@@ -65,9 +65,9 @@ split in core-seconds, as in the paper's Figure 4.
 
 P and P^T run on the solver's own pixel rows (``build_local_data``'s
 ``pixel_order="auto"``: visit order above
-``VISIT_ORDER_SAMPLES_PER_PIXEL`` samples per local pixel with the compiled
-kernels, sorted rows otherwise -- at the default 12M samples and nside 256,
-22 samples per local pixel, sorted), and the report says which
+``VISIT_ORDER_MIN_LOCAL_PIXELS`` local pixels with the compiled kernels,
+sorted rows otherwise -- at the default 12M samples and nside 256,
+549,788 local pixels, visit order), and the report says which
 (``pixel_rows``); P^T adds into a kept map, as the PCG operator's scatter
 does, rather than into fresh pages.
 
@@ -98,7 +98,7 @@ from mapmaker.model.noise import NoiseModel
 from mapmaker.model.scan import ChunkPointing
 from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.reduction import make_reduction
-from mapmaker.solve.local_data import VISIT_ORDER_SAMPLES_PER_PIXEL, build_local_data
+from mapmaker.solve.local_data import VISIT_ORDER_MIN_LOCAL_PIXELS, build_local_data
 from mapmaker.solve.solver import pcg
 from schemas.io import load_spec
 from schemas.spec import CampaignSpec
@@ -420,7 +420,8 @@ def _print_report(report: dict, names: list[str]) -> None:
     )
     rows = ", ".join(f"{name} {order}" for name, order in report["pixel_rows"].items())
     print(f"P and P^T on the pixel rows a solve uses here ({report['samples_per_rank'] / report['local_pixels_rank0']:.0f} "
-          f"samples per local pixel; visit order from {VISIT_ORDER_SAMPLES_PER_PIXEL} with compiled kernels): {rows}; "
+          f"samples per local pixel; visit order above {VISIT_ORDER_MIN_LOCAL_PIXELS:,} local pixels with compiled "
+          f"kernels): {rows}; "
           f"P^T adds into a kept map")
     print(f"memory bandwidth (per rank, all ranks at once): triad {report['stream_triad_bytes_per_second_per_rank'] / 1e9:.1f} GB/s, "
           f"copy {report['copy_bytes_per_second_per_rank'] / 1e9:.1f} GB/s; "

@@ -45,16 +45,16 @@ weights for the preconditioner are made per slab of intervals).
 
 Map rows. Pixel vectors leave and enter this class in the order of
 ``local_pixels`` (sorted global ids: what the reductions, dot products
-and products use). Inside, with the fast kernels and many samples per
-pixel, ``local_index`` counts the pixels in the order the samples first
-visit them (``order``, made by
+and products use). Inside, with the fast kernels and a local map larger
+than the caches hold, ``local_index`` counts the pixels in the order the
+samples first visit them (``order``, made by
 :func:`mapmaker.kernels.projection_fast.first_visit_order`): the gathers and
-scatters of P and P^T then stay within few cache lines (P 1.7x faster at
-nside 256). :meth:`to_compute` / :meth:`to_sorted` convert, twice per PCG
-iteration; each is a random-access pass over the local map (the kernels'
-``permute_rows``: ~3 ns a pixel with the compiled gather at nside 256,
-25-60 ns with numpy's ``rows[order]``), so the renumbering pays only above
-VISIT_ORDER_SAMPLES_PER_PIXEL samples per local pixel (``pixel_order="auto"``).
+scatters of P and P^T then stay within few cache lines. :meth:`to_compute` /
+:meth:`to_sorted` convert, twice per PCG iteration; each is a random-access
+pass over the local map (the kernels' ``permute_rows``: ~3 ns a pixel with
+the compiled gather, 25-60 ns with numpy's ``rows[order]``), which the
+samples' locality repays even at a few samples per pixel once the map is
+beyond VISIT_ORDER_MIN_LOCAL_PIXELS (``pixel_order="auto"``).
 Otherwise, and always with the numpy reference, rows stay sorted (``order`` None).
 
 The samples of the rank's chunks are concatenated in chunk-id order into
@@ -456,11 +456,15 @@ class OperatorSplit:
         return float(n - shared) / n
 
 
-# Samples per local pixel above which the fast path renumbers pixels in visit order (see the module docstring).
-# The fast PCG operator (P^T N^-1 P and the two row permutations) on the bench's satellite scan at nside 256,
-# best of 7 alternating calls, CPU clock: 12M samples (22 a pixel) sorted 161.6 ms, visit 163.4 ms; 36M (46 a
-# pixel) sorted 491.1 ms, visit 482.6 ms. The gain is small (N^-1's FFTs dominate) and starts between the two.
-VISIT_ORDER_SAMPLES_PER_PIXEL = 40
+# Local pixels above which the fast path numbers the rows in visit order (see the module docstring): a map
+# of 24 bytes a pixel that no longer stays in L2/L3 (as operator_fast.SMALL_MAP_PIXELS). The map's size decides,
+# not the samples per pixel: `benchmarks/bench_pixel_order.py` (medians of 11 alternating rounds, CPU clock,
+# AMD EPYC; docs/results/pixel-order.md), visit over sorted for the operator (permutations included) and a
+# whole PCG iteration: 0.96 and 0.97 at 105,858 local pixels (9 samples a pixel), 1.00 and 0.98-1.01 from
+# 250,000 to 550,000 (12 to 22 a pixel, nside 256), 0.90 and 0.93 at nside 512 (2.5 M pixels, 10 a pixel),
+# 0.78 and 0.90 at nside 1024 (6.6 M pixels, 3.6 a pixel). Below this size the order changes nothing but
+# costs its two permutations and 40 bytes a pixel (order, position, the operator's compute-order map).
+VISIT_ORDER_MIN_LOCAL_PIXELS = 1 << 17
 
 
 def build_local_data(
@@ -476,8 +480,8 @@ def build_local_data(
 
     ``kernels``: an implementation name of :mod:`mapmaker.kernels.implementation`.
     ``pixel_order``: ``"sorted"``, ``"visit"`` or ``"auto"`` (visit order
-    above VISIT_ORDER_SAMPLES_PER_PIXEL samples per local pixel with compiled
-    kernels; the numpy reference's gathers gain nothing from it).
+    above VISIT_ORDER_MIN_LOCAL_PIXELS local pixels with compiled kernels;
+    the numpy reference's gathers gain nothing from it).
     ``pointing``: ``"cached"`` keeps float32 weights, ``"recomputed"`` none
     (``solver.pointing``; see the module docstring).
 
@@ -504,8 +508,8 @@ def build_local_data(
     del pixels
     order = position = None
     if pixel_order == "auto":
-        many = len(local_index) >= VISIT_ORDER_SAMPLES_PER_PIXEL * len(local_pixels)
-        pixel_order = "visit" if kernel_set.compiled and many else "sorted"
+        large = len(local_pixels) > VISIT_ORDER_MIN_LOCAL_PIXELS
+        pixel_order = "visit" if kernel_set.compiled and large else "sorted"
     if pixel_order == "visit":
         order, position = kernel_set.projection.first_visit_order(local_index, len(local_pixels))
 

@@ -450,7 +450,7 @@ def test_whole_solve_matches_the_reference(changes, thread_count, monkeypatch):
     reference = run_realization(spec, 1, MPI.COMM_SELF, kernels="numpy", threads=thread_count)
     for pixel_order in ("sorted", "visit"):
         with monkeypatch.context() as patch:
-            patch.setattr(local_data, "VISIT_ORDER_SAMPLES_PER_PIXEL", 0 if pixel_order == "visit" else 10**9)
+            patch.setattr(local_data, "VISIT_ORDER_MIN_LOCAL_PIXELS", 0 if pixel_order == "visit" else 10**12)
             fast = run_realization(spec, 1, MPI.COMM_SELF, kernels="fast", threads=thread_count)
         assert fast.pcg.iterations == reference.pcg.iterations
         np.testing.assert_array_equal(fast.hits, reference.hits)
