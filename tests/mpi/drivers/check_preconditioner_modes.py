@@ -4,7 +4,8 @@ A masked sky (a 1 h satellite scan seeing part of the nside-16 sphere; 1/f noise
 solved with the default (``auto`` with no coarse cache: block-diagonal), block-diagonal, two-level (A-DEF2),
 two-level-additive, and ``auto`` with a coarse cache shared by the campaign's realisations: the first run
 builds and writes it (two-level), the second reads it; ``auto`` with a cache for a one-realisation campaign
-builds nothing. Rank 0 compares each gathered map with the default's (1e-7 of the largest |value|, per
+builds nothing; and the default and two-level again with the local pixel rows numbered in visit order (the
+fast path's order for local maps beyond the caches, forced here on this small map). Rank 0 compares each gathered map with the default's (1e-7 of the largest |value|, per
 Stokes component over the solved pixels: the solve's tolerance, 1e-10, times the condition of the system)
 and prints the preconditioner each run solved with and its iterations. argv[1]: a scratch folder for the
 coarse cache file. Exits non-zero (aborting all ranks) on a failed check.
@@ -19,6 +20,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))
 from mapmaker_cases import make_spec
 
+from mapmaker.solve import local_data
 from mapmaker.solve.realization import run_realization
 
 CHANGES = {
@@ -44,10 +46,16 @@ def main() -> None:
         "auto-builds": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
         "auto-reads": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
     }
+    local_data.VISIT_ORDER_MIN_LOCAL_PIXELS = 0  # every rank's rows in visit order from here on
+    runs["visit-order"] = run_realization(make_spec(CHANGES), 0, comm)
+    runs["visit-order-two-level"] = run_realization(make_spec({**CHANGES, "solver.preconditioner": "two-level"}), 0, comm)
+    assert runs["visit-order"].pcg.iterations == runs["default"].pcg.iterations
+    assert runs["visit-order-two-level"].pcg.iterations == runs["two-level"].pcg.iterations
     solved_with = {name: run.stats.preconditioner for name, run in runs.items()}
     expected = {"default": "block-diagonal", "block-diagonal": "block-diagonal", "two-level": "two-level",
                 "two-level-additive": "two-level-additive", "auto-one-realisation": "block-diagonal",
-                "auto-builds": "two-level", "auto-reads": "two-level"}
+                "auto-builds": "two-level", "auto-reads": "two-level", "visit-order": "block-diagonal",
+                "visit-order-two-level": "two-level"}
     assert solved_with == expected, solved_with
     assert runs["auto-one-realisation"].stats.coarse_source is None
     assert runs["auto-builds"].stats.coarse_source == "built" and runs["auto-builds"].stats.coarse_written
