@@ -470,11 +470,12 @@ class OperatorSplit:
 # Local pixels above which the fast path numbers the rows in visit order (see the module docstring): a map
 # of 24 bytes a pixel that no longer stays in L2/L3 (as operator_fast.SMALL_MAP_PIXELS). The map's size decides,
 # not the samples per pixel: `benchmarks/bench_pixel_order.py` (medians of 11 alternating rounds, CPU clock,
-# AMD EPYC; docs/results/pixel-order.md), visit over sorted for the operator (permutations included) and a
-# whole PCG iteration: 0.96 and 0.97 at 105,858 local pixels (9 samples a pixel), 1.00 and 0.98-1.01 from
-# 250,000 to 550,000 (12 to 22 a pixel, nside 256), 0.90 and 0.93 at nside 512 (2.5 M pixels, 10 a pixel),
-# 0.78 and 0.90 at nside 1024 (6.6 M pixels, 3.6 a pixel). Below this size the order changes nothing but
-# costs its two permutations and 40 bytes a pixel (order, position, the operator's compute-order map).
+# AMD EPYC, 1 and 2 ranks; docs/results/pixel-order.md), visit over sorted for the operator (permutations
+# included) and a whole PCG iteration: 0.97-1.02 and 0.97-1.01 at nside 256 (58,000 to 550,000 local pixels,
+# 9 to 22 samples a pixel), 0.82-0.88 and 0.91-0.97 at nside 512 (0.55 to 2.5 M pixels, 5 to 10 a pixel),
+# 0.78-0.79 and 0.89-0.91 at nside 1024 (3.8 to 6.6 M pixels, 3.1 to 3.6 a pixel). Below this size the order
+# changes nothing but costs its two permutations and 40 bytes a pixel (order, position, the operator's
+# compute-order map).
 VISIT_ORDER_MIN_LOCAL_PIXELS = 1 << 17
 
 
