@@ -5,9 +5,10 @@ solved with the default (``auto`` with no coarse cache: block-diagonal), block-d
 two-level-additive, and ``auto`` with a coarse cache shared by the campaign's realisations: the first run
 builds and writes it (two-level), the second reads it; ``auto`` with a cache for a one-realisation campaign
 builds nothing; and the default and two-level again with the local pixel rows numbered in visit order (the
-fast path's order for local maps beyond the caches, forced here on this small map). Rank 0 compares each gathered map with the default's (1e-7 of the largest |value|, per
-Stokes component over the solved pixels: the solve's tolerance, 1e-10, times the condition of the system)
-and prints the preconditioner each run solved with and its iterations. argv[1]: a scratch folder for the
+fast path's order for local maps beyond the caches, forced here on this small map). Rank 0 compares each
+gathered map with the default's (1e-7 of the largest |value|, per Stokes component over the solved pixels:
+the solve's tolerance, 1e-10, times the condition of the system) and prints the preconditioner each run
+solved with and its iterations. argv[1]: a scratch folder for the
 coarse cache file. Exits non-zero (aborting all ranks) on a failed check.
 """
 import sys
