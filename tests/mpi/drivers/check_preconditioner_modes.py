@@ -21,7 +21,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))
 from mapmaker_cases import make_spec
 
-from mapmaker.solve import local_data
+from mapmaker.solve import local_data, realization
 from mapmaker.solve.realization import run_realization
 
 CHANGES = {
@@ -48,8 +48,17 @@ def main() -> None:
         "auto-reads": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
     }
     local_data.VISIT_ORDER_MIN_LOCAL_PIXELS = 0  # every rank's rows in visit order from here on
+    row_orders = []  # what each of these solves' pointing caches used: the check compares nothing otherwise
+
+    def recording_build(*args, **kwargs):
+        local = local_data.build_local_data(*args, **kwargs)
+        row_orders.append("sorted" if local.order is None else "visit")
+        return local
+
+    realization.build_local_data = recording_build
     runs["visit-order"] = run_realization(make_spec(CHANGES), 0, comm)
     runs["visit-order-two-level"] = run_realization(make_spec({**CHANGES, "solver.preconditioner": "two-level"}), 0, comm)
+    assert row_orders == ["visit", "visit"], row_orders
     assert runs["visit-order"].pcg.iterations == runs["default"].pcg.iterations
     assert runs["visit-order-two-level"].pcg.iterations == runs["two-level"].pcg.iterations
     solved_with = {name: run.stats.preconditioner for name, run in runs.items()}
