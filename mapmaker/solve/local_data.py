@@ -50,11 +50,12 @@ than the caches hold, ``local_index`` counts the pixels in the order the
 samples first visit them (``order``, made by
 :func:`mapmaker.kernels.projection_fast.first_visit_order`): the gathers and
 scatters of P and P^T then stay within few cache lines. :meth:`to_compute` /
-:meth:`to_sorted` convert, twice per PCG iteration; each is a random-access
-pass over the local map (the kernels' ``permute_rows``: ~3 ns a pixel with
-the compiled gather, 25-60 ns with numpy's ``rows[order]``), which the
-samples' locality repays even at a few samples per pixel once the map is
-beyond VISIT_ORDER_MIN_LOCAL_PIXELS (``pixel_order="auto"``).
+:meth:`to_sorted` convert, twice per PCG iteration (three times with an
+overlapped reduction); each is a random-access pass over the local map (the
+kernels' ``permute_rows``: ~3 ns a pixel with the compiled gather, 25-60 ns
+with numpy's ``rows[order]``), which the samples' locality repays even at a
+few samples per pixel once the map is beyond VISIT_ORDER_MIN_LOCAL_PIXELS
+(``pixel_order="auto"``).
 Otherwise, and always with the numpy reference, rows stay sorted (``order`` None).
 
 The samples of the rank's chunks are concatenated in chunk-id order into
