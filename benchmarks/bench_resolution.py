@@ -7,10 +7,11 @@
 
 The problem is the bundled satellite example (``schemas/examples/satellite.toml``) with ``--detectors``
 (16) detectors (the example's four, repeated at other focal-plane offsets), ``--hours`` (12) of
-observation and a 600 s spin period, at each of ``--nsides`` and at two sample rates (``--rates``, 10
-and 30 Hz: 6.9 M and 20.7 M samples): one scan, whose samples along the scan are closer than a pixel,
-so the pixels observed stay (nearly) the same and the samples per pixel change (the local pixel counts
-are reported). Each run is one realisation (the default reduction, ``auto``) under ``mpiexec -n R``
+observation and a 600 s spin period, at each of ``--nsides`` and at two sample rates (``--rates``; by
+default 10 and 30 Hz at nside 512, 6.9 M and 20.7 M samples, scaled with the nside above it: 20 and
+60 Hz at 1024): one scan, whose samples along the scan are closer than a pixel at both rates, so the
+pixels observed stay (nearly) the same -- the fixed sky coverage of the slope -- and the samples per
+pixel change (the local pixel counts are reported). Each run is one realisation (the default reduction, ``auto``) under ``mpiexec -n R``
 (``--ranks``) with the block-diagonal preconditioner and exactly ``--iterations`` PCG iterations
 (tolerance 1e-30), for each pointing mode (``solver.pointing``), and reports per rank:
 
@@ -23,9 +24,10 @@ are reported). Each run is one realisation (the default reduction, ``auto``) und
 the high rate - peak at the low rate) / (samples per rank at the high rate - at the low rate), each
 rank's own, the largest over ranks reported. It leaves out what does not grow with the samples (the
 interpreter, the kernels, the maps: rank 0's peak is often its full-sky maps', which on one rank at
-nside 1024 hide the samples' share altogether). At nside 1024 the samples along the scan (0.09 deg
-apart at 5 Hz) are farther apart than a pixel (0.06 deg), so the local pixel count grows by some 10%
-from 10 to 30 Hz and the slope includes those pixels' map rows; compare ``local_pixels_per_rank``. The products
+nside 1024 hide the samples' share altogether). The samples along the scan are 0.046 deg apart at
+10 Hz: closer than a pixel at nside 512 (0.11 deg), not much closer at 1024 (0.057 deg), where 10 and
+30 Hz would observe 10% more local pixels at the higher rate and the slope would include those pixels'
+map rows (hence 20 and 60 Hz there); compare ``local_pixels_per_rank``. The products
 (bandpowers) are not run in these runs (``--products`` runs them); ``--coupling`` times the mode-coupling build of each nside's mask
 (``mapmaker.model.bandpowers.build_coupling``, on one process: it is the campaign's once-only cost).
 
@@ -73,6 +75,15 @@ def vm_hwm_mib() -> float:
 
 
 SPIN_PERIOD_S = 600.0
+DEFAULT_RATES_HZ = (10.0, 30.0)  # at nside 512 and below; scaled with the nside above (see rates_for)
+
+
+def rates_for(nside: int, rates: str | None) -> list[float]:
+    """The two sample rates (Hz) of ``nside``'s runs: ``--rates`` when given, else DEFAULT_RATES_HZ times
+    ``nside / 512`` from nside 512 up, so that consecutive samples stay closer than a pixel (fixed coverage)."""
+    if rates:
+        return [float(r) for r in rates.split(",")]
+    return [r * max(1, nside // 512) for r in DEFAULT_RATES_HZ]
 STAGE_ORDER = ("sky", "pointing", "distribution", "simulate", "coarse", "solve", "gather")
 
 
@@ -91,9 +102,9 @@ def bench_spec(nside: int, rate_hz: float, detectors: int, hours: float, pointin
     data["focal_plane"].update(sample_rate_hz=rate_hz, detectors=made)
     data["pixelization"]["nside"] = nside
     data["scan"]["duration_s"] = hours * 3600.0
-    # A slow spin (0.46 deg/s on the sky): at 5 Hz the samples along the scan are 0.09 deg apart, closer than a
+    # A slow spin (0.46 deg/s on the sky): at 10 Hz the samples along the scan are 0.046 deg apart, closer than a
     # pixel at nside 512 (0.11 deg), so tripling the rate adds samples to the pixels already seen, not pixels
-    # (the example's 60 s spin leaves 0.9 deg between samples at 5 Hz: more rate, more pixels).
+    # (the example's 60 s spin leaves 0.46 deg between samples at 10 Hz: more rate, more pixels).
     data["scan"]["spin_period_s"] = spin_period_s
     data["solver"].update(tol=1e-30, max_iter=iterations, preconditioner="block-diagonal")
     if pointing != "unset":  # "unset": a map-maker without solver.pointing (for a comparison with an older commit)
@@ -188,7 +199,8 @@ def realize_once(tree: Path, folder: Path, spec_file: Path, realization: int, ra
 
 def products_share(args: argparse.Namespace) -> dict:
     """``--products``: realisations of this tree (and ``--baseline``), alternately; the first of each builds the caches."""
-    nside, rate, ranks = int(args.nsides.split(",")[0]), float(args.rates.split(",")[0]), int(args.ranks.split(",")[0])
+    nside, ranks = int(args.nsides.split(",")[0]), int(args.ranks.split(",")[0])
+    rate = rates_for(nside, args.rates)[0]
     trees = {"this": REPO, **({"baseline": Path(args.baseline).resolve()} if args.baseline else {})}
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-products-") as scratch:
@@ -259,7 +271,7 @@ def print_table(figures: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nsides", default="512", help="comma-separated nsides (default 512; 1024 takes minutes more)")
-    parser.add_argument("--rates", default="10,30", help="the two sample rates, Hz (default 10,30)")
+    parser.add_argument("--rates", help="the two sample rates, Hz (default 10,30 at nside 512, scaled with the nside)")
     parser.add_argument("--ranks", default="1,2", help="rank counts, each under mpiexec (default 1,2)")
     parser.add_argument("--detectors", type=int, default=16, help="detectors (default 16)")
     parser.add_argument("--hours", type=float, default=12.0, help="hours observed (default 12)")
@@ -291,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for nside in [int(n) for n in args.nsides.split(",")]:
         for ranks in [int(r) for r in args.ranks.split(",")]:
-            for rate in [float(r) for r in args.rates.split(",")]:
+            for rate in rates_for(nside, args.rates):
                 for pointing in args.pointing.split(","):
                     runs.append(run_ranks_json(
                         ranks, __file__, "--worker", "--nside", str(nside), "--rate", str(rate),
