@@ -92,7 +92,8 @@ def warm_up(name: str = DEFAULT) -> float:
     starts, lengths = np.array([0], dtype=np.int64), np.array([4], dtype=np.int64)
     index = pixels.astype(np.int32)  # the pointing cache's index type (see mapmaker.kernels.pixels)
     kernels.projection.first_visit_order(index.copy(), 12)
-    kernels.projection.permute_rows(local_map, np.arange(12, dtype=np.int64))
+    for order_type in (np.int32, np.int64):  # visit order's order and position take local_index's type
+        kernels.projection.permute_rows(local_map, np.arange(12, dtype=order_type))
     filters = kernels.noise.inverse_noise_filters([np.ones(3), np.ones(3)], {0: 4, 1: 5})
     kernels.noise.CirculantFilter(np.ones(5), 8, four_step_from=0).apply(np.ones(8))  # the four-step kernels
     # float32: the cached weights (solver.pointing = "cached"); float64: recomputed ones.

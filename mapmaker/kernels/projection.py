@@ -62,18 +62,18 @@ def first_visit_order(local_index: np.ndarray, n_local: int) -> tuple[np.ndarray
 
     local_index [n_samp] int32/int64 (positions in the sorted local pixels,
     every one of ``n_local`` used) becomes positions in visit order;
-    order [n_local] int64 gives the sorted row of each visit-order row and
-    position [n_local] int64 the inverse (see
+    order [n_local] gives the sorted row of each visit-order row and
+    position [n_local] the inverse, both of ``local_index``'s type (see
     :func:`mapmaker.kernels.projection_fast.first_visit_order` for why).
     """
     _, first_sample = np.unique(local_index, return_index=True)
-    order = np.argsort(first_sample, kind="stable").astype(np.int64)
-    position = np.empty(n_local, dtype=np.int64)
-    position[order] = np.arange(n_local, dtype=np.int64)
+    order = np.argsort(first_sample, kind="stable").astype(local_index.dtype)
+    position = np.empty(n_local, dtype=local_index.dtype)
+    position[order] = np.arange(n_local, dtype=local_index.dtype)
     local_index[:] = position[local_index]
     return order, position
 
 
 def permute_rows(rows: np.ndarray, order: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``rows[order]``: pixel rows [n_local, ...] in another order (order [n_local] int64), into ``out`` if given."""
+    """``rows[order]``: pixel rows [n_local, ...] in another order (order [n_local] int32/int64), into ``out`` if given."""
     return np.take(rows, order, axis=0, out=out)

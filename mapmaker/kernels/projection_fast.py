@@ -232,7 +232,7 @@ def _permute_iqu_rows(rows, order, out):
 
 
 def permute_rows(rows: np.ndarray, order: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``rows[order]``: pixel rows [n_local, ...] in another order (order [n_local] int64), into ``out`` if given.
+    """``rows[order]``: pixel rows [n_local, ...] in another order (order [n_local] int32/int64), into ``out`` if given.
 
     The IQU maps [n_local, 3] float64 of every PCG iteration (two permutations
     between sorted and visit-order rows) go through a compiled gather that
@@ -256,20 +256,27 @@ def triad(a, b, c, scalar):
         a[i] = b[i] + scalar * c[i]
 
 
-@njit(nogil=True, cache=True)
-def first_visit_order(local_index, n_local):
+def first_visit_order(local_index: np.ndarray, n_local: int) -> tuple[np.ndarray, np.ndarray]:
     """Renumber local pixels in the order the samples first visit them, in place; returns ``(order, position)``.
 
     local_index [n_samp] int32/int64 (positions in the sorted local pixels,
     every one of ``n_local`` used) becomes positions in visit order;
-    order [n_local] int64 gives the sorted row of each visit-order row and
-    position [n_local] int64 the inverse. Consecutive samples then touch
+    order [n_local] gives the sorted row of each visit-order row and
+    position [n_local] the inverse, both of ``local_index``'s type (int32
+    below 2^31 local pixels: 4 bytes a pixel each, kept for the whole solve).
+    Consecutive samples then touch
     neighbouring map rows -- a scan revisits pixels in nearly the order it
     first saw them -- so P and P^T gather and scatter within fewer cache
     lines than with RING-sorted rows (2-3x fewer misses at nside 256).
     """
-    position = np.full(n_local, -1, dtype=np.int64)
-    order = np.empty(n_local, dtype=np.int64)
+    position = np.full(n_local, -1, dtype=local_index.dtype)
+    order = np.empty(n_local, dtype=local_index.dtype)
+    _number_in_visit_order(local_index, order, position)
+    return order, position
+
+
+@njit(nogil=True, cache=True)
+def _number_in_visit_order(local_index, order, position):
     count = 0
     for t in range(len(local_index)):
         p = local_index[t]
@@ -280,7 +287,6 @@ def first_visit_order(local_index, n_local):
             order[q] = p
             count += 1
         local_index[t] = q
-    return order, position
 
 
 @njit(nogil=True, fastmath=True, cache=True)

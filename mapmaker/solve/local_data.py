@@ -89,7 +89,7 @@ class LocalData:
     int64 into the flat sample arrays; local_pixels [n_local] int64 sorted
     unique global pixel ids; local_index [n_samp] int32 (int64 beyond 2^31
     local pixels): each sample's row in *compute order*, the sorted order
-    permuted by ``order`` [n_local] int64 (compute row -> sorted row; None:
+    permuted by ``order`` [n_local] (local_index's type; compute row -> sorted row; None:
     the identity) whose inverse is ``position``; weights [n_samp, 3] float32
     (rows of cut samples are zero), or None when ``pointer`` recomputes them
     chunk by chunk (``solver.pointing = "recomputed"``); cut [n_local] bool, compute order
@@ -475,7 +475,7 @@ class OperatorSplit:
 # included) and a whole PCG iteration: 0.97-1.02 and 0.97-1.01 at nside 256 (58,000 to 550,000 local pixels,
 # 9 to 22 samples a pixel), 0.82-0.88 and 0.91-0.97 at nside 512 (0.55 to 2.5 M pixels, 5 to 10 a pixel),
 # 0.78-0.79 and 0.89-0.91 at nside 1024 (3.8 to 6.6 M pixels, 3.1 to 3.6 a pixel). Below this size the order
-# changes nothing but costs its two permutations and 40 bytes a pixel (order, position, the operator's
+# changes nothing but costs its two permutations and 32 bytes a pixel (order, position, the operator's
 # compute-order map).
 VISIT_ORDER_MIN_LOCAL_PIXELS = 1 << 17
 

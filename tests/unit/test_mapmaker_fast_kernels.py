@@ -347,23 +347,27 @@ def test_batches_take_back_to_back_intervals():
     assert operator_fast.batches(starts, lengths, range(0), 100) == []
 
 
+@pytest.mark.parametrize("index_type", [np.int32, np.int64])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_first_visit_order_renumbers_in_place(impl):
+def test_first_visit_order_renumbers_in_place(impl, index_type):
+    """The permutations take the index's type: int32 ones (4 bytes a pixel each) for the pointing cache's index."""
     first_visit_order = implementation.get(impl).projection.first_visit_order
-    sorted_index = np.array([5, 5, 2, 7, 2, 0, 7, 1, 3, 4, 6, 0], dtype=np.int32)
+    sorted_index = np.array([5, 5, 2, 7, 2, 0, 7, 1, 3, 4, 6, 0], dtype=index_type)
     index = sorted_index.copy()
     order, position = first_visit_order(index, 8)
     np.testing.assert_array_equal(index, [0, 0, 1, 2, 1, 3, 2, 4, 5, 6, 7, 3])
     np.testing.assert_array_equal(order[index], sorted_index)  # compute row -> sorted row
     np.testing.assert_array_equal(position[order], np.arange(8))
+    assert order.dtype == position.dtype == index.dtype == index_type
 
 
+@pytest.mark.parametrize("order_type", [np.int32, np.int64])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_permute_rows_is_a_gather_of_whole_rows(impl):
+def test_permute_rows_is_a_gather_of_whole_rows(impl, order_type):
     """IQU maps (the compiled gather, more rows than PREFETCH_DISTANCE) and other rows alike, into out or not."""
     permute_rows = implementation.get(impl).projection.permute_rows
     rng = np.random.default_rng(7)
-    order = rng.permutation(1_000).astype(np.int64)
+    order = rng.permutation(1_000).astype(order_type)
     iqu = rng.standard_normal((1_000, 3))
     np.testing.assert_array_equal(permute_rows(iqu, order), iqu[order])
     out = np.empty_like(iqu)
