@@ -55,6 +55,41 @@ def test_cmb_synthesis_is_healpys_alm2map_of_its_alms():
             assert np.max(np.abs(got - want)) <= 1e-12 * np.max(np.abs(want))
 
 
+def test_a_beam_band_limits_the_draw_and_the_synthesis_to_round_off():
+    """A 10-degree beam at nside 128 is under BEAM_FLOOR from ell 116: the a_lm are returned to ell 115 only,
+    each the very number (bits) of a draw to 3 nside - 1 times the beam, and the sky is the synthesis of the
+    whole draw to 1e-14 of each map's largest value (the dropped a_lm are 1e-17 of the largest)."""
+    from pixell import curvedsky
+
+    cls, nside, fwhm_rad = sky.load_fiducial_cls(), 128, np.radians(10.0)
+    lmax = 3 * nside - 1
+    band = sky.beam_band_limit(fwhm_rad, lmax)
+    assert band == 115
+    beam = hp.gauss_beam(fwhm_rad, lmax=lmax, pol=True)
+    assert beam[band, :3].max() >= sky.BEAM_FLOOR > beam[band + 1, :3].max()
+
+    unsmoothed = sky.cmb_alms(cls, lmax, 0.0, sky.rng.generator((6, 7)))  # every ell, beam 1
+    ell, m = hp.Alm.getlm(band)
+    kept = hp.Alm.getidx(lmax, ell, m)
+    alms = sky.cmb_alms(cls, lmax, fwhm_rad, sky.rng.generator((6, 7)))
+    assert alms.shape == (3, len(ell))
+    for field in range(3):
+        np.testing.assert_array_equal(alms[field], unsmoothed[field, kept] * beam[ell, field])
+
+    whole = np.array([hp.almxfl(unsmoothed[field], beam[:, field]) for field in range(3)])
+    expected = curvedsky.alm2map_healpix(whole, np.empty((3, hp.nside2npix(nside))), spin=[0, 2])
+    maps = sky.synthesize_cmb(cls, nside, lmax, fwhm_rad, sky.rng.generator((6, 7)))
+    for got, want in zip(maps, expected, strict=True):
+        assert np.max(np.abs(got - want)) <= 1e-14 * np.max(np.abs(want))
+
+
+def test_beam_band_limit():
+    assert sky.beam_band_limit(0.0, 6143) == 6143
+    assert sky.beam_band_limit(np.radians(2.0), 6143) == 578  # the bundled examples' beam
+    assert sky.beam_band_limit(np.radians(30 / 60), 6143) == 2315
+    assert sky.beam_band_limit(np.radians(5 / 60), 6143) == 6143  # still above the floor at 3 nside - 1
+
+
 def test_beam_smoothing_lowers_small_scale_power():
     cls = sky.load_fiducial_cls()
     sharp = sky.synthesize_cmb(cls, 32, 95, 0.0, sky.rng.generator((1, 2)))
