@@ -12,7 +12,8 @@ PACKED = ((0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2))
 
 
 def accumulate_blocks(
-    local_index: np.ndarray, weights: np.ndarray, n_local: int, sample_weight: np.ndarray | None = None
+    local_index: np.ndarray, weights: np.ndarray, n_local: int, sample_weight: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """``sum_t sample_weight[t] w_t w_t^T`` per pixel, packed.
 
@@ -20,14 +21,14 @@ def accumulate_blocks(
     sample_weight [n_samp] float64 or None (unit weight: the *geometric*
     hit matrix, whose II entry is the hit count; the diagonal of N^-1 in
     K^-2: the white-noise approximation of P^T N^-1 P).
-    Returns packed blocks [n_local, 6] float64.
+    Returns packed blocks [n_local, 6] float64: ``out``, the sums added into it, when given.
     """
-    blocks = np.empty((n_local, 6), dtype=np.float64)
+    blocks = np.zeros((n_local, 6), dtype=np.float64) if out is None else out
     for column, (i, j) in enumerate(PACKED):
         product = weights[:, i].astype(np.float64) * weights[:, j]  # float64 whatever the weights' type
         if sample_weight is not None:
             product *= sample_weight
-        blocks[:, column] = np.bincount(local_index, weights=product, minlength=n_local)
+        blocks[:, column] += np.bincount(local_index, weights=product, minlength=n_local)
     return blocks
 
 

@@ -55,18 +55,23 @@ def _accumulate_blocks(local_index, weights, sample_weight, use_weight, out, blo
             total = 0.0
             for b in range(blocks):
                 total += partial[b, p, k]
-            out[p, k] = total
+            out[p, k] += total
 
 
 def accumulate_blocks(
-    local_index: np.ndarray, weights: np.ndarray, n_local: int, sample_weight: np.ndarray | None = None
+    local_index: np.ndarray, weights: np.ndarray, n_local: int, sample_weight: np.ndarray | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """``sum_t sample_weight[t] w_t w_t^T`` per pixel, packed ``(II, IQ, IU, QQ, QU, UU)`` [n_local, 6].
 
     local_index [n_samp] int32/int64, weights [n_samp, 3] float32/float64 (products in float64),
-    sample_weight [n_samp] float64 (K^-2) or None for unit weight.
+    sample_weight [n_samp] float64 (K^-2) or None for unit weight; ``out`` [n_local, 6] float64
+    (C-contiguous): the sums are added into it, else into zeros.
     """
-    out = np.zeros((n_local, 6), dtype=np.float64)
+    if out is None:
+        out = np.zeros((n_local, 6), dtype=np.float64)
+    elif out.shape != (n_local, 6) or out.dtype != np.float64 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous [{n_local}, 6] float64 array, got {out.dtype} {out.shape}")
     blocks = max(1, min(numba.get_num_threads(), len(local_index) // SERIAL_SAMPLES_PER_THREAD))
     use_weight = sample_weight is not None
     weight_array = sample_weight if use_weight else np.zeros(1)

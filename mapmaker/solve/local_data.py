@@ -165,10 +165,10 @@ class LocalData:
         if not noise_weighted:
             return self.to_sorted(accumulate(self.local_index, self.weights, self.n_local))
         blocks = np.zeros((self.n_local, 6))
-        for first, stop in self._interval_slabs():
+        for first, stop in self._interval_slabs():  # each slab added into the same blocks: no map-sized array a slab
             samples = slice(int(self.interval_starts[first]), int(self.interval_starts[stop - 1] + self.interval_lengths[stop - 1]))
             sample_weight = np.repeat(self.noise_diagonal[first:stop], self.interval_lengths[first:stop])
-            blocks += accumulate(self.local_index[samples], self.weights[samples], self.n_local, sample_weight)
+            accumulate(self.local_index[samples], self.weights[samples], self.n_local, sample_weight, out=blocks)
         return self.to_sorted(blocks)
 
     def accumulate_both_blocks(self) -> np.ndarray:
@@ -270,12 +270,18 @@ class LocalData:
         are zeroed before N^-1.
         """
         self.cut = self.to_compute(np.asarray(cut, dtype=bool))
+        if not self.cut.any():
+            return 0
         if self.weights is None:  # chunk_weights zeroes them as it makes them
             return sum(int(np.count_nonzero(self.cut[self.local_index[self.chunk_samples(i)]]))
                        for i in range(len(self.chunks)))
-        excluded = self.cut[self.local_index]
-        self.weights[excluded] = 0.0
-        return int(excluded.sum())
+        count = 0
+        for first in range(0, self.n_samples, SLAB_SAMPLES):  # a slab's mask at a time, not 1 byte per rank sample
+            samples = slice(first, first + SLAB_SAMPLES)
+            excluded = self.cut[self.local_index[samples]]
+            self.weights[samples][excluded] = 0.0
+            count += int(np.count_nonzero(excluded))
+        return count
 
     def excluded_in(self, samples: slice) -> np.ndarray:
         """Which of the samples ``samples`` are out of the solve, [n] bool."""

@@ -172,6 +172,15 @@ def test_blocks_match_the_reference(impl, weights_dtype, thread_count, rng):
         # Products in float64 whatever the weights' type: the float32 weights' own blocks, exactly formed
         exact = preconditioner.accumulate_blocks(local_index.astype(np.int64), weights.astype(np.float64), 5_000, weight)
         assert_close(reference, exact)
+        # Added into a given array (the slabs of LocalData.accumulate_blocks): slab by slab, the whole's sums
+        split = len(local_index) // 3
+        out = np.full((5_000, 6), 0.0)
+        for part in (slice(0, split), slice(split, None)):
+            returned = kernels.blocks.accumulate_blocks(
+                local_index[part], weights[part], 5_000, None if weight is None else weight[part], out=out
+            )
+            assert returned is out
+        assert_close(out, reference)
     keep = preconditioner.rcond(reference) > 1e-3
     inverse = preconditioner.invert(reference, keep)
     vectors = rng.standard_normal((5_000, 3))

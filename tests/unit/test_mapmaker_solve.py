@@ -272,3 +272,28 @@ def test_recomputed_pointing_gives_the_cached_pointing_map(kernels, changes, mon
         # the solve's tolerance on ||r|| / ||b|| bounds the map error through the condition number; 1e-5 is
         # far under the maps' noise and far over float32 rounding (6e-8)
         assert np.max(np.abs(recomputed.iqu[k, solved] - cached.iqu[k, solved])) <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("kernels", ["numpy", "fast"])
+def test_slabs_give_the_blocks_and_the_cut_of_the_whole(kernels, monkeypatch):
+    """Weighted blocks summed slab by slab into one array, and cut samples zeroed slab by slab (slabs of 1,000
+    samples here): the blocks of the whole pointing at once, exactly the cut pixels' samples out, on a masked sky."""
+    from mapmaker.solve import local_data
+
+    spec = make_spec({"noise.f_knee_hz": 0.5})
+    layout = chunk_layout(spec)
+    local = build_local_data(spec, layout, decompose(layout, 1).chunks_of(0), NoiseModel(spec, layout), kernels=kernels)
+    weights_before = local.weights.copy()
+    sample_weight = local.sample_noise_diagonal()
+    whole = local.to_sorted(blocks.accumulate_blocks(local.local_index, local.weights, local.n_local, sample_weight))
+    monkeypatch.setattr(local_data, "SLAB_SAMPLES", 1_000)
+    assert local.n_samples > 10 * local_data.SLAB_SAMPLES
+    slabbed = local.accumulate_blocks(noise_weighted=True)
+    np.testing.assert_allclose(slabbed, whole, rtol=0, atol=1e-12 * np.abs(whole).max())
+
+    cut = np.random.default_rng(3).random(local.n_local) < 0.2  # sorted order
+    excluded = cut[local.to_compute(np.arange(local.n_local))[local.local_index]]  # each sample's pixel cut or not
+    assert local.exclude_pixels(cut) == np.count_nonzero(excluded) > 0
+    assert np.all(local.weights[excluded] == 0.0)
+    np.testing.assert_array_equal(local.weights[~excluded], weights_before[~excluded])
+    assert local.exclude_pixels(np.zeros(local.n_local, dtype=bool)) == 0
