@@ -11,8 +11,8 @@ observation and a 600 s spin period, at each of ``--nsides`` and at two sample r
 default 10 and 30 Hz at nside 512, 6.9 M and 20.7 M samples, scaled with the nside above it: 20 and
 60 Hz at 1024): one scan, whose samples along the scan are closer than a pixel at both rates, so the
 pixels observed stay (nearly) the same -- the fixed sky coverage of the slope -- and the samples per
-pixel change (the local pixel counts are reported). Each run is one realisation (the default reduction, ``auto``) under ``mpiexec -n R``
-(``--ranks``) with the block-diagonal preconditioner and exactly ``--iterations`` PCG iterations
+pixel change (the local pixel counts are reported). Each run is one realisation (the default reduction,
+``auto``) under ``mpiexec -n R`` (``--ranks``) with the block-diagonal preconditioner and exactly ``--iterations`` PCG iterations
 (tolerance 1e-30), for each pointing mode (``solver.pointing``), and reports per rank:
 
 * the peak resident memory (VmHWM of ``/proc/self/status``) after the set-up, after the right-hand
@@ -75,6 +75,7 @@ def vm_hwm_mib() -> float:
 
 
 SPIN_PERIOD_S = 600.0
+STAGE_ORDER = ("sky", "pointing", "distribution", "simulate", "coarse", "solve", "gather")
 DEFAULT_RATES_HZ = (10.0, 30.0)  # at nside 512 and below; scaled with the nside above (see rates_for)
 
 
@@ -84,7 +85,6 @@ def rates_for(nside: int, rates: str | None) -> list[float]:
     if rates:
         return [float(r) for r in rates.split(",")]
     return [r * max(1, nside // 512) for r in DEFAULT_RATES_HZ]
-STAGE_ORDER = ("sky", "pointing", "distribution", "simulate", "coarse", "solve", "gather")
 
 
 def bench_spec(nside: int, rate_hz: float, detectors: int, hours: float, pointing: str, iterations: int,
