@@ -20,7 +20,9 @@ alike), and each configuration's median over the rounds is reported:
 ``default-cached``   the default in that campaign once the file exists: this run reads it
 ``P:N``              ``solver.preconditioner = P`` at coarse nside N, no coarse cache (the set-up built)
 
-Per configuration: the preconditioner solved with (``auto`` resolved), PCG iterations, ``set_up_s``
+Per configuration: the preconditioner solved with (``auto`` resolved), PCG iterations, the spectrum of
+``M^-1 A`` as PCG saw it (its smallest Ritz value and the condition estimate kappa, which set the
+iterations: ``PCGResult.spectrum``), ``set_up_s``
 (the coarse operator's build or read, and the start x0; 0 for block-diagonal), ``solve_s`` (the
 iterations) and ``total_s`` (the two: what the configuration adds to the common set-up and the
 right-hand side), each the largest over ranks; ``coarse_mib_rank0``. This is a benchmark, not a test:
@@ -113,7 +115,8 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
             total = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
             set_up = comm.allreduce(stats.coarse_setup_seconds, op=MPI.MAX)
             samples[name].append({"preconditioner": stats.preconditioner, "iterations": result.iterations,
-                                  "converged": result.converged, "set_up_s": set_up, "solve_s": total - set_up,
+                                  "converged": result.converged, "spectrum": result.spectrum(),
+                                  "set_up_s": set_up, "solve_s": total - set_up,
                                   "total_s": total, "coarse_source": stats.coarse_source,
                                   "coarse_mib_rank0": stats.coarse_bytes / 2**20})
     if comm.Get_rank() == 0:
@@ -122,7 +125,7 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
     rows = []
     for name in names:
         runs = samples[name]
-        row = {"configuration": name, **{k: runs[0][k] for k in ("preconditioner", "iterations", "converged",
+        row = {"configuration": name, **{k: runs[0][k] for k in ("preconditioner", "iterations", "converged", "spectrum",
                                                                   "coarse_source", "coarse_mib_rank0")}}
         row.update({k: statistics.median(r[k] for r in runs) for k in ("set_up_s", "solve_s", "total_s")})
         rows.append(row)
@@ -135,10 +138,12 @@ def print_table(runs: list[dict]) -> None:
     for figures in runs:
         print(f"{figures['ranks']} rank(s), nside {figures['nside']}, {figures['samples']:,} samples, "
               f"{figures['observed_pixels']:,} pixels, tol {figures['tol']:g}: medians of {figures['rounds']} rounds")
-        print(f"  {'configuration':<22}{'solved with':<20}{'iter':>5}{'set-up s':>10}{'solve s':>9}{'total s':>9}"
-              f"{'coarse MiB':>11}")
+        print(f"  {'configuration':<22}{'solved with':<20}{'iter':>5}{'Ritz min':>9}{'kappa':>7}{'set-up s':>10}"
+              f"{'solve s':>9}{'total s':>9}{'coarse MiB':>11}")
         for row in figures["configurations"]:
-            print(f"  {row['configuration']:<22}{row['preconditioner']:<20}{row['iterations']:>5}{row['set_up_s']:>10.2f}"
+            spectrum = row["spectrum"] or {"smallest": float("nan"), "condition": float("nan")}
+            print(f"  {row['configuration']:<22}{row['preconditioner']:<20}{row['iterations']:>5}"
+                  f"{spectrum['smallest']:>9.3f}{spectrum['condition']:>7.2f}{row['set_up_s']:>10.2f}"
                   f"{row['solve_s']:>9.2f}{row['total_s']:>9.2f}{row['coarse_mib_rank0']:>11.0f}")
 
 

@@ -208,6 +208,19 @@ class BinnedSpectra(ResultModel):
     bandpowers: DecoupledBandpowers | None = Field(None, description="Decoupled bandpowers TT, EE, BB, TE, EB, TB")
 
 
+class SpectrumEstimate(ResultModel):
+    """The preconditioned operator's spectrum as PCG saw it: the extreme Ritz values of ``M^-1 A``.
+
+    From the solve's own step lengths and conjugations (the Lanczos tridiagonal; no operator applied). The
+    condition estimate sets PCG's rate, ``2 ((sqrt(kappa) - 1) / (sqrt(kappa) + 1))^k``: at kappa 4 a
+    tolerance of 1e-6 takes about 13 iterations whatever the problem's size.
+    """
+
+    smallest: float = Field(gt=0, description="Smallest Ritz value of M^-1 A (an upper estimate of its smallest eigenvalue)")
+    largest: float = Field(gt=0, description="Largest Ritz value of M^-1 A (a lower estimate of its largest eigenvalue)")
+    condition: float = Field(ge=1, description="largest / smallest: a lower estimate of the condition number kappa")
+
+
 class CoarseRecord(ResultModel):
     """The two-level preconditioner's coarse space in one realisation (``solver.preconditioner = "two-level"``)."""
 
@@ -238,6 +251,9 @@ class RealizationResult(ResultModel):
     iterations: int
     converged: bool
     residual_history: list[float] = Field(description="||r_k|| / ||b|| for k = 0 .. iterations")
+    spectrum: SpectrumEstimate | None = Field(
+        None, description="The preconditioned operator's extreme Ritz values (None: no iteration, or an older result)"
+    )
     timing: TimingSplit
     communication: CommunicationStats
     peak_memory_mb: Spread = Field(description="Peak resident memory per rank (MiB): the RSS high-water mark")

@@ -305,6 +305,7 @@ def realization_result(
         iterations=outcome.pcg.iterations,
         converged=outcome.pcg.converged,
         residual_history=outcome.pcg.residual_history,
+        spectrum=outcome.pcg.spectrum(),
         timing={
             "calc": _spread([r["calc"] for r in per_rank]),
             "comm": _spread([r["comm"] for r in per_rank]),

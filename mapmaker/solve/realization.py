@@ -427,6 +427,10 @@ def solve_realization(
             on_iteration=lambda k, residual: say(f"iteration {k:4d}  residual {residual:.3e}"),
             on_estimate=on_estimate,
         )
+    spectrum = result.spectrum()
+    if spectrum is not None:
+        say(f"M^-1 A as PCG saw it: Ritz values {spectrum['smallest']:.3g} to {spectrum['largest']:.3g}, "
+            f"condition estimate {spectrum['condition']:.3g}")
     stats.reduce_bytes, stats.reduce_messages = reduction.bytes_sent, reduction.messages_sent
     stats.reductions = reduction.calls
     return result, stats

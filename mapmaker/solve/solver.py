@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.linalg
 
 Operator = Callable[[np.ndarray], np.ndarray]
 
@@ -25,6 +26,40 @@ class PCGResult:
     iterations: int
     converged: bool
     residual_history: list[float] = field(default_factory=list)  # ||r_k|| / ||b||, k = 0 .. iterations
+    step_lengths: list[float] = field(default_factory=list)  # alpha_j, j = 0 .. iterations - 1
+    conjugations: list[float] = field(default_factory=list)  # beta_j, j = 0 .. iterations - 1
+
+    def ritz_values(self) -> np.ndarray:
+        """The Ritz values [iterations] (ascending) of the preconditioned operator ``M^-1 A``: see :func:`ritz_values`."""
+        return ritz_values(self.step_lengths, self.conjugations)
+
+    def spectrum(self) -> dict[str, float] | None:
+        """``result.json``'s ``spectrum``: the extreme Ritz values of ``M^-1 A`` and their ratio, the condition
+        estimate; None when no iteration ran or round-off left a Ritz value that is not positive."""
+        ritz = self.ritz_values()
+        if len(ritz) == 0 or ritz[0] <= 0.0:
+            return None
+        return {"smallest": float(ritz[0]), "largest": float(ritz[-1]), "condition": float(ritz[-1] / ritz[0])}
+
+
+def ritz_values(step_lengths: list[float], conjugations: list[float]) -> np.ndarray:
+    """Eigenvalues [k] (ascending) of the Lanczos tridiagonal that k PCG iterations build, from their coefficients.
+
+    PCG on ``A x = b`` with preconditioner ``M^-1`` is Lanczos on ``M^-1 A`` (Saad 2003, section 6.7.3):
+    the tridiagonal ``T_k`` has diagonal ``1/alpha_j + beta_{j-1}/alpha_{j-1}`` and off-diagonal
+    ``-sqrt(beta_j)/alpha_j``. Its eigenvalues, the Ritz values, lie inside the spectrum of ``M^-1 A``;
+    the extreme ones converge first, so ``largest / smallest`` is a lower estimate of the condition number
+    that sets PCG's rate, ``2 ((sqrt(kappa) - 1) / (sqrt(kappa) + 1))^k``. Free: no operator is applied.
+    ``step_lengths`` alpha_j and ``conjugations`` beta_j as :func:`pcg` records them (only the first
+    ``len(step_lengths) - 1`` conjugations are used).
+    """
+    alpha = np.asarray(step_lengths, dtype=float)
+    if len(alpha) == 0:
+        return np.zeros(0)
+    beta = np.asarray(conjugations, dtype=float)[: len(alpha) - 1]
+    diagonal = 1.0 / alpha
+    diagonal[1:] += beta / alpha[:-1]
+    return scipy.linalg.eigh_tridiagonal(diagonal, -np.sqrt(beta) / alpha[:-1], eigvals_only=True)
 
 
 def pcg(
@@ -54,6 +89,7 @@ def pcg(
     the solver updates it in place). ``initial_residual``, with ``x0``, is
     ``b - A x0`` when the caller has it already (a two-level
     preconditioner's start, whose ``A x0`` it holds), saving one operator.
+    The result keeps every iteration's alpha_j and beta_j: :meth:`PCGResult.ritz_values`.
     """
     # Saad's names: x = map, r = residual (b - A x), z = preconditioned residual (M^-1 r),
     # p = search direction, alpha = step length, beta = conjugation coefficient.
@@ -69,6 +105,8 @@ def pcg(
     search_direction = preconditioned_residual.copy()
     residual_dot_z = dot(residual, preconditioned_residual)
     history = [math.sqrt(dot(residual, residual)) / norm_b]
+    step_lengths: list[float] = []
+    conjugations: list[float] = []
     scratch = np.empty_like(b)
     iterations = 0
     while history[-1] >= tol and iterations < max_iter:
@@ -82,10 +120,12 @@ def pcg(
         search_direction *= conjugation
         search_direction += preconditioned_residual  # p_{j+1} = z_{j+1} + beta_j p_j
         residual_dot_z = next_residual_dot_z
+        step_lengths.append(step_length)
+        conjugations.append(conjugation)
         iterations += 1
         history.append(math.sqrt(dot(residual, residual)) / norm_b)
         if on_iteration is not None:
             on_iteration(iterations, history[-1])
         if on_estimate is not None:
             on_estimate(iterations, map_estimate)
-    return PCGResult(map_estimate, iterations, history[-1] < tol, history)
+    return PCGResult(map_estimate, iterations, history[-1] < tol, history, step_lengths, conjugations)

@@ -375,3 +375,16 @@ def test_realisation_page_shows_the_seconds_per_stage(api):
     assert stages is not None
     assert stages.group(1).index("pointing") < stages.group(1).index("solve")
     assert "Stages (mean / max over ranks)" in page
+
+
+def test_realisation_page_shows_the_preconditioned_condition_estimate(api):
+    from tests.support.service_helpers import result_for
+
+    campaign, worker = running_campaign(api, realizations=1)
+    task = api.claim(worker, max_tasks=1)[0]
+    result = result_for(task["spec"], task["realization"], None)
+    result["spectrum"] = {"smallest": 0.25, "largest": 1.03, "condition": 4.12}
+    assert api.wpost(f"/tasks/{task['task_id']}/succeeded", json={"result": result}).status_code == 200
+    login(api)
+    page = api.client.get(f"/campaigns/{campaign['id']}/realizations/0").text
+    assert "condition of M<sup>-1</sup>A about 4.12 (Ritz values 0.25 to 1.03)" in page

@@ -51,3 +51,32 @@ def test_operators_may_return_one_buffer_every_call():
     assert buffered.iterations == fresh.iterations and fresh.converged
     np.testing.assert_array_equal(buffered.solution, fresh.solution)
     assert buffered.residual_history == fresh.residual_history
+
+
+def test_ritz_values_of_a_converged_solve_bracket_the_preconditioned_spectrum():
+    """PCG's own coefficients give the extreme eigenvalues of M^-1 A: here D^-1 A with D = diag(A)."""
+    matrix, b, diagonal = _diagonally_dominant_system(5, 60)
+    scaled = matrix / np.sqrt(np.outer(diagonal, diagonal))  # D^-1/2 A D^-1/2: the spectrum of D^-1 A
+    exact = np.linalg.eigvalsh(scaled)
+    result = pcg(lambda p: matrix @ p, lambda r: r / diagonal, np.dot, b, tol=1e-13, max_iter=200)
+    ritz = result.ritz_values()
+    assert len(ritz) == result.iterations == len(result.step_lengths) == len(result.conjugations)
+    assert np.all(np.diff(ritz) >= 0)
+    # Ritz values lie inside the spectrum. The largest eigenvalue stands apart and has converged; the smallest
+    # sit in a cluster (this matrix's lower edge) that the Ritz value resolves to 1%.
+    assert exact[0] * (1 - 1e-9) <= ritz[0] and ritz[-1] <= exact[-1] * (1 + 1e-9)
+    np.testing.assert_allclose(ritz[-1], exact[-1], rtol=1e-9)
+    np.testing.assert_allclose(ritz[0], exact[0], rtol=1e-2)
+
+
+def test_ritz_values_after_as_many_iterations_as_eigenvalues_are_the_eigenvalues():
+    eigenvalues = np.array([0.5, 1.0, 2.0, 3.0, 7.0])
+    matrix = np.diag(eigenvalues)
+    result = pcg(lambda p: matrix @ p, lambda r: r, np.dot, np.ones(5), tol=1e-15, max_iter=5)
+    np.testing.assert_allclose(result.ritz_values(), eigenvalues, rtol=1e-10)
+    spectrum = result.spectrum()
+    assert spectrum is not None and set(spectrum) == {"smallest", "largest", "condition"}
+    np.testing.assert_allclose([spectrum["smallest"], spectrum["largest"], spectrum["condition"]], [0.5, 7.0, 14.0],
+                               rtol=1e-10)
+    zero = pcg(lambda p: p, lambda r: r, np.dot, np.zeros(3), tol=1e-6, max_iter=3)
+    assert len(zero.ritz_values()) == 0 and zero.spectrum() is None
