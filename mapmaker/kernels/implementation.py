@@ -34,7 +34,7 @@ DEFAULT = "fast"
 #   pointing    detector_pointing(q_boresight, q_detector, nside) -> pixels [n], weights [n, 3]
 #   projection  P: project_map_to_tod; P^T: accumulate_tod_to_map, accumulate_tod_to_rows (of some rows' samples);
 #               first_visit_order, permute_rows (pixel rows)
-#   blocks      3x3 blocks: accumulate_blocks, apply (the preconditioner)
+#   blocks      3x3 blocks: accumulate_blocks, rcond, invert, apply (the preconditioner)
 #   noise       N^-1 per stationary interval: inverse_noise_filters, apply_inverse_noise, apply_inverse_white
 #   operator    the PCG operator P^T N^-1 P: apply_inverse_noise_operator, apply_white_operator
 FAMILIES: dict[str, dict[str, str]] = {
@@ -94,6 +94,8 @@ def warm_up(name: str = DEFAULT) -> float:
     kernels.projection.first_visit_order(index.copy(), 12)
     for order_type in (np.int32, np.int64):  # visit order's order and position take local_index's type
         kernels.projection.permute_rows(local_map, np.arange(12, dtype=order_type))
+        # the set-up's blocks, each half of [n, 12] written as a strided view
+        kernels.projection.permute_rows(np.ones((12, 6)), np.arange(12, dtype=order_type), np.empty((12, 12))[:, :6])
     filters = kernels.noise.inverse_noise_filters([np.ones(3), np.ones(3)], {0: 4, 1: 5})
     kernels.noise.CirculantFilter(np.ones(5), 8, four_step_from=0).apply(np.ones(8))  # the four-step kernels
     # float32: the cached weights (solver.pointing = "cached"); float64: recomputed ones.
@@ -107,6 +109,7 @@ def warm_up(name: str = DEFAULT) -> float:
         kernels.operator.apply_inverse_noise_operator(local_map, index, sample_weights, starts, lengths,
                                                       np.zeros(1, dtype=np.int64), filters)
         kernels.operator.apply_white_operator(local_map, index, sample_weights, starts, lengths, np.ones(1))
+    kernels.blocks.rcond(np.ones((12, 6)))
     kernels.blocks.apply(np.ones((12, 3, 3)), local_map)
     kernels.noise.apply_inverse_noise(np.ones(5), starts, lengths + 1, np.ones(1, dtype=np.int64), filters)
     return time.perf_counter() - started

@@ -214,38 +214,39 @@ def accumulate_tod_to_rows(
 
 
 @njit(nogil=True, cache=True)
-def _permute_iqu_rows(rows, order, out):
-    n = len(order)
+def _permute_float_rows(rows, order, out):
+    n, width = len(order), rows.shape[1]
     ahead = max(n - PREFETCH_DISTANCE, 0)
     for i in range(ahead):
         prefetch_first_for_read(rows, order[i + PREFETCH_DISTANCE])
         prefetch_last_for_read(rows, order[i + PREFETCH_DISTANCE])
         q = order[i]
-        out[i, 0] = rows[q, 0]
-        out[i, 1] = rows[q, 1]
-        out[i, 2] = rows[q, 2]
+        for k in range(width):
+            out[i, k] = rows[q, k]
     for i in range(ahead, n):
         q = order[i]
-        out[i, 0] = rows[q, 0]
-        out[i, 1] = rows[q, 1]
-        out[i, 2] = rows[q, 2]
+        for k in range(width):
+            out[i, k] = rows[q, k]
 
 
 def permute_rows(rows: np.ndarray, order: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``rows[order]``: pixel rows [n_local, ...] in another order (order [n_local] int32/int64), into ``out`` if given.
 
-    The IQU maps [n_local, 3] float64 of every PCG iteration (two permutations
-    between sorted and visit-order rows) go through a compiled gather that
-    requests row ``order[i + PREFETCH_DISTANCE]`` ahead: ~3 ns a row on the
-    nside-256 bench map (550,000 rows, 13 MiB), where numpy's ``rows[order]``
-    took 25-60 ns a row (every row a cache miss, a few in flight); other
-    shapes and types take ``np.take``. Copies only: the same bits.
+    Rows of float64 [n_local, k] -- the IQU maps of every PCG iteration (two permutations between sorted
+    and visit-order rows), the set-up's packed 3x3 blocks (k = 6, 12) -- go through a compiled gather that
+    requests row ``order[i + PREFETCH_DISTANCE]`` ahead: ~3 ns a row on the nside-256 bench map (550,000
+    rows, 13 MiB), where numpy's ``rows[order]`` took 25-60 ns a row (every row a cache miss, a few in
+    flight), and 170 ns a row of 6 on nside 2048's 6.1 M local pixels. ``out`` [n, k] float64 may be a
+    strided view (the left half of a wider array). Other shapes and types take ``np.take``. Copies only:
+    the same bits.
     """
-    if rows.ndim != 2 or rows.shape[1] != 3 or rows.dtype != np.float64:
+    if rows.ndim != 2 or rows.dtype != np.float64:
         return np.take(rows, order, axis=0, out=out)
     if out is None:
-        out = np.empty((len(order), 3))
-    _permute_iqu_rows(np.ascontiguousarray(rows), order, iqu_target(out))
+        out = np.empty((len(order), rows.shape[1]))
+    elif out.shape != (len(order), rows.shape[1]) or out.dtype != np.float64:
+        raise ValueError(f"out must be a [{len(order)}, {rows.shape[1]}] float64 array, got {out.dtype} {out.shape}")
+    _permute_float_rows(np.ascontiguousarray(rows), order, out)
     return out
 
 

@@ -153,33 +153,43 @@ class LocalData:
         return rows if self.position is None else self.kernels.projection.permute_rows(rows, self.position, out)
 
     def accumulate_blocks(self, noise_weighted: bool) -> np.ndarray:
-        """Packed 3x3 blocks [n_local, 6], sorted order: geometric, or weighted by the diagonal of N^-1.
+        """Packed 3x3 blocks [n_local, 6], sorted order: geometric, or weighted by the diagonal of N^-1."""
+        if self.weights is None:
+            return self.accumulate_both_blocks()[:, 6:] if noise_weighted else self.accumulate_both_blocks()[:, :6]
+        return self.to_sorted(self._cached_blocks(noise_weighted))
+
+    def _cached_blocks(self, noise_weighted: bool) -> np.ndarray:
+        """:meth:`accumulate_blocks` from the cached weights, in compute order.
 
         The weighted sum runs over slabs of whole intervals of at most
         ``SLAB_SAMPLES`` samples, so that the per-sample weights exist for
         one slab at a time (8 bytes per slab sample, not per rank sample).
         """
         accumulate = self.kernels.blocks.accumulate_blocks
-        if self.weights is None:
-            return self.accumulate_both_blocks()[:, 6:] if noise_weighted else self.accumulate_both_blocks()[:, :6]
         if not noise_weighted:
-            return self.to_sorted(accumulate(self.local_index, self.weights, self.n_local))
+            return accumulate(self.local_index, self.weights, self.n_local)
         blocks = np.zeros((self.n_local, 6))
         for first, stop in self._interval_slabs():  # each slab added into the same blocks: no map-sized array a slab
             samples = slice(int(self.interval_starts[first]), int(self.interval_starts[stop - 1] + self.interval_lengths[stop - 1]))
             sample_weight = np.repeat(self.noise_diagonal[first:stop], self.interval_lengths[first:stop])
             accumulate(self.local_index[samples], self.weights[samples], self.n_local, sample_weight, out=blocks)
-        return self.to_sorted(blocks)
+        return blocks
 
     def accumulate_both_blocks(self) -> np.ndarray:
         """The geometric and the N^-1-weighted blocks side by side, [n_local, 12] (sorted order).
 
-        Recomputed pointing makes each chunk's weights once for both (the pointing is most of their cost).
+        Cached weights: each half permuted from compute order straight into its columns. Recomputed
+        pointing makes each chunk's weights once for both (the pointing is most of their cost).
         """
         both = np.empty((self.n_local, 12))
         if self.weights is not None:
-            both[:, :6] = self.accumulate_blocks(noise_weighted=False)
-            both[:, 6:] = self.accumulate_blocks(noise_weighted=True)
+            for columns, noise_weighted in ((slice(0, 6), False), (slice(6, 12), True)):
+                blocks = self._cached_blocks(noise_weighted)
+                if self.position is None:
+                    both[:, columns] = blocks
+                else:
+                    self.kernels.projection.permute_rows(blocks, self.position, out=both[:, columns])
+                del blocks
             return both
         accumulate = self.kernels.blocks.accumulate_blocks
         both.fill(0.0)

@@ -36,7 +36,6 @@ import numpy as np
 from mpi4py import MPI
 
 from mapmaker.kernels import implementation
-from mapmaker.kernels import preconditioner as blocks
 from mapmaker.kernels import threads as threading
 from mapmaker.kernels.implementation import Kernels
 from mapmaker.model.decomposition import chunk_layout, decompose, decomposition_fingerprint
@@ -270,11 +269,11 @@ def set_up_realization(
         with timers("calc"):
             geometric, weighted = both[:, :6], both[:, 6:]
             hits = geometric[:, 0]
-            pixel_rcond = blocks.rcond(geometric)
+            pixel_rcond = kernels.blocks.rcond(geometric)
             # A singular block (rcond 0) cannot be solved whatever rcond_min says.
             cut = pixel_rcond < max(spec.solver.rcond_min, SINGULAR_RCOND)
             excluded_local = local.exclude_pixels(cut)
-            inverse_blocks = blocks.invert(weighted, ~cut)
+            inverse_blocks = kernels.blocks.invert(weighted, ~cut)
             del both, geometric, weighted
         with timers("comm"):
             cut_pixels = round(pixels.sum_owned(cut.astype(np.float64)))

@@ -274,22 +274,30 @@ def test_recomputed_pointing_gives_the_cached_pointing_map(kernels, changes, mon
         assert np.max(np.abs(recomputed.iqu[k, solved] - cached.iqu[k, solved])) <= 1e-5 * scale
 
 
-@pytest.mark.parametrize("kernels", ["numpy", "fast"])
-def test_slabs_give_the_blocks_and_the_cut_of_the_whole(kernels, monkeypatch):
+@pytest.mark.parametrize("kernels,visit_order", [("numpy", False), ("fast", False), ("fast", True)])
+def test_slabs_give_the_blocks_and_the_cut_of_the_whole(kernels, visit_order, monkeypatch):
     """Weighted blocks summed slab by slab into one array, and cut samples zeroed slab by slab (slabs of 1,000
-    samples here): the blocks of the whole pointing at once, exactly the cut pixels' samples out, on a masked sky."""
+    samples here): the blocks of the whole pointing at once, exactly the cut pixels' samples out, on a masked sky.
+    Both kinds of blocks side by side (the set-up's [n, 12], each half permuted into its columns from visit
+    order when the rows are in it): the same, in sorted order."""
     from mapmaker.solve import local_data
 
+    monkeypatch.setattr(local_data, "VISIT_ORDER_MIN_LOCAL_PIXELS", 0 if visit_order else 10**12)
     spec = make_spec({"noise.f_knee_hz": 0.5})
     layout = chunk_layout(spec)
     local = build_local_data(spec, layout, decompose(layout, 1).chunks_of(0), NoiseModel(spec, layout), kernels=kernels)
+    assert (local.position is not None) == visit_order
     weights_before = local.weights.copy()
     sample_weight = local.sample_noise_diagonal()
     whole = local.to_sorted(blocks.accumulate_blocks(local.local_index, local.weights, local.n_local, sample_weight))
+    geometric = local.to_sorted(blocks.accumulate_blocks(local.local_index, local.weights, local.n_local))
     monkeypatch.setattr(local_data, "SLAB_SAMPLES", 1_000)
     assert local.n_samples > 10 * local_data.SLAB_SAMPLES
     slabbed = local.accumulate_blocks(noise_weighted=True)
     np.testing.assert_allclose(slabbed, whole, rtol=0, atol=1e-12 * np.abs(whole).max())
+    both = local.accumulate_both_blocks()
+    np.testing.assert_allclose(both[:, :6], geometric, rtol=0, atol=1e-12 * np.abs(geometric).max())
+    np.testing.assert_array_equal(both[:, 6:], slabbed)
 
     cut = np.random.default_rng(3).random(local.n_local) < 0.2  # sorted order
     excluded = cut[local.to_compute(np.arange(local.n_local))[local.local_index]]  # each sample's pixel cut or not
