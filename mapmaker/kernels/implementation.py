@@ -109,7 +109,7 @@ def warm_up(name: str = DEFAULT) -> float:
         kernels.operator.apply_inverse_noise_operator(local_map, index, sample_weights, starts, lengths,
                                                       np.zeros(1, dtype=np.int64), filters)
         kernels.operator.apply_white_operator(local_map, index, sample_weights, starts, lengths, np.ones(1))
-    kernels.blocks.rcond(np.ones((12, 6)))
+    kernels.blocks.rcond(np.ones((12, 12))[:, :6])  # the set-up's geometric half of its [n, 12] blocks
     kernels.blocks.apply(np.ones((12, 3, 3)), local_map)
     kernels.noise.apply_inverse_noise(np.ones(5), starts, lengths + 1, np.ones(1, dtype=np.int64), filters)
     return time.perf_counter() - started

@@ -210,6 +210,8 @@ def test_rcond_matches_lapack_on_every_kind_of_block(impl, rng):
     actual = kernels.blocks.rcond(blocks)
     assert actual.shape == expected.shape and np.all((actual >= 0) & (actual <= 1))
     np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-14)
+    side_by_side = np.concatenate([np.zeros_like(blocks), blocks], axis=1)  # the set-up's [n, 12]: a strided half
+    np.testing.assert_array_equal(kernels.blocks.rcond(side_by_side[:, 6:]), actual)
     assert np.all(actual[np.all(blocks == 0, axis=1)] == 0)
     np.testing.assert_allclose(actual[-203:-200], [0.5, 1 / 6, 0.0], rtol=1e-15)
     # Angles 0.02 rad apart: rcond ~1e-8, near the cut thresholds that matter; each agrees to 1e-14 of lambda_max.
