@@ -178,28 +178,33 @@ class LocalData:
     def accumulate_both_blocks(self) -> np.ndarray:
         """The geometric and the N^-1-weighted blocks side by side, [n_local, 12] (sorted order).
 
-        Cached weights: each half permuted from compute order straight into its columns. Recomputed
-        pointing makes each chunk's weights once for both (the pointing is most of their cost).
+        Each kind is summed in compute order into one [n_local, 6] array (the kernels add into it: no
+        map-sized array per slab or run of chunks), then permuted straight into its columns. Recomputed
+        pointing makes each run's weights once for both (the pointing is most of their cost).
         """
         both = np.empty((self.n_local, 12))
-        if self.weights is not None:
+        if self.weights is not None:  # one kind at a time: one [n_local, 6] array besides both
             for columns, noise_weighted in ((slice(0, 6), False), (slice(6, 12), True)):
-                blocks = self._cached_blocks(noise_weighted)
-                if self.position is None:
-                    both[:, columns] = blocks
-                else:
-                    self.kernels.projection.permute_rows(blocks, self.position, out=both[:, columns])
-                del blocks
+                self._place_blocks(self._cached_blocks(noise_weighted), both[:, columns])
             return both
         accumulate = self.kernels.blocks.accumulate_blocks
-        both.fill(0.0)
+        geometric, weighted = np.zeros((self.n_local, 6)), np.zeros((self.n_local, 6))
         for first, stop in self.chunk_runs():
             samples, weights = self.run_samples(first, stop), self.run_weights(first, stop)
             intervals = slice(int(self.interval_offsets[first]), int(self.interval_offsets[stop]))
             sample_weight = np.repeat(self.noise_diagonal[intervals], self.interval_lengths[intervals])
-            both[:, :6] += accumulate(self.local_index[samples], weights, self.n_local)
-            both[:, 6:] += accumulate(self.local_index[samples], weights, self.n_local, sample_weight)
-        return self.to_sorted(both)
+            accumulate(self.local_index[samples], weights, self.n_local, out=geometric)
+            accumulate(self.local_index[samples], weights, self.n_local, sample_weight, out=weighted)
+        self._place_blocks(geometric, both[:, :6])
+        self._place_blocks(weighted, both[:, 6:])
+        return both
+
+    def _place_blocks(self, blocks: np.ndarray, out: np.ndarray) -> None:
+        """Compute-order rows ``blocks`` [n_local, k] into ``out`` [n_local, k] (a view) in sorted order."""
+        if self.position is None:
+            out[...] = blocks
+        else:
+            self.kernels.projection.permute_rows(blocks, self.position, out=out)
 
     def _interval_slabs(self) -> list[tuple[int, int]]:
         """Runs ``[first, stop)`` of back-to-back intervals of at most SLAB_SAMPLES samples (or one interval)."""

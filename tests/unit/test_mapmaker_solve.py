@@ -279,7 +279,7 @@ def test_slabs_give_the_blocks_and_the_cut_of_the_whole(kernels, visit_order, mo
     """Weighted blocks summed slab by slab into one array, and cut samples zeroed slab by slab (slabs of 1,000
     samples here): the blocks of the whole pointing at once, exactly the cut pixels' samples out, on a masked sky.
     Both kinds of blocks side by side (the set-up's [n, 12], each half permuted into its columns from visit
-    order when the rows are in it): the same, in sorted order."""
+    order when the rows are in it): the same, in sorted order, and the same from recomputed pointing."""
     from mapmaker.solve import local_data
 
     monkeypatch.setattr(local_data, "VISIT_ORDER_MIN_LOCAL_PIXELS", 0 if visit_order else 10**12)
@@ -298,6 +298,15 @@ def test_slabs_give_the_blocks_and_the_cut_of_the_whole(kernels, visit_order, mo
     both = local.accumulate_both_blocks()
     np.testing.assert_allclose(both[:, :6], geometric, rtol=0, atol=1e-12 * np.abs(geometric).max())
     np.testing.assert_array_equal(both[:, 6:], slabbed)
+    # Recomputed pointing sums run by run (runs of 10,000 samples here) into the same two arrays: float64 weights
+    # against the cache's float32, so the same blocks to ~1e-7.
+    monkeypatch.setattr(local_data, "RECOMPUTE_SAMPLES", 10_000)
+    recomputed = build_local_data(spec, layout, decompose(layout, 1).chunks_of(0), NoiseModel(spec, layout),
+                                  kernels=kernels, pointing="recomputed")
+    assert recomputed.weights is None and len(recomputed.chunk_runs()) > 10
+    again = recomputed.accumulate_both_blocks()
+    for half in (slice(0, 6), slice(6, 12)):  # each on its own scale (hits; K^-2)
+        np.testing.assert_allclose(again[:, half], both[:, half], rtol=0, atol=1e-6 * np.abs(both[:, half]).max())
 
     cut = np.random.default_rng(3).random(local.n_local) < 0.2  # sorted order
     excluded = cut[local.to_compute(np.arange(local.n_local))[local.local_index]]  # each sample's pixel cut or not
