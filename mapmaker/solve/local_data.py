@@ -165,14 +165,15 @@ class LocalData:
         ``SLAB_SAMPLES`` samples, so that the per-sample weights exist for
         one slab at a time (8 bytes per slab sample, not per rank sample).
         """
-        accumulate = self.kernels.blocks.accumulate_blocks
+        accumulate, weights = self.kernels.blocks.accumulate_blocks, self.weights
+        assert weights is not None, "cached pointing only"
         if not noise_weighted:
-            return accumulate(self.local_index, self.weights, self.n_local)
+            return accumulate(self.local_index, weights, self.n_local)
         blocks = np.zeros((self.n_local, 6))
         for first, stop in self._interval_slabs():  # each slab added into the same blocks: no map-sized array a slab
             samples = slice(int(self.interval_starts[first]), int(self.interval_starts[stop - 1] + self.interval_lengths[stop - 1]))
             sample_weight = np.repeat(self.noise_diagonal[first:stop], self.interval_lengths[first:stop])
-            accumulate(self.local_index[samples], self.weights[samples], self.n_local, sample_weight, out=blocks)
+            accumulate(self.local_index[samples], weights[samples], self.n_local, sample_weight, out=blocks)
         return blocks
 
     def accumulate_both_blocks(self) -> np.ndarray:
