@@ -31,8 +31,7 @@ DEFAULT = "fast"
 
 # family -> module of mapmaker.kernels per implementation. What each family's module provides:
 #   boresight   satellite(times_s, **angles), ground(times_s, **angles) -> quaternions [n, 4]
-#   pointing    detector_pointing(q_boresight, q_detector, nside) -> pixels [n], weights [n, 3];
-#               detector_pointing_into(..., pixels, weights): the same into the pointing cache's slices
+#   pointing    detector_pointing(q_boresight, q_detector, nside) -> pixels [n], weights [n, 3]
 #   projection  P: project_map_to_tod; P^T: accumulate_tod_to_map, accumulate_tod_to_rows (of some rows' samples);
 #               first_visit_order, permute_rows (pixel rows)
 #   blocks      3x3 blocks: accumulate_blocks, rcond, invert, apply (the preconditioner)
@@ -88,9 +87,6 @@ def warm_up(name: str = DEFAULT) -> float:
     kernels.boresight.ground(times, site_latitude=-0.4, elevation=0.8, azimuth_min=0.0, azimuth_max=1.0,
                              azimuth_rate=0.01, start_lst=0.0, earth_rotation=True)
     pixels, weights = kernels.pointing.detector_pointing(q, np.array([1.0, 0.0, 0.0, 0.0]), 1)
-    for cache_weights in (np.empty((4, 3), dtype=np.float32), None):  # the cache's types; recomputed keeps none
-        kernels.pointing.detector_pointing_into(q, np.array([1.0, 0.0, 0.0, 0.0]), 1, np.empty(4, dtype=np.int32),
-                                                cache_weights)
     kernels.pointing.vec2pix(1, weights[:, 0], weights[:, 1], weights[:, 2])
     local_map = np.ones((12, 3))
     starts, lengths = np.array([0], dtype=np.int64), np.array([4], dtype=np.int64)

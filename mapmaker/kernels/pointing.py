@@ -72,13 +72,3 @@ def detector_pointing(q_boresight: np.ndarray, q_detector: np.ndarray, nside: in
     weights[:, 1] = (a * a - b * b) / norm
     weights[:, 2] = 2.0 * a * b / norm
     return pixels, weights
-
-
-def detector_pointing_into(q_boresight: np.ndarray, q_detector: np.ndarray, nside: int, pixels: np.ndarray,
-                           weights: np.ndarray | None) -> None:
-    """:func:`detector_pointing` written into ``pixels`` [n_samp] (int32 or int64) and ``weights`` [n_samp, 3]
-    (float32 or float64; None: not kept)."""
-    chunk_pixels, chunk_weights = detector_pointing(q_boresight, q_detector, nside)
-    pixels[:] = chunk_pixels
-    if weights is not None:
-        weights[:] = chunk_weights

@@ -169,6 +169,7 @@ def ground(
     return out
 
 
+@njit(parallel=True, nogil=True, cache=True)
 def detector_pointing(q_boresight: np.ndarray, q_detector: np.ndarray, nside: int):
     """:func:`mapmaker.kernels.pointing.detector_pointing` in one pass over the samples.
 
@@ -176,28 +177,8 @@ def detector_pointing(q_boresight: np.ndarray, q_detector: np.ndarray, nside: in
     weights [n_samp, 3] = (1, cos 2psi, sin 2psi).
     """
     n = q_boresight.shape[0]
-    pixels, weights = np.empty(n, dtype=np.int64), np.empty((n, 3), dtype=np.float64)
-    _detector_pointing(q_boresight, q_detector, nside, pixels, weights)
-    return pixels, weights
-
-
-def detector_pointing_into(q_boresight: np.ndarray, q_detector: np.ndarray, nside: int, pixels: np.ndarray,
-                           weights: np.ndarray | None) -> None:
-    """:func:`detector_pointing` written into the pointing cache's slices: pixels [n_samp] (int32 or int64),
-    weights [n_samp, 3] (float32: each value rounded once from the float64 it is computed in) or None (recomputed
-    pointing keeps none, and none are computed). No chunk-sized array is made."""
-    if len(pixels) != q_boresight.shape[0] or (weights is not None and weights.shape != (len(pixels), 3)):
-        raise ValueError(f"pixels {pixels.shape} and weights {None if weights is None else weights.shape} must hold "
-                         f"the {q_boresight.shape[0]} samples")
-    _detector_pointing(q_boresight, q_detector, nside, pixels,
-                       np.empty((0, 3), dtype=np.float32) if weights is None else weights)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _detector_pointing(q_boresight, q_detector, nside, pixels, weights):
-    """Pixels into ``pixels`` [n]; weights into ``weights`` [n, 3] unless it has no rows."""
-    n = q_boresight.shape[0]
-    with_weights = weights.shape[0] == n
+    pixels = np.empty(n, dtype=np.int64)
+    weights = np.empty((n, 3), dtype=np.float64)
     dw, dx, dy, dz = q_detector[0], q_detector[1], q_detector[2], q_detector[3]
     for t in prange(n):
         w, x, y, z = _mult(q_boresight[t, 0], q_boresight[t, 1], q_boresight[t, 2], q_boresight[t, 3], dw, dx, dy, dz)
@@ -210,10 +191,10 @@ def _detector_pointing(q_boresight, q_detector, nside, pixels, weights):
         a = vz * (ex * vx + ey * vy) - ez * (vx * vx + vy * vy)
         b = ey * vx - ex * vy
         pixels[t] = vec2pix_ring(nside, vx, vy, vz)
-        if with_weights:
-            norm = a * a + b * b
-            if norm == 0.0:
-                norm = 1.0
-            weights[t, 0] = 1.0
-            weights[t, 1] = (a * a - b * b) / norm
-            weights[t, 2] = 2.0 * a * b / norm
+        norm = a * a + b * b
+        if norm == 0.0:
+            norm = 1.0
+        weights[t, 0] = 1.0
+        weights[t, 1] = (a * a - b * b) / norm
+        weights[t, 2] = 2.0 * a * b / norm
+    return pixels, weights

@@ -153,9 +153,3 @@ class ChunkPointing:
     def __call__(self, time_chunk: int, detector: int) -> tuple[np.ndarray, np.ndarray]:
         """``pixels [n] int64`` (RING) and ``weights [n, 3]`` of one chunk."""
         return self._kernels.pointing.detector_pointing(self.boresight(time_chunk), self._detectors[detector], self._nside)
-
-    def into(self, time_chunk: int, detector: int, pixels: np.ndarray, weights: np.ndarray | None) -> None:
-        """One chunk's pixels and weights written into ``pixels`` [n] and ``weights`` [n, 3] (None: pixels alone),
-        as the pointing cache holds them (int32, float32)."""
-        self._kernels.pointing.detector_pointing_into(self.boresight(time_chunk), self._detectors[detector],
-                                                      self._nside, pixels, weights)

@@ -199,16 +199,12 @@ def fma_rate(comm, repeat: int) -> float:
 
 
 def _pointing_rate_setup(spec, layout, chunks, kernels: str) -> Callable[[], None]:
-    """The pointing cache's build: every chunk's int32 pixels and float32 weights written into the cache."""
     kernel_set = implementation.get(kernels)
-    offsets = np.concatenate([[0], np.cumsum([chunk.n_samples for chunk in chunks])]).tolist()
-    pixels = np.zeros(offsets[-1], dtype=np.int32)
-    weights = np.zeros((offsets[-1], 3), dtype=np.float32)
 
     def generate() -> None:
         pointer = ChunkPointing(spec, layout, kernel_set)
-        for chunk, start, stop in zip(chunks, offsets[:-1], offsets[1:], strict=True):
-            pointer.into(chunk.time_chunk, chunk.detector, pixels[start:stop], weights[start:stop])
+        for chunk in chunks:
+            pointer(chunk.time_chunk, chunk.detector)
 
     return generate
 

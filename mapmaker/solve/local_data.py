@@ -521,9 +521,8 @@ def build_local_data(
     (``solver.pointing``; see the module docstring).
 
     Memory: the global pixel of each sample is written as int32 (nside <= 8192)
-    straight into the cache (the fast kernels make no chunk-sized array) and
-    turned into the local index in place, so the build peaks at the cache's
-    16 (cached) or 4 (recomputed) bytes per sample plus one time chunk's boresight.
+    and turned into the local index in place, so the build peaks at the
+    cache's 16 (cached) or 4 (recomputed) bytes per sample plus one chunk's pointing.
     """
     sizes = np.array([c.n_samples for c in chunks], dtype=np.int64)
     chunk_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -535,8 +534,11 @@ def build_local_data(
     kernel_set = implementation.get(kernels)
     pointer = ChunkPointing(spec, layout, kernel_set)
     for chunk, start in zip(chunks, chunk_offsets[:-1].tolist(), strict=True):
-        samples = slice(start, start + chunk.n_samples)
-        pointer.into(chunk.time_chunk, chunk.detector, pixels[samples], None if weights is None else weights[samples])
+        chunk_pixels, chunk_weights = pointer(chunk.time_chunk, chunk.detector)
+        pixels[start : start + chunk.n_samples] = chunk_pixels
+        if weights is not None:
+            weights[start : start + chunk.n_samples] = chunk_weights
+        del chunk_pixels, chunk_weights
     local_pixels, local_index = observed_pixels(pixels, spec.pixelization.npix)
     del pixels
     order = position = None

@@ -115,16 +115,6 @@ def test_pointing_matches_the_reference(impl, scan, thread_count):
         np.testing.assert_array_equal(pixels, pixels_reference)
         assert pixels.dtype == np.int64
         assert_close(weights, weights_reference)
-        # Into the pointing cache's own slices (int32, float32; None: recomputed pointing keeps no weights): the
-        # same pixels and the same weights, each rounded once to float32, the cells around left alone.
-        cache_pixels, cache_weights = np.full(len(q) + 2, -1, dtype=np.int32), np.full((len(q) + 2, 3), 7, np.float32)
-        kernels.pointing.detector_pointing_into(q_reference, q_detector, 256, cache_pixels[1:-1], cache_weights[1:-1])
-        np.testing.assert_array_equal(cache_pixels[1:-1], pixels)
-        np.testing.assert_array_equal(cache_weights[1:-1], weights.astype(np.float32))
-        assert cache_pixels[0] == cache_pixels[-1] == -1 and np.all(cache_weights[[0, -1]] == 7)
-        pixels_only = np.empty(len(q), dtype=np.int32)
-        kernels.pointing.detector_pointing_into(q_reference, q_detector, 256, pixels_only, None)
-        np.testing.assert_array_equal(pixels_only, pixels)
 
 
 # ----------------------------------------------------------------------------- P, P^T, blocks
@@ -438,7 +428,7 @@ def test_permute_rows_is_a_gather_of_whole_rows(impl, order_type):
 # What each family of the registry offers, in both implementations alike.
 FAMILY_FUNCTIONS = {
     "boresight": ["satellite", "ground"],
-    "pointing": ["detector_pointing", "detector_pointing_into"],
+    "pointing": ["detector_pointing"],
     "projection": ["project_map_to_tod", "accumulate_tod_to_map", "first_visit_order", "permute_rows"],
     "blocks": ["accumulate_blocks", "rcond", "invert", "apply"],
     "noise": ["inverse_noise_filters", "apply_inverse_noise", "apply_inverse_white"],
