@@ -5,9 +5,9 @@ here): a closed-form 3x3 inverse would not match LAPACK to 1e-10 on poorly
 conditioned blocks. The rcond needs eigenvalues alone, and eigenvalues of a
 symmetric matrix are well conditioned (Weyl: each moves by at most the norm of
 the error), so :func:`rcond` finds them by cyclic Jacobi rotations on the packed
-block, in registers: LAPACK's ``eigvalsh`` per 3x3 matrix costs ~370 ns of call
-overhead and the unpacked [n, 3, 3] copy (2.2 s plus 0.6 s for nside 2048's
-6.1 M local pixels). Accumulation uses private per-thread block arrays, as
+block, in registers, where LAPACK's ``eigvalsh`` pays a call per 3x3 matrix and
+an unpacked [n, 3, 3] copy (the set-up at nside 2048: docs/explanation/scale.md).
+Accumulation uses private per-thread block arrays, as
 P^T does (see :mod:`.projection_fast`).
 """
 from __future__ import annotations

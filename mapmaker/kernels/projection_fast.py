@@ -234,11 +234,10 @@ def permute_rows(rows: np.ndarray, order: np.ndarray, out: np.ndarray | None = N
 
     Rows of float64 [n_local, k] -- the IQU maps of every PCG iteration (two permutations between sorted
     and visit-order rows), the set-up's packed 3x3 blocks (k = 6, 12) -- go through a compiled gather that
-    requests row ``order[i + PREFETCH_DISTANCE]`` ahead: ~3 ns a row on the nside-256 bench map (550,000
-    rows, 13 MiB), where numpy's ``rows[order]`` took 25-60 ns a row (every row a cache miss, a few in
-    flight), and 170 ns a row of 6 on nside 2048's 6.1 M local pixels. ``out`` [n, k] float64 may be a
-    strided view (the left half of a wider array). Other shapes and types take ``np.take``. Copies only:
-    the same bits.
+    requests row ``order[i + PREFETCH_DISTANCE]`` ahead: ~3 ns a row of 3 on the nside-256 bench map
+    (550,000 rows, 13 MiB), where numpy's ``rows[order]`` took 25-60 ns a row (every row a cache miss, a
+    few in flight). ``out`` [n, k] float64 may be a strided view (a half of a wider array). Other shapes
+    and types take ``np.take``. Copies only: the same bits.
     """
     if rows.ndim != 2 or rows.dtype != np.float64:
         return np.take(rows, order, axis=0, out=out)
