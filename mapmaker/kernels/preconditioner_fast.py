@@ -140,8 +140,8 @@ def _rcond(packed, out):
 def rcond(packed: np.ndarray) -> np.ndarray:
     """Reciprocal 2-norm condition number ``lambda_min / lambda_max`` of each packed block [n, 6], [n] in [0, 1].
 
-    Empty blocks (no hits) give 0, as :func:`.preconditioner.rcond` does; the two agree to round-off (~1e-16
-    of lambda_max on lambda_min).
+    Empty blocks (no hits) give 0, as :func:`.preconditioner.rcond` does; the two agree within 1e-14
+    (tests/unit/test_mapmaker_fast_kernels.py).
     """
     out = np.empty(len(packed))
     _rcond(np.asarray(packed, dtype=np.float64), out)  # a strided view as it is: the set-up's half of [n, 12]
