@@ -3,14 +3,16 @@
     .venv/bin/python benchmarks/bench_default_solver.py --json FILE          # the satellite example, 1 and 2 ranks
     .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --ranks 1 # the scaled satellite at nside 512
     .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --spin-period 60 --ranks 1   # with the example's spin
+    .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --spin-period 60 --rate 300 --ranks 2  # 207 M samples
     .venv/bin/python benchmarks/bench_default_solver.py --configs block-diagonal,default-cached,two-level-additive:2
     .venv/bin/python benchmarks/bench_default_solver.py --spec my-campaign.toml --ranks 4
 
 The problem is the bundled satellite example (``schemas/examples/satellite.toml``: nside 64, 4 detectors,
 24 h at 20 Hz, 6.9 M samples, 1/f noise with f_knee 0.1 Hz), realisation 0, to the spec's tolerance (1e-6);
 with ``--nside 512``, that satellite scaled as ``benchmarks/bench_resolution.py`` does (8 detectors, 24 h
-at 20 Hz, 13.8 M samples, a 600 s spin). For every rank count (``--ranks``, each under ``mpiexec -n R``)
-one set-up and one right-hand side are made, then ``--rounds`` (3) rounds solve each configuration once,
+at 20 Hz, 13.8 M samples, a 600 s spin; ``--rate`` sets the sample rate, and so the samples per pixel).
+For every rank count (``--ranks``, each under ``mpiexec -n R``) one set-up and one right-hand side are
+made, then ``--rounds`` (3) rounds solve each configuration once,
 interleaved (other processes on a shared machine slow some solves down; interleaving spreads that
 alike), and each configuration's median over the rounds is reported:
 
@@ -49,10 +51,10 @@ CONFIGS = "block-diagonal,default-one-off,default-first,default-cached"
 CAMPAIGN = 16  # realisations of the campaign that shares the coarse cache
 
 
-def problem(nside: int, spec_file: str | None = None, spin_period_s: float | None = None):
+def problem(nside: int, spec_file: str | None = None, spin_period_s: float | None = None, rate_hz: float = 20.0):
     """``spec_file`` or the satellite example at nside 64, or that scaled to ``nside`` (8 detectors, 24 h,
-    20 Hz, a spin of ``spin_period_s``: by default bench_resolution's 600 s), with the default preconditioner
-    and coarse nside, to 1e-6."""
+    ``rate_hz``, a spin of ``spin_period_s``: by default bench_resolution's 600 s), with the default
+    preconditioner and coarse nside, to 1e-6."""
     if spec_file is not None:
         spec = load_spec(spec_file)
     elif nside == 64:
@@ -60,7 +62,7 @@ def problem(nside: int, spec_file: str | None = None, spin_period_s: float | Non
     else:
         from benchmarks.bench_resolution import SPIN_PERIOD_S, bench_spec
 
-        spec = bench_spec(nside, 20.0, 8, 24.0, "cached", 200, spin_period_s or SPIN_PERIOD_S)
+        spec = bench_spec(nside, rate_hz, 8, 24.0, "cached", 200, spin_period_s or SPIN_PERIOD_S)
     defaults = type(spec.solver)()
     solver = spec.solver.model_copy(update={"tol": 1e-6, "max_iter": 200, "preconditioner": defaults.preconditioner,
                                             "coarse_nside": defaults.coarse_nside})
@@ -76,7 +78,7 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
     from mapmaker.solve.timing import Timers
 
     comm = MPI.COMM_WORLD
-    spec = problem(args.nside, args.spec, args.spin_period)
+    spec = problem(args.nside, args.spec, args.spin_period, args.rate)
 
     def quiet(message: str) -> None:
         pass
@@ -153,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nside", type=int, default=64, help="64: the satellite example; else scaled (default 64)")
     parser.add_argument("--spin-period", type=float, default=None,
                         help="the scaled satellite's spin period, s (default bench_resolution's 600; 60: the example's)")
+    parser.add_argument("--rate", type=float, default=20.0,
+                        help="the scaled satellite's sample rate, Hz: the samples per pixel (default 20)")
     parser.add_argument("--spec", default=None, help="a campaign spec file instead (its nside; --nside ignored)")
     parser.add_argument("--configs", default=CONFIGS, help=f"configurations (default {CONFIGS})")
     parser.add_argument("--rounds", type=int, default=3, help="solves per configuration; the median is reported")
@@ -168,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--nside", str(args.nside), "--configs", args.configs, "--rounds", str(args.rounds)]
         command += ["--spec", args.spec] if args.spec else []
         command += ["--spin-period", str(args.spin_period)] if args.spin_period else []
+        command += ["--rate", str(args.rate)]
         runs.append(run_ranks_json(ranks, *command))
     if args.json != "-":
         print_table(runs)
