@@ -36,7 +36,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 SCAN_KEY_VERSION = 1
-COARSE_KEY_VERSION = 1  # bump with mapmaker.solve.coarsefile.COARSE_FORMAT: an older file must not be named
+COARSE_KEY_VERSION = 2  # bump with mapmaker.solve.coarsefile.COARSE_FORMAT: an older file must not be named
 COUPLING_KEY_VERSION = 1  # bump when mapmaker.model.bandpowers stops reading a format (READABLE_COUPLING_FORMATS)
 
 MAX_REALIZATIONS = 100_000

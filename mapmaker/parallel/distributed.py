@@ -11,11 +11,28 @@ one (no whole-map collective), else from one buffered ``Allreduce(MIN)``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 
 import numpy as np
 from mpi4py import MPI
 
 _GATHER_TAG = 77  # point-to-point messages of gather_owned_rows
+
+
+def spread_choice(observers: np.ndarray, rank: int, pixels: np.ndarray) -> np.ndarray:
+    """[n] bool: whether ``rank`` holds each pixel of :attr:`DistributedPixels.spread_owned`.
+
+    observers [n, words] uint64: the bit set of the ranks observing each pixel (rank r is bit r % 64 of
+    word r // 64), ``rank`` among them; pixels [n] int64 global ids. Pixel p goes to its (p mod m)-th
+    observer of m, counted from the lowest rank.
+    """
+    word, bit = divmod(rank, 64)
+    below = np.zeros(observers.shape[1], dtype=np.uint64)  # the bits of the ranks below ``rank``
+    below[:word] = np.iinfo(np.uint64).max
+    below[word] = (np.uint64(1) << np.uint64(bit)) - np.uint64(1)
+    count = np.bitwise_count(observers).sum(axis=1, dtype=np.int64)
+    position = np.bitwise_count(observers & below).sum(axis=1, dtype=np.int64)
+    return position == pixels % count
 
 
 class DistributedPixels:
@@ -71,6 +88,32 @@ class DistributedPixels:
             self.comm.Allreduce(MPI.IN_PLACE, piece, op=MPI.MIN)
             owner[first:last] = piece[self.local_pixels[first:last] - start]
         return owner
+
+    @cached_property
+    def spread_owned(self) -> np.ndarray:
+        """[n_local] bool: a partition of the observed pixels like :attr:`owned` (each on exactly one of the
+        ranks observing it), spread over those ranks instead of all given to the lowest.
+
+        Pixel p goes to its (p mod m)-th observer of m. On a scan every rank sees nearly whole (a satellite
+        split by time), :attr:`owned` puts almost every pixel on rank 0; this gives each rank about its
+        share. For per-pixel state read every iteration (the two-level preconditioner's ``A Z``): the
+        owned rows stay what the dot products and the gather use. Collective, once (cached): one buffered
+        ``Allreduce(BOR)`` of the observers' bit sets, ceil(ranks / 64) 8-byte words a pixel.
+        """
+        size = self.comm.Get_size()
+        if size == 1:
+            return np.ones(self.n_local, dtype=bool)
+        word, bit = divmod(self.rank, 64)
+        spread = np.empty(self.n_local, dtype=bool)
+        buffer = np.empty((self.buffer_pixels, (size + 63) // 64), dtype=np.uint64)
+        for start, end, first, last in self._pieces():
+            piece = buffer[: end - start]
+            piece.fill(0)
+            at = self.local_pixels[first:last] - start
+            piece[at, word] = np.uint64(1) << np.uint64(bit)
+            self.comm.Allreduce(MPI.IN_PLACE, piece, op=MPI.BOR)
+            spread[first:last] = spread_choice(piece[at], self.rank, self.local_pixels[first:last])
+        return spread
 
     def local_index(self, pixels: np.ndarray) -> np.ndarray:
         """Positions of global pixel ids (all present locally) in ``local_pixels``, int64."""

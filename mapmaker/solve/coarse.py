@@ -31,11 +31,14 @@ Comput. 39, 340, 2009), started from ``x0 = Z E^-1 Z^T b``:
 With that start every residual stays A-orthogonal to the coarse space,
 and A-DEF2 is then as robust as the symmetric balancing preconditioner
 (same iterates in exact arithmetic) at one map-sized pass per iteration
-instead of two. ``A Z`` [K, n_owned, 3] is kept at this rank's owned
-pixels only (the ranks hold one copy between them) and in single
-precision: the only state that grows with the map (``12 n_owned K``
+instead of two. ``A Z`` [K, n_held, 3] is kept in single precision at
+this rank's share of the observed pixels only
+(:attr:`~mapmaker.parallel.distributed.DistributedPixels.spread_owned`:
+each observed pixel on one of the ranks observing it, spread evenly, where
+the owners of the dot products would put nearly all of a satellite's sky
+on rank 0): the only state that grows with the map (``12 n_held K``
 bytes; 28 MiB per 100 coarse columns at nside 64's 49,152 pixels, shared
-out between the ranks), read once per iteration. Single precision is
+out evenly between the ranks), read once per iteration. Single precision is
 plenty there: ``M`` stays one fixed linear map, and PCG's residual
 recursion never sees it; the start's exact residual ``b - A x0`` takes
 one operator application.
@@ -75,8 +78,8 @@ realisation writes and the others read (``realize --coarse-cache``).
 
 Distribution. Every rank holds the whole (small) coarse space: ``E``,
 ``E``'s Cholesky factor and the K-vectors. ``Z^T v`` and ``(A Z)^T u``
-sum this rank's *owned* pixels (each shared pixel counted once, as the
-dot products do) and one ``Allreduce`` of K numbers per iteration
+sum this rank's *held* pixels (each shared pixel counted once, on one
+rank) and one ``Allreduce`` of K numbers per iteration
 completes them; ``A Z``'s columns are consistent across ranks after their
 reduction, so ``Z y`` needs no communication.
 """
@@ -102,8 +105,8 @@ class CoarseOperator:
     """What the coarse space costs to set up, for one rank: ``E = Z^T A Z`` and this rank's rows of ``A Z``.
 
     matrix [K, K] float64 (K^-1 per unit of Z), the same on every rank;
-    columns [K, 3 n_owned] float32: ``A Z`` at this rank's owned pixels
-    (the order of ``DistributedPixels.owned`` in ``local_pixels``), Stokes
+    columns [K, 3 n_held] float32: ``A Z`` at this rank's held pixels
+    (the order of ``DistributedPixels.spread_owned`` in ``local_pixels``), Stokes
     fastest. Independent of the data: shareable by every realisation of a
     campaign (:mod:`mapmaker.solve.coarsefile`).
     """
@@ -172,16 +175,16 @@ class TwoLevelPreconditioner:
         column = 3 * rank_of[self.parent][:, None] + np.arange(3)[None, :]
         column[~solved] = self.n_columns
         self.column = column.reshape(-1)  # [3 n_local]
-        owned = np.zeros((n_local, 3))
-        owned[pixels.owned] = 1.0
-        self.owned = owned.reshape(-1)  # each shared pixel counted once in the global sums
-        self._owned_rows = np.flatnonzero(self.owned)
+        held = np.zeros((n_local, 3))
+        held[pixels.spread_owned] = 1.0
+        self.held = held.reshape(-1)  # each shared pixel counted once in the global sums, on the rank holding it
+        self._held_rows = np.flatnonzero(self.held)
         self.built = operator is None
         self.operator = self._build() if operator is None else operator
         if self.operator.columns.shape != (self.n_columns, self.rows_held) or self.operator.n_columns != self.n_columns:
             raise ValueError(
                 f"coarse operator of shape {self.operator.matrix.shape} / {self.operator.columns.shape}, expected "
-                f"{self.n_columns} columns over {self.rows_held} owned rows"
+                f"{self.n_columns} columns over {self.rows_held} held rows"
             )
         self.factor = scipy.linalg.cho_factor(self.operator.matrix)
         self._both = np.empty(2 * self.n_columns)
@@ -200,27 +203,27 @@ class TwoLevelPreconditioner:
             flat_unit[:] = self.column == k
             self.apply_operator(unit, product, self.active[k // 3])
             self.reduction.reduce(product)
-            # E[:, k] = Z^T (A z_k) over owned rows (summed over ranks below); A z_k kept at owned rows.
-            coarse[:, k] = np.bincount(self.column, weights=flat_product * self.owned, minlength=self.n_columns + 1)[:-1]
+            # E[:, k] = Z^T (A z_k) over held rows (summed over ranks below); A z_k kept at held rows.
+            coarse[:, k] = np.bincount(self.column, weights=flat_product * self.held, minlength=self.n_columns + 1)[:-1]
             if not self.additive:
-                columns[k] = flat_product[self._owned_rows]
+                columns[k] = flat_product[self._held_rows]
         self.comm.Allreduce(MPI.IN_PLACE, coarse, op=MPI.SUM)
         # Symmetric to round-off; made exactly so for Cholesky.
         return CoarseOperator(matrix=0.5 * (coarse + coarse.T), columns=columns)
 
     @property
     def rows_held(self) -> int:
-        """Rows of ``A Z`` this rank keeps: its owned (pixel, Stokes) rows for A-DEF2, none for the additive form."""
-        return 0 if self.additive else len(self._owned_rows)
+        """Rows of ``A Z`` this rank keeps: its held (pixel, Stokes) rows for A-DEF2, none for the additive form."""
+        return 0 if self.additive else len(self._held_rows)
 
     @property
     def coarse_matrix(self) -> np.ndarray:
         return self.operator.matrix
 
     @property
-    def owned_pixels(self) -> np.ndarray:
-        """Global RING ids [n_owned] int64 of this rank's owned pixels: the rows of ``A Z`` it holds."""
-        return self.pixels.local_pixels[self.pixels.owned]
+    def held_pixels(self) -> np.ndarray:
+        """Global RING ids [n_held] int64 of this rank's held pixels: the rows of ``A Z`` it holds."""
+        return self.pixels.local_pixels[self.pixels.spread_owned]
 
     @property
     def bytes_held(self) -> int:
@@ -228,8 +231,8 @@ class TwoLevelPreconditioner:
         return int(self.operator.columns.nbytes + 2 * self.operator.matrix.nbytes)
 
     def _restrict(self, v: np.ndarray) -> np.ndarray:
-        """This rank's share of ``Z^T v`` [K] (owned rows) for v [n_local, 3]."""
-        return np.bincount(self.column, weights=v.reshape(-1) * self.owned, minlength=self.n_columns + 1)[:-1]
+        """This rank's share of ``Z^T v`` [K] (held rows) for v [n_local, 3]."""
+        return np.bincount(self.column, weights=v.reshape(-1) * self.held, minlength=self.n_columns + 1)[:-1]
 
     def _prolong_add(self, y: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out += Z y`` for y [K]; out [n_local, 3]."""
@@ -262,7 +265,7 @@ class TwoLevelPreconditioner:
             return self._prolong_add(scipy.linalg.cho_solve(self.factor, restricted), smoothed)
         k = self.n_columns
         self._both[:k] = self._restrict(residual)
-        self._both[k:] = self.operator.columns @ smoothed.reshape(-1)[self._owned_rows].astype(np.float32)
+        self._both[k:] = self.operator.columns @ smoothed.reshape(-1)[self._held_rows].astype(np.float32)
         self.comm.Allreduce(MPI.IN_PLACE, self._both, op=MPI.SUM)
         y = scipy.linalg.cho_solve(self.factor, self._both[:k] - self._both[k:])
         return self._prolong_add(y, smoothed)

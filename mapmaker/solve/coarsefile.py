@@ -1,7 +1,7 @@
 """The two-level preconditioner's coarse operator in a file, shared by the realisations of a campaign.
 
 ``realize --coarse-cache FILE``: the coarse operator (:class:`~mapmaker.solve.coarse.CoarseOperator`:
-``E = Z^T A Z`` and every rank's owned rows of ``A Z``) depends on the pointing, the cut, the noise
+``E = Z^T A Z`` and every rank's held rows of ``A Z``) depends on the pointing, the cut, the noise
 model and the rank count, never on the data (:func:`schemas.spec.coarse_key` names what it depends on).
 The first realisation that finds no file builds it (about 0.6 of a PCG iteration per coarse column)
 and writes it; the others read it in a fraction of a second.
@@ -11,13 +11,13 @@ The file is an uncompressed ``.npz`` (numpy's zip of ``.npy`` members), written 
 
 ``header``        JSON: format, the coarse key, rank count, coarse nside, column count, ``matrix_sha256``
 ``matrix``        E [K, K] float64
-``pixels_<r>``    rank r's owned pixels [n_owned] int64 (global RING ids): the rows it holds
-``columns_<r>``   rank r's ``A Z`` rows [K, 3 n_owned] float32 ([K, 0] for the additive form, which needs E only)
+``pixels_<r>``    rank r's held pixels [n_held] int64 (global RING ids): the rows it holds
+``columns_<r>``   rank r's ``A Z`` rows [K, 3 n_held] float32 ([K, 0] for the additive form, which needs E only)
 
 Every rank reads the header, ``matrix`` and its own two members. A file is refused
 (:class:`CoarseRefused`), on every rank alike, when it is not readable (zip's CRC-32 of each member is
 checked on reading: a damaged byte is a refusal), when its format, key, rank count, nside or column count
-differ from this run's, when a rank's owned pixels are not the ones it owns here, or when ``matrix`` does
+differ from this run's, when a rank's held pixels are not the ones it holds here, or when ``matrix`` does
 not match its sha256. A refused file is never used: the run builds the operator as if there were no file
 and replaces it (the operator is a cache of the inputs, so rebuilding is always right).
 """
@@ -36,7 +36,7 @@ from mpi4py import MPI
 from mapmaker.solve.coarse import CoarseOperator
 from schemas.files import atomic_write
 
-COARSE_FORMAT = 1  # bump with schemas.spec.COARSE_KEY_VERSION
+COARSE_FORMAT = 2  # bump with schemas.spec.COARSE_KEY_VERSION; 2: rows spread over the observers, not the owners
 # What reading a file that is not (or no longer) a coarse file raises: a bad zip or a bad CRC-32, a missing
 # member, a short read, a header that is not JSON or an array that is not what the header says.
 UNREADABLE = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error)
@@ -57,12 +57,12 @@ def _identity(key: str, ranks: int, coarse_nside: int, n_columns: int) -> dict[s
 
 
 def read_coarse_operator(
-    comm: MPI.Comm, path: str | Path, *, key: str, coarse_nside: int, n_columns: int, owned_pixels: np.ndarray,
+    comm: MPI.Comm, path: str | Path, *, key: str, coarse_nside: int, n_columns: int, held_pixels: np.ndarray,
     rows: int,
 ) -> CoarseOperator | None:
     """Collective: this rank's coarse operator from ``path``; None when there is no file (rank 0 looks).
 
-    ``rows``: the rows of ``A Z`` this rank holds (3 n_owned for A-DEF2, 0 for the additive form).
+    ``rows``: the rows of ``A Z`` this rank holds (3 n_held for A-DEF2, 0 for the additive form).
 
     Raises :class:`CoarseRefused` on every rank when any rank cannot use the file (module doc).
     """
@@ -73,7 +73,7 @@ def read_coarse_operator(
     operator, problem = None, None
     try:
         operator = _read_rank(comm, path, key=key, coarse_nside=coarse_nside, n_columns=n_columns,
-                              owned_pixels=owned_pixels, rows=rows)
+                              held_pixels=held_pixels, rows=rows)
     except UNREADABLE as error:  # an unreadable or foreign file is a refusal, never a crash of the run
         problem = f"rank {comm.Get_rank()}: {type(error).__name__}: {error}"
     problems = [p for p in comm.allgather(problem) if p is not None]
@@ -83,7 +83,7 @@ def read_coarse_operator(
 
 
 def _read_rank(
-    comm: MPI.Comm, path: Path, *, key: str, coarse_nside: int, n_columns: int, owned_pixels: np.ndarray, rows: int
+    comm: MPI.Comm, path: Path, *, key: str, coarse_nside: int, n_columns: int, held_pixels: np.ndarray, rows: int
 ) -> CoarseOperator:
     rank = comm.Get_rank()
     with np.load(path, allow_pickle=False) as members:
@@ -92,8 +92,8 @@ def _read_rank(
             if header.get(name) != value:
                 raise ValueError(f"{name} is {header.get(name)!r} in the file, {value!r} in this run")
         pixels = members[f"pixels_{rank}"]
-        if not np.array_equal(pixels, owned_pixels):
-            raise ValueError("the owned pixels in the file are not the ones this rank owns")
+        if not np.array_equal(pixels, held_pixels):
+            raise ValueError("the held pixels in the file are not the ones this rank holds")
         matrix = members["matrix"]
         if matrix.shape != (n_columns, n_columns) or matrix.dtype != np.float64:
             raise ValueError(f"matrix of shape {matrix.shape} {matrix.dtype}, expected ({n_columns}, {n_columns}) float64")
@@ -108,7 +108,7 @@ def _read_rank(
 
 def write_coarse_operator(
     comm: MPI.Comm, path: str | Path, operator: CoarseOperator, *, key: str, coarse_nside: int,
-    owned_pixels: np.ndarray,
+    held_pixels: np.ndarray,
 ) -> str | None:
     """Collective: rank 0 gathers every rank's rows and writes ``path`` atomically.
 
@@ -116,12 +116,12 @@ def write_coarse_operator(
     realisation a build, never this one its map.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
-    counts = comm.gather((len(owned_pixels), operator.columns.shape[1]), root=0)
+    counts = comm.gather((len(held_pixels), operator.columns.shape[1]), root=0)
     members: dict[str, Any] = {}  # arrays by member name; Any so that np.savez(**members) type-checks
     if rank == 0:
         assert counts is not None
         members["matrix"] = operator.matrix
-        members["pixels_0"], members["columns_0"] = owned_pixels, operator.columns
+        members["pixels_0"], members["columns_0"] = held_pixels, operator.columns
         for r in range(1, size):
             pixels = np.empty(counts[r][0], dtype=np.int64)
             columns = np.empty((operator.n_columns, counts[r][1]), dtype=np.float32)
@@ -129,7 +129,7 @@ def write_coarse_operator(
             comm.Recv(columns, source=r, tag=72)
             members[f"pixels_{r}"], members[f"columns_{r}"] = pixels, columns
     else:
-        comm.Send(np.ascontiguousarray(owned_pixels, dtype=np.int64), dest=0, tag=71)
+        comm.Send(np.ascontiguousarray(held_pixels, dtype=np.int64), dest=0, tag=71)
         comm.Send(np.ascontiguousarray(operator.columns, dtype=np.float32), dest=0, tag=72)
     problem = None
     if rank == 0:

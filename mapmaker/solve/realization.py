@@ -449,14 +449,14 @@ def resolve_preconditioner(setup: RealizationSetUp, coarse_cache: str | Path | N
     """Collective: the preconditioner this run solves with and why (:func:`~mapmaker.solve.coarse.choose_preconditioner`).
 
     For ``"auto"``: whether ``coarse_cache`` exists (rank 0 looks), the campaign's realisation count, and the
-    bytes of A-DEF2's ``A Z`` (float32, ``4 K x 3 n_owned``) on the rank that would hold most.
+    bytes of A-DEF2's ``A Z`` (float32, ``4 K x 3 n_held``) on the rank that would hold most.
     """
     spec, comm = setup.spec, setup.pixels.comm
     if spec.solver.preconditioner != "auto":
         return choose_preconditioner(spec.solver.preconditioner, cached=False, realizations=0, coarse_bytes=0)
     cached = coarse_cache is not None and comm.bcast(Path(coarse_cache).exists() if comm.Get_rank() == 0 else None)
     n_columns = coarse_columns(setup, min(spec.solver.coarse_nside, spec.pixelization.nside))
-    rows = 3 * setup.pixels.n_owned
+    rows = 3 * int(setup.pixels.spread_owned.sum())
     coarse_bytes = comm.allreduce(4 * n_columns * rows, op=MPI.MAX)
     return choose_preconditioner(
         "auto", cached=cached, realizations=spec.realizations if coarse_cache is not None else 1,
@@ -502,13 +502,13 @@ def build_two_level(
         return make(None)
     key = coarse_key(spec)
     # The column count is known before any operator work: a shell with no operator is not made, so count here.
-    owned_pixels = setup.pixels.local_pixels[setup.pixels.owned]
+    held_pixels = setup.pixels.local_pixels[setup.pixels.spread_owned]
     n_columns = coarse_columns(setup, coarse_nside)
-    rows = 0 if additive else 3 * len(owned_pixels)
+    rows = 0 if additive else 3 * len(held_pixels)
     operator = None
     try:
         operator = read_coarse_operator(comm, coarse_cache, key=key, coarse_nside=coarse_nside,
-                                        n_columns=n_columns, owned_pixels=owned_pixels, rows=rows)
+                                        n_columns=n_columns, held_pixels=held_pixels, rows=rows)
     except CoarseRefused as refused:
         stats.coarse_refused = str(refused)
         say(f"{refused}: building the coarse operator again and replacing the file")
@@ -516,7 +516,7 @@ def build_two_level(
     stats.coarse_source = "built" if two_level.built else "file"
     if two_level.built:
         problem = write_coarse_operator(comm, coarse_cache, two_level.operator, key=key, coarse_nside=coarse_nside,
-                                        owned_pixels=owned_pixels)
+                                        held_pixels=held_pixels)
         stats.coarse_written = problem is None
         say(f"coarse operator written to {coarse_cache}" if problem is None else f"coarse operator not cached: {problem}")
     else:

@@ -57,6 +57,14 @@ def main() -> None:
         assert pixels.n_observed == len(union)
         lowest = {int(p): min(r for r in range(size) if p in set(everyone[r].tolist())) for p in mine}
         assert all(pixels.owned[i] == (lowest[int(p)] == rank) for i, p in enumerate(mine))
+        # Spread: pixel p on the (p mod m)-th of its m observers, so the partition holds each pixel once.
+        observers = {int(p): [r for r in range(size) if p in set(everyone[r].tolist())] for p in mine}
+        assert all(pixels.spread_owned[i] == (observers[int(p)][int(p) % len(observers[int(p)])] == rank)
+                   for i, p in enumerate(mine))
+        held = comm.allgather(mine[pixels.spread_owned])
+        np.testing.assert_array_equal(np.sort(np.concatenate(held)), union)  # every pixel, each once
+        if size > 1 and rank != 2:  # shared out: this rank holds more than its lowest-observer share
+            assert pixels.spread_owned.sum() > pixels.owned.sum() or rank == 0, (rank, pixels.spread_owned.sum())
         ones = np.ones((len(mine), 3))
         assert pixels.dot(ones, ones) == 3 * len(union)  # shared pixels count once
         assert pixels.sum_owned(np.ones(len(mine))) == len(union)
