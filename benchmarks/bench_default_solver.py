@@ -22,7 +22,7 @@ alike), and each configuration's median over the rounds is reported:
 ``default-cached``   the default in that campaign once the file exists: this run reads it
 ``P:N``              ``solver.preconditioner = P`` at coarse nside N, no coarse cache (the set-up built)
 
-Per configuration: the preconditioner solved with (``auto`` resolved) and its coarse nside, PCG iterations, the spectrum of
+Per configuration: the preconditioner solved with (``auto`` resolved), PCG iterations, the spectrum of
 ``M^-1 A`` as PCG saw it (its smallest Ritz value and the condition estimate kappa, which set the
 iterations: ``PCGResult.spectrum``), ``set_up_s``
 (the coarse operator's build or read, and the start x0; 0 for block-diagonal), ``solve_s`` (the
@@ -116,8 +116,7 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
             result, stats = solve_realization(setup, timers=Timers(), say=quiet, b=b, coarse_cache=run_cache)
             total = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
             set_up = comm.allreduce(stats.coarse_setup_seconds, op=MPI.MAX)
-            samples[name].append({"preconditioner": stats.preconditioner, "coarse_nside": stats.coarse_nside or None,
-                                  "iterations": result.iterations,
+            samples[name].append({"preconditioner": stats.preconditioner, "iterations": result.iterations,
                                   "converged": result.converged, "spectrum": result.spectrum(),
                                   "set_up_s": set_up, "solve_s": total - set_up,
                                   "total_s": total, "coarse_source": stats.coarse_source,
@@ -128,8 +127,7 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
     rows = []
     for name in names:
         runs = samples[name]
-        row = {"configuration": name, **{k: runs[0][k] for k in ("preconditioner", "coarse_nside", "iterations",
-                                                                  "converged", "spectrum",
+        row = {"configuration": name, **{k: runs[0][k] for k in ("preconditioner", "iterations", "converged", "spectrum",
                                                                   "coarse_source", "coarse_mib_rank0")}}
         row.update({k: statistics.median(r[k] for r in runs) for k in ("set_up_s", "solve_s", "total_s")})
         rows.append(row)
@@ -142,12 +140,11 @@ def print_table(runs: list[dict]) -> None:
     for figures in runs:
         print(f"{figures['ranks']} rank(s), nside {figures['nside']}, {figures['samples']:,} samples, "
               f"{figures['observed_pixels']:,} pixels, tol {figures['tol']:g}: medians of {figures['rounds']} rounds")
-        print(f"  {'configuration':<22}{'solved with':<24}{'iter':>5}{'Ritz min':>9}{'kappa':>7}{'set-up s':>10}"
+        print(f"  {'configuration':<22}{'solved with':<20}{'iter':>5}{'Ritz min':>9}{'kappa':>7}{'set-up s':>10}"
               f"{'solve s':>9}{'total s':>9}{'coarse MiB':>11}")
         for row in figures["configurations"]:
             spectrum = row["spectrum"] or {"smallest": float("nan"), "condition": float("nan")}
-            solved_with = row["preconditioner"] + (f" at {row['coarse_nside']}" if row["coarse_nside"] else "")
-            print(f"  {row['configuration']:<22}{solved_with:<24}{row['iterations']:>5}"
+            print(f"  {row['configuration']:<22}{row['preconditioner']:<20}{row['iterations']:>5}"
                   f"{spectrum['smallest']:>9.3f}{spectrum['condition']:>7.2f}{row['set_up_s']:>10.2f}"
                   f"{row['solve_s']:>9.2f}{row['total_s']:>9.2f}{row['coarse_mib_rank0']:>11.0f}")
 

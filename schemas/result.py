@@ -224,11 +224,7 @@ class SpectrumEstimate(ResultModel):
 class CoarseRecord(ResultModel):
     """The two-level preconditioner's coarse space in one realisation (``solver.preconditioner = "two-level"``)."""
 
-    columns: int = Field(description="Coarse columns K: 3 x the observed coarse pixels at nside")
-    nside: int | None = Field(
-        None, description="HEALPix nside of the coarse space: solver.coarse_nside, or a coarser one that "
-        "preconditioner auto chose to keep A Z within its limits (absent in results written before it was recorded)"
-    )
+    columns: int = Field(description="Coarse columns K: 3 x the observed pixels at solver.coarse_nside")
     source: Literal["built", "file"] = Field(
         description="Where the coarse operator (E = Z^T A Z and A Z) came from: built by this run, or read from "
         "realize --coarse-cache"

@@ -549,9 +549,8 @@ class SolverSpec(StrictModel):
     preconditioner: Preconditioner = Field(
         "auto",
         description="auto: two-level when its coarse operator is shared through realize --coarse-cache (the file "
-        "exists, or the campaign has more than one realisation), at the finest coarse nside up to coarse_nside whose "
-        "A Z fits 2 GiB and 64 bytes per sample on every rank, else block-diagonal (no set-up to pay back, or a "
-        "coarse space dearer than the iterations it saves); block-diagonal: the 3x3 white-noise blocks; two-level: those plus a coarse-space "
+        "exists, or the campaign has more than one realisation) and its A Z fits 512 MiB per rank, else "
+        "block-diagonal (no set-up to pay back); block-diagonal: the 3x3 white-noise blocks; two-level: those plus a coarse-space "
         "correction on coarse_nside pixels, A-DEF2 (fewest iterations; holds A Z, 12 bytes per pixel and coarse "
         "column, read every iteration); two-level-additive: the blocks plus Z E^-1 Z^T (a few more iterations at "
         "the block-diagonal one's cost, holds E only). Both coarse forms set up with one operator application "
@@ -559,8 +558,7 @@ class SolverSpec(StrictModel):
     )
     coarse_nside: Integer = Field(
         4, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
-        "(capped at the map's nside; under preconditioner auto the finest allowed): 3 x 12 coarse_nside^2 columns; "
-        "higher costs more set-up for fewer iterations"
+        "(capped at the map's nside): 3 x 12 coarse_nside^2 columns; higher costs more set-up for fewer iterations"
     )
     noise_filter: NoiseFilter = Field(
         "exact", description="N^-1 per stationary interval: exact (full Fourier transform) or finite (a kernel of "

@@ -353,7 +353,7 @@ def coarse_record(outcome: SolveOutcome) -> CoarseRecord | None:
     if stats.coarse_source is None:
         return None
     return CoarseRecord(
-        columns=stats.coarse_columns, nside=stats.coarse_nside, source=stats.coarse_source, set_up_s=stats.coarse_setup_seconds,
+        columns=stats.coarse_columns, source=stats.coarse_source, set_up_s=stats.coarse_setup_seconds,
         refused=stats.coarse_refused, written=stats.coarse_written, mib_rank0=stats.coarse_bytes / 2**20,
     )
 

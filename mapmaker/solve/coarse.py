@@ -56,14 +56,9 @@ from the coarse file every realisation (1.5 s at 1 rank under load,
 against 0.07 s for ``E`` alone; docs/results/solvers.md).
 
 The default, ``solver.preconditioner = "auto"`` (:func:`choose_preconditioner`),
-is A-DEF2 when its set-up is shared through the coarse cache, at the finest
-coarse nside up to ``solver.coarse_nside`` whose ``A Z`` fits two limits on
-every rank: :data:`AUTO_COARSE_BYTES` of memory and
-:data:`AUTO_COARSE_BYTES_PER_SAMPLE` bytes per sample of the rank (``A Z``
-is read every iteration, the operator's cost grows with the samples: at a
-few samples a pixel the coarse space costs more than the iterations it
-removes, at tens it pays). Block-diagonal otherwise: a one-off realisation
-pays no set-up it cannot pay back.
+is A-DEF2 when its set-up is shared through the coarse cache and its ``A Z``
+fits :data:`AUTO_COARSE_BYTES` per rank, and block-diagonal otherwise: a
+one-off realisation pays no set-up it cannot pay back.
 
 Set-up: ``A Z`` is K applications of the PCG operator, each reduced over
 ranks through the solve's own :class:`~mapmaker.parallel.reduction.PixelReduction`.
@@ -90,7 +85,7 @@ reduction, so ``Z y`` needs no communication.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import healpy as hp
@@ -276,64 +271,29 @@ class TwoLevelPreconditioner:
         return self._prolong_add(y, smoothed)
 
 
-# What preconditioner "auto" lets A-DEF2's A Z cost on every rank, the two limits of ``choose_preconditioner``.
-# Memory: beside the rank's samples (2 GiB: a rank of this machine's 2 x 11.7 GiB, or of a cluster's 4 GiB a core,
-# keeps room for the samples).
-AUTO_COARSE_BYTES = 2 * 2**30
-# Time: A Z is read once an iteration; the operator costs in proportion to the samples. Measured
-# (docs/results/solvers.md, solvers-nside512.md): the satellite example at coarse nside 4, 50 bytes a sample,
-# 27 iterations become 10; nside 512 at 20 Hz (4.8 samples a pixel), coarse nside 1 at 72 bytes a sample makes
-# the solve slower (12 iterations become 11, each 46% dearer); at 60 Hz, coarse nside 1 at 30 bytes a sample is
-# 4% faster (16 become 13) and coarse nside 2 at 120 bytes slower; at 300 Hz (71 samples a pixel) both pay.
-AUTO_COARSE_BYTES_PER_SAMPLE = 64
+# The most A Z (bytes per rank) that preconditioner "auto" holds and reads every iteration: the satellite
+# example's 576 columns (coarse nside 4) at nside 64 take 329 MB on one rank; at nside 512 a coarse space of
+# any use is gigabytes (module doc), and the block-diagonal preconditioner is chosen instead.
+AUTO_COARSE_BYTES = 512 * 2**20
 
 
-@dataclass(frozen=True)
-class CoarseSize:
-    """What A-DEF2's ``A Z`` would cost at ``coarse_nside``, on the rank where it costs most.
+def choose_preconditioner(requested: str, *, cached: bool, realizations: int, coarse_bytes: int) -> tuple[str, str]:
+    """The preconditioner a run solves with, and why: ``requested`` unless it is ``"auto"``.
 
-    bytes: the most held by a rank (float32, 4 K x 3 n_held); bytes_per_sample: the largest over ranks
-    of the rank's bytes over its samples (what the operator streams each iteration).
-    """
-
-    coarse_nside: int
-    bytes: int
-    bytes_per_sample: float
-
-    def fits(self) -> bool:
-        return self.bytes <= AUTO_COARSE_BYTES and self.bytes_per_sample <= AUTO_COARSE_BYTES_PER_SAMPLE
-
-    def describe(self) -> str:
-        return (f"coarse nside {self.coarse_nside}: A Z {self.bytes / 2**20:.0f} MiB and "
-                f"{self.bytes_per_sample:.0f} bytes a sample on a rank")
-
-
-def choose_preconditioner(
-    requested: str, *, cached: bool, realizations: int, sizes: Sequence[CoarseSize]
-) -> tuple[str, int | None, str]:
-    """The preconditioner a run solves with, its coarse nside (None: the spec's) and why.
-
-    ``requested`` unless it is ``"auto"``. ``auto`` is A-DEF2 (``"two-level"``) when its coarse operator
-    is shared -- ``cached``: a coarse cache file exists, or the run writes one that ``realizations`` > 1
-    realisations of the campaign will read -- at the finest coarse nside of ``sizes`` (one per coarse nside
-    allowed: the spec's ``solver.coarse_nside`` and the coarser ones) whose ``A Z`` fits both
-    :data:`AUTO_COARSE_BYTES` and :data:`AUTO_COARSE_BYTES_PER_SAMPLE` on every rank; block-diagonal when
-    none fits or nothing is shared (a one-off has no set-up to pay back).
+    ``auto`` is A-DEF2 (``"two-level"``) when its coarse operator is shared -- ``cached``: a coarse cache
+    file exists, or the run writes one that ``realizations`` > 1 realisations of the campaign will read --
+    and its ``A Z`` takes at most :data:`AUTO_COARSE_BYTES` on every rank (``coarse_bytes``, the largest
+    over ranks); otherwise block-diagonal, which has no set-up to pay back.
     """
     if requested != "auto":
-        return requested, None, "as the spec says"
+        return requested, "as the spec says"
+    if coarse_bytes > AUTO_COARSE_BYTES:
+        return "block-diagonal", (f"A Z would take {coarse_bytes / 2**20:.0f} MiB on a rank, over the "
+                                  f"{AUTO_COARSE_BYTES / 2**20:.0f} MiB the two-level set-up may hold")
     if not cached and realizations < 2:
-        return "block-diagonal", None, "no coarse cache to read and no other realisation to share one built here"
-    by_resolution = sorted(sizes, key=lambda size: size.coarse_nside, reverse=True)
-    for size in by_resolution:
-        if size.fits():
-            shared = "read from the coarse cache" if cached else (
-                f"built once into the coarse cache for {realizations} realisations")
-            return "two-level", size.coarse_nside, f"{size.describe()}; its coarse operator is {shared}"
-    coarsest = by_resolution[-1].describe() if by_resolution else "no coarse space"
-    return "block-diagonal", None, (
-        f"{coarsest}, over the {AUTO_COARSE_BYTES / 2**20:.0f} MiB and {AUTO_COARSE_BYTES_PER_SAMPLE} bytes a "
-        "sample the two-level preconditioner may hold and read each iteration")
+        return "block-diagonal", "no coarse cache to read and no other realisation to share one built here"
+    return "two-level", "its coarse operator is read from the coarse cache" if cached else (
+        f"its coarse operator is built once into the coarse cache for {realizations} realisations")
 
 
 def coarse_parents(local_pixels: np.ndarray, nside: int, coarse_nside: int) -> np.ndarray:

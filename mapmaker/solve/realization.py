@@ -47,13 +47,7 @@ from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan
 from mapmaker.parallel.planfile import PlanRefused
 from mapmaker.parallel.reduction import OverlapReduction, PixelReduction, make_reduction, needs_plan, resolve_strategy
 from mapmaker.parallel.rootwork import on_root_with_node_cores
-from mapmaker.solve.coarse import (
-    CoarseOperator,
-    CoarseSize,
-    TwoLevelPreconditioner,
-    choose_preconditioner,
-    coarse_parents,
-)
+from mapmaker.solve.coarse import CoarseOperator, TwoLevelPreconditioner, choose_preconditioner, coarse_parents
 from mapmaker.solve.coarsefile import CoarseRefused, read_coarse_operator, write_coarse_operator
 from mapmaker.solve.local_data import LocalData, build_local_data
 from mapmaker.solve.solver import PCGResult, pcg
@@ -78,7 +72,6 @@ class RankStats:
     reductions: int = 0
     preconditioner: str = "block-diagonal"  # the one solved with (solver.preconditioner, "auto" resolved)
     coarse_columns: int = 0  # of the two-level preconditioner (0: block-diagonal)
-    coarse_nside: int = 0  # its coarse space's HEALPix nside (what "auto" chose; 0: block-diagonal)
     coarse_bytes: int = 0  # its memory on this rank
     coarse_setup_seconds: float = 0.0  # its set-up (A Z, E and the start), before the first iteration
     coarse_source: str | None = None  # "built" or "file" (read from the coarse cache); None: block-diagonal
@@ -400,15 +393,14 @@ def solve_realization(
 
     x0 = initial_residual = None
     started = MPI.Wtime()
-    stats.preconditioner, coarse_nside, why = resolve_preconditioner(setup, coarse_cache)
+    stats.preconditioner, why = resolve_preconditioner(setup, coarse_cache)
     if spec.solver.preconditioner == "auto":
         say(f"preconditioner auto: {stats.preconditioner} ({why})")
     if stats.preconditioner in TWO_LEVEL:
         with timers.stage("coarse"), timers("calc"):
-            two_level = build_two_level(setup, coarse_cache, stats, say, preconditioner=stats.preconditioner,
-                                        coarse_nside=coarse_nside)
+            two_level = build_two_level(setup, coarse_cache, stats, say, preconditioner=stats.preconditioner)
             x0, initial_residual = two_level.start(b)
-        stats.coarse_columns, stats.coarse_nside = two_level.n_columns, two_level.coarse_nside
+        stats.coarse_columns = two_level.n_columns
         stats.coarse_bytes = two_level.bytes_held
         stats.coarse_setup_seconds = MPI.Wtime() - started
         say(f"two-level preconditioner: {two_level.n_columns} coarse columns (coarse nside {two_level.coarse_nside}), "
@@ -443,57 +435,38 @@ def solve_realization(
     return result, stats
 
 
-def coarse_columns(setup: RealizationSetUp, coarse_nsides: list[int]) -> dict[int, int]:
-    """Collective: the coarse space's column count K at each of ``coarse_nsides``, 3 x the coarse pixels
-    (NESTED) holding a solved pixel on some rank; known before any operator work (one Allreduce)."""
-    nside = setup.spec.pixelization.nside
-    nested = coarse_parents(setup.pixels.local_pixels, nside, nside)[~setup.cut]  # NESTED ids at nside
-    seen = []
-    for coarse_nside in coarse_nsides:
-        seen_here = np.zeros(12 * coarse_nside**2, dtype=np.int64)
-        seen_here[np.unique(nested >> 2 * (nside.bit_length() - coarse_nside.bit_length()))] = 1
-        seen.append(seen_here)
-    everywhere = np.concatenate(seen) if seen else np.zeros(0, dtype=np.int64)
-    setup.pixels.comm.Allreduce(MPI.IN_PLACE, everywhere, op=MPI.MAX)
-    counts, first = {}, 0
-    for coarse_nside, seen_here in zip(coarse_nsides, seen):
-        counts[coarse_nside] = 3 * int(everywhere[first : first + len(seen_here)].sum())
-        first += len(seen_here)
-    return counts
+def coarse_columns(setup: RealizationSetUp, coarse_nside: int) -> int:
+    """Collective: the coarse space's column count K, 3 x the coarse pixels (NESTED at ``coarse_nside``)
+    holding a solved pixel on some rank; known before any operator work."""
+    parents = coarse_parents(setup.pixels.local_pixels, setup.spec.pixelization.nside, coarse_nside)
+    seen = np.zeros(12 * coarse_nside**2, dtype=np.int64)
+    seen[np.unique(parents[~setup.cut])] = 1
+    setup.pixels.comm.Allreduce(MPI.IN_PLACE, seen, op=MPI.MAX)
+    return 3 * int(seen.sum())
 
 
-def resolve_preconditioner(setup: RealizationSetUp, coarse_cache: str | Path | None) -> tuple[str, int, str]:
-    """Collective: the preconditioner this run solves with, its coarse nside and why
-    (:func:`~mapmaker.solve.coarse.choose_preconditioner`).
+def resolve_preconditioner(setup: RealizationSetUp, coarse_cache: str | Path | None) -> tuple[str, str]:
+    """Collective: the preconditioner this run solves with and why (:func:`~mapmaker.solve.coarse.choose_preconditioner`).
 
-    For ``"auto"``: whether ``coarse_cache`` exists (rank 0 looks), the campaign's realisation count, and
-    for each coarse nside from ``solver.coarse_nside`` down to 1 the bytes of A-DEF2's ``A Z`` (float32,
-    ``4 K x 3 n_held``) on the rank that would hold most, and per sample of the rank.
+    For ``"auto"``: whether ``coarse_cache`` exists (rank 0 looks), the campaign's realisation count, and the
+    bytes of A-DEF2's ``A Z`` (float32, ``4 K x 3 n_held``) on the rank that would hold most.
     """
     spec, comm = setup.spec, setup.pixels.comm
-    finest = min(spec.solver.coarse_nside, spec.pixelization.nside)
     if spec.solver.preconditioner != "auto":
-        chosen, _, why = choose_preconditioner(spec.solver.preconditioner, cached=False, realizations=0, sizes=[])
-        return chosen, finest, why
+        return choose_preconditioner(spec.solver.preconditioner, cached=False, realizations=0, coarse_bytes=0)
     cached = coarse_cache is not None and comm.bcast(Path(coarse_cache).exists() if comm.Get_rank() == 0 else None)
-    realizations = spec.realizations if coarse_cache is not None else 1
-    sizes = []
-    if cached or realizations > 1:  # else nothing is shared and no size matters
-        coarse_nsides = [finest >> level for level in range(finest.bit_length())]  # finest, ..., 2, 1
-        rows = 3 * int(setup.pixels.spread_owned.sum())
-        columns = coarse_columns(setup, coarse_nsides)
-        held = np.array([[4.0 * columns[c] * rows, 4.0 * columns[c] * rows / max(setup.local.n_samples, 1)]
-                         for c in coarse_nsides])  # [coarse nside, (bytes, bytes per sample)] on this rank
-        comm.Allreduce(MPI.IN_PLACE, held, op=MPI.MAX)
-        sizes = [CoarseSize(coarse_nside=c, bytes=int(most), bytes_per_sample=float(per_sample))
-                 for c, (most, per_sample) in zip(coarse_nsides, held)]
-    chosen, coarse_nside, why = choose_preconditioner("auto", cached=cached, realizations=realizations, sizes=sizes)
-    return chosen, coarse_nside or finest, why
+    n_columns = coarse_columns(setup, min(spec.solver.coarse_nside, spec.pixelization.nside))
+    rows = 3 * int(setup.pixels.spread_owned.sum())
+    coarse_bytes = comm.allreduce(4 * n_columns * rows, op=MPI.MAX)
+    return choose_preconditioner(
+        "auto", cached=cached, realizations=spec.realizations if coarse_cache is not None else 1,
+        coarse_bytes=coarse_bytes,
+    )
 
 
 def build_two_level(
     setup: RealizationSetUp, coarse_cache: str | Path | None = None, stats: RankStats | None = None,
-    say: Progress = lambda message: None, *, preconditioner: str | None = None, coarse_nside: int | None = None,
+    say: Progress = lambda message: None, *, preconditioner: str | None = None,
 ) -> TwoLevelPreconditioner:
     """Collective: the two-level preconditioner of ``setup``, its coarse operator read from ``coarse_cache``
     when that file exists and fits this run, else built (one operator application over the intervals that
@@ -501,14 +474,13 @@ def build_two_level(
 
     ``stats`` (when given) records where the operator came from, a refused file's reason and whether
     this run wrote the file. ``preconditioner``: ``"two-level"`` or ``"two-level-additive"`` (default
-    ``solver.preconditioner``; what ``"auto"`` resolved to); ``coarse_nside``: the coarse space's (default
-    ``solver.coarse_nside``, capped at the map's nside; what ``"auto"`` chose).
+    ``solver.preconditioner``; what ``"auto"`` resolved to).
     """
     local, threads, spec, comm = setup.local, setup.threads, setup.spec, setup.pixels.comm
     additive = (preconditioner or spec.solver.preconditioner) == "two-level-additive"
     stats = stats if stats is not None else RankStats()
     nside = spec.pixelization.nside
-    coarse_nside = min(coarse_nside or spec.solver.coarse_nside, nside)
+    coarse_nside = min(spec.solver.coarse_nside, nside)
     visits: list[np.ndarray] = []  # the intervals visiting each coarse pixel, made for a build only
 
     def apply_operator(x: np.ndarray, out: np.ndarray, coarse_pixel: int | None) -> np.ndarray:
@@ -531,7 +503,7 @@ def build_two_level(
     key = coarse_key(spec)
     # The column count is known before any operator work: a shell with no operator is not made, so count here.
     held_pixels = setup.pixels.local_pixels[setup.pixels.spread_owned]
-    n_columns = coarse_columns(setup, [coarse_nside])[coarse_nside]
+    n_columns = coarse_columns(setup, coarse_nside)
     rows = 0 if additive else 3 * len(held_pixels)
     operator = None
     try:

@@ -4,8 +4,7 @@ A masked sky (a 1 h satellite scan seeing part of the nside-16 sphere; 1/f noise
 solved with the default (``auto`` with no coarse cache: block-diagonal), block-diagonal, two-level (A-DEF2),
 two-level-additive, and ``auto`` with a coarse cache shared by the campaign's realisations: the first run
 builds and writes it (two-level), the second reads it; ``auto`` with a cache for a one-realisation campaign
-builds nothing; ``auto`` when only coarse nside 1 fits its limits (forced here) builds and reads a coarse
-space at nside 1, not the spec's 2; and the default and two-level again with the local pixel rows numbered in visit order (the
+builds nothing; and the default and two-level again with the local pixel rows numbered in visit order (the
 fast path's order for local maps beyond the caches, forced here on this small map). Rank 0 compares each
 gathered map with the default's (1e-7 of the largest |value|, per Stokes component over the solved pixels:
 the solve's tolerance, 1e-10, times the condition of the system) and prints the preconditioner each run
@@ -22,7 +21,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))
 from mapmaker_cases import make_spec
 
-from mapmaker.solve import coarse, local_data, realization
+from mapmaker.solve import local_data, realization
 from mapmaker.solve.realization import run_realization
 
 CHANGES = {
@@ -34,10 +33,8 @@ CHANGES = {
 def main() -> None:
     comm = MPI.COMM_WORLD
     cache = Path(sys.argv[1]) / f"coarse-{comm.Get_size()}.npz"
-    coarser_cache = Path(sys.argv[1]) / f"coarse-nside1-{comm.Get_size()}.npz"
     if comm.Get_rank() == 0:
         cache.unlink(missing_ok=True)
-        coarser_cache.unlink(missing_ok=True)
     comm.Barrier()
     runs = {
         "default": run_realization(make_spec(CHANGES), 0, comm),
@@ -50,11 +47,6 @@ def main() -> None:
         "auto-builds": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
         "auto-reads": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
     }
-    fits = coarse.CoarseSize.fits
-    coarse.CoarseSize.fits = lambda size: size.coarse_nside == 1  # the spec's coarse nside 2 over auto's limits
-    runs["auto-coarser-builds"] = run_realization(make_spec(CHANGES), 0, comm, coarse_cache=coarser_cache)
-    runs["auto-coarser-reads"] = run_realization(make_spec(CHANGES), 0, comm, coarse_cache=coarser_cache)
-    coarse.CoarseSize.fits = fits
     local_data.VISIT_ORDER_MIN_LOCAL_PIXELS = 0  # every rank's rows in visit order from here on
     row_orders = []  # what each of these solves' pointing caches used: the check compares nothing otherwise
 
@@ -73,16 +65,11 @@ def main() -> None:
     expected = {"default": "block-diagonal", "block-diagonal": "block-diagonal", "two-level": "two-level",
                 "two-level-additive": "two-level-additive", "auto-one-realisation": "block-diagonal",
                 "auto-builds": "two-level", "auto-reads": "two-level", "visit-order": "block-diagonal",
-                "visit-order-two-level": "two-level", "auto-coarser-builds": "two-level",
-                "auto-coarser-reads": "two-level"}
+                "visit-order-two-level": "two-level"}
     assert solved_with == expected, solved_with
     assert runs["auto-one-realisation"].stats.coarse_source is None
     assert runs["auto-builds"].stats.coarse_source == "built" and runs["auto-builds"].stats.coarse_written
     assert runs["auto-reads"].stats.coarse_source == "file"
-    assert runs["auto-reads"].stats.coarse_nside == runs["two-level"].stats.coarse_nside == 2
-    coarser = [runs["auto-coarser-builds"].stats, runs["auto-coarser-reads"].stats]
-    assert [(s.coarse_nside, s.coarse_source) for s in coarser] == [(1, "built"), (1, "file")], coarser
-    assert coarser[0].coarse_columns < runs["two-level"].stats.coarse_columns
     assert runs["auto-reads"].pcg.iterations == runs["two-level"].pcg.iterations
     assert runs["auto-reads"].pcg.iterations < runs["default"].pcg.iterations
     if comm.Get_rank() != 0:
