@@ -94,10 +94,10 @@ class DistributedPixels:
         """[n_local] bool: a partition of the observed pixels like :attr:`owned` (each on exactly one of the
         ranks observing it), spread over those ranks instead of all given to the lowest.
 
-        Pixel p goes to its (p mod m)-th observer of m. On a scan every rank sees nearly whole (a satellite
-        split by time), :attr:`owned` puts almost every pixel on rank 0; this gives each rank about its
-        share. For per-pixel state read every iteration (the two-level preconditioner's ``A Z``): the
-        owned rows stay what the dot products and the gather use. Collective, once (cached): one buffered
+        Pixel p goes to its (p mod m)-th observer of m. Where every rank sees nearly the whole sky (a
+        satellite split by time), :attr:`owned` puts almost every pixel on rank 0; this gives each rank
+        about its share. For per-pixel state read every iteration (the two-level preconditioner's
+        ``A Z``); the dot products and the gather keep the owned rows. Collective, once (cached): one buffered
         ``Allreduce(BOR)`` of the observers' bit sets, ceil(ranks / 64) 8-byte words a pixel.
         """
         size = self.comm.Get_size()
