@@ -221,11 +221,6 @@ class TwoLevelPreconditioner:
         return self.operator.matrix
 
     @property
-    def held_pixels(self) -> np.ndarray:
-        """Global RING ids [n_held] int64 of this rank's held pixels: the rows of ``A Z`` it holds."""
-        return self.pixels.local_pixels[self.pixels.spread_owned]
-
-    @property
     def bytes_held(self) -> int:
         """Memory of the coarse space on this rank: A Z, E and its factor (bytes)."""
         return int(self.operator.columns.nbytes + 2 * self.operator.matrix.nbytes)
