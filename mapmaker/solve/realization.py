@@ -448,20 +448,21 @@ def coarse_columns(setup: RealizationSetUp, coarse_nside: int) -> int:
 def resolve_preconditioner(setup: RealizationSetUp, coarse_cache: str | Path | None) -> tuple[str, str]:
     """Collective: the preconditioner this run solves with and why (:func:`~mapmaker.solve.coarse.choose_preconditioner`).
 
-    For ``"auto"``: whether ``coarse_cache`` exists (rank 0 looks), the campaign's realisation count, and the
-    bytes of A-DEF2's ``A Z`` (float32, ``4 K x 3 n_held``) on the rank that would hold most.
+    For ``"auto"``: whether ``coarse_cache`` exists (rank 0 looks), the campaign's realisation count, and, when
+    the coarse operator would be shared, the bytes of A-DEF2's ``A Z`` (float32, ``4 K x 3 n_held``) on the rank
+    that would hold most.
     """
     spec, comm = setup.spec, setup.pixels.comm
     if spec.solver.preconditioner != "auto":
         return choose_preconditioner(spec.solver.preconditioner, cached=False, realizations=0, coarse_bytes=0)
     cached = coarse_cache is not None and comm.bcast(Path(coarse_cache).exists() if comm.Get_rank() == 0 else None)
-    n_columns = coarse_columns(setup, min(spec.solver.coarse_nside, spec.pixelization.nside))
-    rows = 3 * int(setup.pixels.spread_owned.sum())
-    coarse_bytes = comm.allreduce(4 * n_columns * rows, op=MPI.MAX)
-    return choose_preconditioner(
-        "auto", cached=cached, realizations=spec.realizations if coarse_cache is not None else 1,
-        coarse_bytes=coarse_bytes,
-    )
+    realizations = spec.realizations if coarse_cache is not None else 1
+    coarse_bytes = 0
+    if cached or realizations > 1:  # else block-diagonal whatever A Z would take: no whole-map pass to size it
+        n_columns = coarse_columns(setup, min(spec.solver.coarse_nside, spec.pixelization.nside))
+        rows = 3 * int(setup.pixels.spread_owned.sum())
+        coarse_bytes = comm.allreduce(4 * n_columns * rows, op=MPI.MAX)
+    return choose_preconditioner("auto", cached=cached, realizations=realizations, coarse_bytes=coarse_bytes)
 
 
 def build_two_level(
