@@ -112,6 +112,14 @@ class Settings(BaseSettings):
         description="Bearer token that GET /metrics requires (Prometheus: authorization credentials_file); unset: "
         "/metrics answers whoever reaches the API (aggregate counts and latencies only)",
     )
+    keep_alive_s: int = Field(
+        75,
+        ge=6,
+        le=3_600,
+        description="An idle HTTP connection is closed after this. Longer than a client's own idle limit (httpx "
+        "and the CLI: 5 s; nginx's upstream keep-alive: 60 s), so a client never sends on a connection the server "
+        "is closing at that moment (the request would be lost: 'Server disconnected', or a 502 from the proxy)",
+    )
     forwarded_allow_ips: str | None = Field(
         None,
         min_length=1,

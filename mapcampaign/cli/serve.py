@@ -57,6 +57,7 @@ def serve(
         workers=workers,
         log_level=settings.log_level,
         timeout_graceful_shutdown=3,
+        timeout_keep_alive=settings.keep_alive_s,
         # Behind a TLS reverse proxy: client address and scheme from its X-Forwarded-* headers, from it only.
         proxy_headers=settings.forwarded_allow_ips is not None,
         forwarded_allow_ips=settings.forwarded_allow_ips,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -159,4 +162,31 @@ def test_behind_a_tls_proxy_the_dashboard_believes_forwarded_headers_only_when_t
             service.url + "/login", data={"token": service.user_token}, headers=from_proxy, follow_redirects=False
         )
         assert answer.status_code == expected, answer.text[:300]
+        service.stop()
+
+
+def test_an_idle_connection_outlives_a_clients_own_keep_alive_limit(tmp_path):
+    """A client reuses a connection idle up to its own limit (httpx's, which the CLI and workers use: 5 s);
+    the server must not be closing it then. At uvicorn's default (5 s, the same) the server closed such
+    connections as the next request arrived: under load, readers stalled ~5 s got "Server disconnected
+    without sending a response" (tests/reliability/test_load.py), and nginx's pooled upstream connections
+    (60 s) would have met the same race as 502s."""
+    client_limit_s = httpx.Limits().keepalive_expiry
+    assert client_limit_s is not None
+    service = start_live_service(tmp_path / "embedded")
+    address = urlsplit(service.url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    try:
+        connection.request("GET", "/healthz")
+        first = connection.getresponse()
+        first.read()
+        socket_used = connection.sock.getsockname()
+        time.sleep(client_limit_s + 0.5)  # the idle time under test, not a wait for an event
+        connection.request("GET", "/healthz")  # http.client reconnects only when it closed the socket itself
+        second = connection.getresponse()
+        second.read()
+        assert (first.status, second.status) == (200, 200)
+        assert connection.sock.getsockname() == socket_used  # the same connection answered
+    finally:
+        connection.close()
         service.stop()

@@ -95,6 +95,15 @@ def test_proxy_configs_forward_headers_and_do_not_buffer_events():
     assert "reverse_proxy 127.0.0.1:8765" in (DEPLOY / "proxy" / "Caddyfile").read_text()
 
 
+def test_proxies_close_idle_upstream_connections_before_the_api_does():
+    """The side that closes an idle connection first must be the one that sends on it: the proxy."""
+    api_s = Settings.model_fields["keep_alive_s"].default
+    nginx = re.search(r"keepalive_timeout (\d+)s;", (DEPLOY / "proxy" / "nginx.conf").read_text())
+    caddy = re.search(r"keepalive (\d+)s", (DEPLOY / "proxy" / "Caddyfile").read_text())
+    assert nginx and caddy
+    assert int(nginx.group(1)) < api_s and int(caddy.group(1)) < api_s
+
+
 def test_every_bundled_site_file_loads():
     sites = sorted((DEPLOY / "sites").glob("*.toml"))
     assert {site.stem for site in sites} >= {"local", "slurm", "slurm-mpiexec", "pbs"}
