@@ -235,6 +235,16 @@ class CoarseRecord(ResultModel):
     mib_rank0: float = Field(description="Memory of the coarse space on rank 0 (MiB)")
 
 
+class PreconditionerRecord(ResultModel):
+    """The preconditioner one realisation solved with: ``solver.preconditioner``, or what ``auto`` chose."""
+
+    name: Literal["block-diagonal", "two-level", "two-level-additive"]
+    why: str = Field(description="Why: the spec, or auto's reason (coarse cache, A Z's size, the solve timings)")
+    timed: bool = Field(
+        False, description="auto timed this solve beside the coarse cache, to compare the two preconditioners"
+    )
+
+
 class RealizationResult(ResultModel):
     format_version: int = RESULT_FORMAT_VERSION
     realization: int
@@ -282,6 +292,9 @@ class RealizationResult(ResultModel):
     plan_checksum: str | None = None
     versions: dict[str, str]
     products: list[ProductFile] = Field(default_factory=list)
+    preconditioner: PreconditionerRecord | None = Field(
+        None, description="The preconditioner PCG solved with, and why (what solver.preconditioner = \"auto\" chose)"
+    )
     coarse: CoarseRecord | None = Field(None, description="The two-level preconditioner's coarse space (None: block-diagonal)")
     spectra: BinnedSpectra | None = Field(
         None,

@@ -49,7 +49,7 @@ from mapmaker.programs.versions import package_versions
 from mapmaker.solve.realization import Progress, SolveOutcome, run_realization
 from mapmaker.solve.timing import STAGES, Timers, peak_memory_mib
 from schemas.files import atomic_write, sha256_file
-from schemas.result import CoarseRecord, ProductFile, RealizationResult
+from schemas.result import CoarseRecord, PreconditionerRecord, ProductFile, RealizationResult
 from schemas.spec import CampaignSpec, scan_key, spec_hash
 
 T = TypeVar("T")
@@ -335,6 +335,9 @@ def realization_result(
         plan_checksum=plan_checksum,
         versions=package_versions(),
         products=product_records,
+        preconditioner=PreconditionerRecord(
+            name=outcome.stats.preconditioner, why=outcome.stats.preconditioner_why, timed=outcome.stats.solve_timed
+        ),
         coarse=coarse_record(outcome),
         spectra=spectra.result_record(
             spec,

@@ -58,7 +58,15 @@ against 0.07 s for ``E`` alone; docs/results/solvers.md).
 The default, ``solver.preconditioner = "auto"`` (:func:`choose_preconditioner`),
 is A-DEF2 when its set-up is shared through the coarse cache and its ``A Z``
 fits :data:`AUTO_COARSE_BYTES` per rank, and block-diagonal otherwise: a
-one-off realisation pays no set-up it cannot pay back.
+one-off realisation pays no set-up it cannot pay back. Once the coarse
+operator is cached, fewer iterations are not always less time: each A-DEF2
+iteration also reads ``A Z``, and at nside 512 and 14 samples a pixel its
+13 iterations took 8.8 s against block-diagonal's 16 in 7.9 s
+(docs/results/solvers-nside512.md). So the realisations that read the file
+time both (:func:`choose_by_timing`): the first solves with A-DEF2, the next
+with block-diagonal, each recording its seconds beside the coarse file
+(:mod:`mapmaker.solve.coarsefile`), and the rest solve with the faster. Both
+give the map to the solve's tolerance, so a trial costs only its time.
 
 Set-up: ``A Z`` is K applications of the PCG operator, each reduced over
 ranks through the solve's own :class:`~mapmaker.parallel.reduction.PixelReduction`.
@@ -85,8 +93,10 @@ reduction, so ``Z y`` needs no communication.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import healpy as hp
 import numpy as np
@@ -272,23 +282,62 @@ class TwoLevelPreconditioner:
 AUTO_COARSE_BYTES = 512 * 2**20
 
 
-def choose_preconditioner(requested: str, *, cached: bool, realizations: int, coarse_bytes: int) -> tuple[str, str]:
+# What auto compares once the coarse operator is cached, in the order the trials run.
+TIMED_PRECONDITIONERS = ("two-level", "block-diagonal")
+
+
+@dataclass(frozen=True)
+class SolveTiming:
+    """One realisation's solve under ``auto`` with the coarse operator cached: what :func:`choose_by_timing` compares."""
+
+    preconditioner: str  # one of TIMED_PRECONDITIONERS
+    seconds: float  # choosing, the coarse set-up (the file's read and the start) and PCG, on the slowest rank (s)
+    iterations: int
+
+
+class Choice(NamedTuple):
+    """The preconditioner a run solves with, why, and whether its time is recorded for auto's comparison."""
+
+    preconditioner: str
+    why: str
+    timed: bool = False
+
+
+def choose_by_timing(timings: Sequence[SolveTiming]) -> Choice:
+    """Auto's choice once the coarse operator is cached: each of :data:`TIMED_PRECONDITIONERS` until it has been
+    timed on a realisation of the problem (a trial, timed), then the one of smaller median seconds."""
+    seconds = {name: [t.seconds for t in timings if t.preconditioner == name] for name in TIMED_PRECONDITIONERS}
+    for name in TIMED_PRECONDITIONERS:
+        if not seconds[name]:
+            return Choice(name, f"trial: no realisation of this problem has solved with {name} yet", timed=True)
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    fastest = min(TIMED_PRECONDITIONERS, key=medians.__getitem__)
+    return Choice(fastest, "the faster on realisations of this problem: " + ", ".join(
+        f"{name} {medians[name]:.2f} s ({len(seconds[name])} timed)" for name in TIMED_PRECONDITIONERS))
+
+
+def choose_preconditioner(
+    requested: str, *, cached: bool, realizations: int, coarse_bytes: int, timings: Sequence[SolveTiming] = (),
+) -> Choice:
     """The preconditioner a run solves with, and why: ``requested`` unless it is ``"auto"``.
 
-    ``auto`` is A-DEF2 (``"two-level"``) when its coarse operator is shared -- ``cached``: a coarse cache
+    ``auto`` considers A-DEF2 (``"two-level"``) when its coarse operator is shared -- ``cached``: a coarse cache
     file exists, or the run writes one that ``realizations`` > 1 realisations of the campaign will read --
     and its ``A Z`` takes at most :data:`AUTO_COARSE_BYTES` on every rank (``coarse_bytes``, the largest
-    over ranks); otherwise block-diagonal, which has no set-up to pay back.
+    over ranks); otherwise block-diagonal, which has no set-up to pay back. The run that builds the file
+    solves with A-DEF2; the runs that read it choose by ``timings`` (:func:`choose_by_timing`).
     """
     if requested != "auto":
-        return requested, "as the spec says"
+        return Choice(requested, "as the spec says")
     if coarse_bytes > AUTO_COARSE_BYTES:
-        return "block-diagonal", (f"A Z would take {coarse_bytes / 2**20:.0f} MiB on a rank, over the "
-                                  f"{AUTO_COARSE_BYTES / 2**20:.0f} MiB the two-level set-up may hold")
+        return Choice("block-diagonal", f"A Z would take {coarse_bytes / 2**20:.0f} MiB on a rank, over the "
+                                        f"{AUTO_COARSE_BYTES / 2**20:.0f} MiB the two-level set-up may hold")
     if not cached and realizations < 2:
-        return "block-diagonal", "no coarse cache to read and no other realisation to share one built here"
-    return "two-level", "its coarse operator is read from the coarse cache" if cached else (
-        f"its coarse operator is built once into the coarse cache for {realizations} realisations")
+        return Choice("block-diagonal", "no coarse cache to read and no other realisation to share one built here")
+    if not cached:
+        return Choice("two-level", f"its coarse operator is built once into the coarse cache for {realizations} "
+                                   "realisations")
+    return choose_by_timing(timings)
 
 
 def coarse_parents(local_pixels: np.ndarray, nside: int, coarse_nside: int) -> np.ndarray:

@@ -20,11 +20,20 @@ checked on reading: a damaged byte is a refusal), when its format, key, rank cou
 differ from this run's, when a rank's held pixels are not the ones it holds here, or when ``matrix`` does
 not match its sha256. A refused file is never used: the run builds the operator as if there were no file
 and replaces it (the operator is a cache of the inputs, so rebuilding is always right).
+
+Beside the file, ``<file>.timings/`` holds what ``auto`` compares once the operator is cached
+(:func:`mapmaker.solve.coarse.choose_by_timing`): one small JSON file per timed realisation,
+``{"key", "tol", "preconditioner", "seconds", "iterations"}``, each written atomically under a name of
+its own, so realisations running at once never overwrite each other's. Records of another key or
+tolerance, and files that are not such a record (or are links, or larger than a record can be), are
+ignored. Removing the folder starts the trials again (after a change of machine, say).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import uuid
 import zipfile
 import zlib
 from pathlib import Path
@@ -33,13 +42,17 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from mapmaker.solve.coarse import CoarseOperator
-from schemas.files import atomic_write
+from mapmaker.solve.coarse import TIMED_PRECONDITIONERS, CoarseOperator, SolveTiming
+from schemas.files import atomic_write, atomic_write_json
 
 COARSE_FORMAT = 2  # bump with schemas.spec.COARSE_KEY_VERSION; 2: rows spread over the observers, not the owners
 # What reading a file that is not (or no longer) a coarse file raises: a bad zip or a bad CRC-32, a missing
 # member, a short read, a header that is not JSON or an array that is not what the header says.
 UNREADABLE = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+TIMING_RECORD_MAX_BYTES = 1024
+TIMINGS_READ_MAX = 256  # records read per choice: the trials need two; a folder grown past this is not read further
 
 
 class CoarseRefused(ValueError):
@@ -141,3 +154,43 @@ def write_coarse_operator(
         except OSError as error:
             problem = f"could not write {str(path)!r}: {error}"
     return comm.bcast(problem, root=0)
+
+
+def timings_folder(path: str | Path) -> Path:
+    """The folder of ``auto``'s solve timings beside the coarse file ``path`` (module doc)."""
+    path = Path(path)
+    return path.with_name(path.name + ".timings")
+
+
+def read_solve_timings(path: str | Path, *, key: str, tol: float) -> list[SolveTiming]:
+    """The solve timings recorded beside the coarse file ``path`` for ``key`` and ``tol`` (rank 0 only: plain I/O)."""
+    folder = timings_folder(path)
+    if not folder.is_dir():
+        return []
+    timings = []
+    for record_path in sorted(folder.glob("*.json"))[:TIMINGS_READ_MAX]:
+        try:
+            if record_path.is_symlink() or record_path.stat().st_size > TIMING_RECORD_MAX_BYTES:
+                continue
+            record = json.loads(record_path.read_text())
+            timing = SolveTiming(preconditioner=str(record["preconditioner"]), seconds=float(record["seconds"]),
+                                 iterations=int(record["iterations"]))
+            if record["key"] != key or record["tol"] != tol:
+                continue
+        except (OSError, ValueError, KeyError, TypeError):  # not a record: ignored, as a foreign file is
+            continue
+        if timing.preconditioner in TIMED_PRECONDITIONERS and math.isfinite(timing.seconds) and timing.seconds > 0:
+            timings.append(timing)
+    return timings
+
+
+def record_solve_timing(path: str | Path, timing: SolveTiming, *, key: str, tol: float) -> str | None:
+    """Add ``timing`` to the records beside the coarse file ``path`` (rank 0 only); None when written, else why
+    not: a record that cannot be written costs a later realisation one more trial, never this one its map."""
+    record = {"key": key, "tol": tol, "preconditioner": timing.preconditioner, "seconds": timing.seconds,
+              "iterations": timing.iterations}
+    try:
+        atomic_write_json(timings_folder(path) / f"{timing.preconditioner}-{uuid.uuid4().hex}.json", record)
+    except OSError as error:
+        return f"could not record the solve's time beside {str(path)!r}: {error}"
+    return None

@@ -47,8 +47,21 @@ from mapmaker.parallel.overlap import OverlapPlan, build_overlap_plan
 from mapmaker.parallel.planfile import PlanRefused
 from mapmaker.parallel.reduction import OverlapReduction, PixelReduction, make_reduction, needs_plan, resolve_strategy
 from mapmaker.parallel.rootwork import on_root_with_node_cores
-from mapmaker.solve.coarse import CoarseOperator, TwoLevelPreconditioner, choose_preconditioner, coarse_parents
-from mapmaker.solve.coarsefile import CoarseRefused, read_coarse_operator, write_coarse_operator
+from mapmaker.solve.coarse import (
+    Choice,
+    CoarseOperator,
+    SolveTiming,
+    TwoLevelPreconditioner,
+    choose_preconditioner,
+    coarse_parents,
+)
+from mapmaker.solve.coarsefile import (
+    CoarseRefused,
+    read_coarse_operator,
+    read_solve_timings,
+    record_solve_timing,
+    write_coarse_operator,
+)
 from mapmaker.solve.local_data import LocalData, build_local_data
 from mapmaker.solve.solver import PCGResult, pcg
 from mapmaker.solve.timing import Timers
@@ -77,6 +90,8 @@ class RankStats:
     coarse_source: str | None = None  # "built" or "file" (read from the coarse cache); None: block-diagonal
     coarse_refused: str | None = None  # why a coarse cache file was refused (and the operator rebuilt)
     coarse_written: bool = False  # this run wrote the coarse cache file
+    preconditioner_why: str = ""  # why auto chose it ("as the spec says" otherwise)
+    solve_timed: bool = False  # this run's time was recorded beside the coarse cache for auto's comparison
 
 
 class NothingToSolve(ValueError):
@@ -393,9 +408,10 @@ def solve_realization(
 
     x0 = initial_residual = None
     started = MPI.Wtime()
-    stats.preconditioner, why = resolve_preconditioner(setup, coarse_cache)
+    choice = resolve_preconditioner(setup, coarse_cache)
+    stats.preconditioner, stats.preconditioner_why = choice.preconditioner, choice.why
     if spec.solver.preconditioner == "auto":
-        say(f"preconditioner auto: {stats.preconditioner} ({why})")
+        say(f"preconditioner auto: {stats.preconditioner} ({choice.why})")
     if stats.preconditioner in TWO_LEVEL:
         with timers.stage("coarse"), timers("calc"):
             two_level = build_two_level(setup, coarse_cache, stats, say, preconditioner=stats.preconditioner)
@@ -426,6 +442,15 @@ def solve_realization(
             on_iteration=lambda k, residual: say(f"iteration {k:4d}  residual {residual:.3e}"),
             on_estimate=on_estimate,
         )
+    if choice.timed and result.converged and stats.coarse_source != "built":  # a build is not what later runs pay
+        assert coarse_cache is not None  # timed choices are made only when the coarse cache exists
+        timing = SolveTiming(choice.preconditioner, setup.pixels.comm.allreduce(MPI.Wtime() - started, op=MPI.MAX),
+                             result.iterations)
+        if setup.pixels.comm.Get_rank() == 0:
+            problem = record_solve_timing(coarse_cache, timing, key=coarse_key(spec), tol=spec.solver.tol)
+            say(problem or f"solve timed for auto: {timing.preconditioner}, {timing.seconds:.2f} s, "
+                           f"{timing.iterations} iterations")
+        stats.solve_timed = True
     spectrum = result.spectrum()
     if spectrum is not None:
         say(f"M^-1 A as PCG saw it: Ritz values {spectrum['smallest']:.3g} to {spectrum['largest']:.3g}, "
@@ -445,24 +470,30 @@ def coarse_columns(setup: RealizationSetUp, coarse_nside: int) -> int:
     return 3 * int(seen.sum())
 
 
-def resolve_preconditioner(setup: RealizationSetUp, coarse_cache: str | Path | None) -> tuple[str, str]:
+def resolve_preconditioner(setup: RealizationSetUp, coarse_cache: str | Path | None) -> Choice:
     """Collective: the preconditioner this run solves with and why (:func:`~mapmaker.solve.coarse.choose_preconditioner`).
 
-    For ``"auto"``: whether ``coarse_cache`` exists (rank 0 looks), the campaign's realisation count, and, when
-    the coarse operator would be shared, the bytes of A-DEF2's ``A Z`` (float32, ``4 K x 3 n_held``) on the rank
-    that would hold most.
+    For ``"auto"``: whether ``coarse_cache`` exists (rank 0 looks), the campaign's realisation count, when
+    the coarse operator would be shared the bytes of A-DEF2's ``A Z`` (float32, ``4 K x 3 n_held``) on the rank
+    that would hold most, and when it is cached the solve timings recorded beside it.
     """
     spec, comm = setup.spec, setup.pixels.comm
     if spec.solver.preconditioner != "auto":
         return choose_preconditioner(spec.solver.preconditioner, cached=False, realizations=0, coarse_bytes=0)
-    cached = coarse_cache is not None and comm.bcast(Path(coarse_cache).exists() if comm.Get_rank() == 0 else None)
+    cached, timings = False, []
+    if coarse_cache is not None:
+        cached, timings = comm.bcast(
+            (Path(coarse_cache).exists(), read_solve_timings(coarse_cache, key=coarse_key(spec), tol=spec.solver.tol))
+            if comm.Get_rank() == 0 else None
+        )
     realizations = spec.realizations if coarse_cache is not None else 1
     coarse_bytes = 0
     if cached or realizations > 1:  # else block-diagonal whatever A Z would take: no whole-map pass to size it
         n_columns = coarse_columns(setup, min(spec.solver.coarse_nside, spec.pixelization.nside))
         rows = 3 * int(setup.pixels.spread_owned.sum())
         coarse_bytes = comm.allreduce(4 * n_columns * rows, op=MPI.MAX)
-    return choose_preconditioner("auto", cached=cached, realizations=realizations, coarse_bytes=coarse_bytes)
+    return choose_preconditioner("auto", cached=cached, realizations=realizations, coarse_bytes=coarse_bytes,
+                                 timings=timings)
 
 
 def build_two_level(

@@ -200,6 +200,7 @@ def test_realization_page_lists_every_attempt(dash: Dashboard, page):
     assert succeeded.locator("[data-role=exit-code]").text_content() == "0"
     assert succeeded.locator("[data-role=outcome]").text_content().strip() == "succeeded"
     assert "iterations, converged" in page.text_content("#result-panel")
+    assert "block-diagonal: as the spec says" in page.text_content("#result-panel")
     page.wait_for_selector("#result-timing .bar-group rect.bar-comm")
     page.wait_for_selector("#result-convergence polyline")
     assert texts(page.locator("ul.products a")) == ["map_iqu.fits"]

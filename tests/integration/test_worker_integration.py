@@ -101,10 +101,14 @@ def test_campaign_runs_end_to_end(make_live_service, tmp_path):
         assert coupling["file_sha256"] == sha256(coupling_file) and coupling["size_bytes"] == coupling_file.stat().st_size
         assert [c["id"] for c in coupling["campaigns"]] == [campaign["id"]]
         # The default preconditioner (auto) of a campaign of several realisations is the two-level one, its coarse
-        # operator one file at the site, built by the first realisations, read by the later ones.
+        # operator one file at the site, built by the first realisations, read by the later ones; those that read
+        # it time it against block-diagonal, the records beside the file.
         assert len(list((worker.site_data / "coarse").glob("*.npz"))) == 1
-        coarse = [r["result"]["coarse"]["source"] for r in api.realizations(campaign["id"])]
-        assert "file" in coarse and coarse.count("built") <= 2, coarse
+        results = [r["result"] for r in api.realizations(campaign["id"])]
+        coarse = [(result["preconditioner"]["name"], (result["coarse"] or {}).get("source")) for result in results]
+        assert ("two-level", "file") in coarse and coarse.count(("two-level", "built")) <= 2, coarse
+        timed = [result["preconditioner"]["name"] for result in results if result["preconditioner"]["timed"]]
+        assert len(list((worker.site_data / "coarse").glob("*.npz.timings/*.json"))) == len(timed) >= 1
 
         [plan] = api.plans()
         assert (plan["state"], plan["uses"], plan["build_attempts"], plan["ranks"]) == ("ready", 4, 1, 2)

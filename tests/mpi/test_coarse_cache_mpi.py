@@ -9,6 +9,8 @@ replacement is read by the next run. The runs use the numpy kernels (no compilat
 
 from __future__ import annotations
 
+import json
+
 import healpy as hp
 import numpy as np
 import pytest
@@ -89,3 +91,33 @@ def test_the_additive_forms_file_holds_e_alone_and_is_read_on_both_ranks(folder)
     assert (first.coarse.source, second.coarse.source) == ("built", "file") and second.coarse.refused is None
     with np.load(cache) as members:
         assert members["columns_0"].shape == members["columns_1"].shape == (first.coarse.columns, 0)
+
+
+def test_auto_times_both_preconditioners_on_cached_realisations_then_keeps_the_faster(folder):
+    """The default once the coarse file exists: realisation 1 solves with A-DEF2 and records its time, 2 with
+    block-diagonal, and 3 with whichever the records say was faster (not timed). Records are JSON files in
+    ``<cache>.timings/``."""
+    spec, cache = folder / "auto.toml", folder / "auto.npz"
+    spec.write_text(SPEC.replace('preconditioner = "two-level"\n', "").replace("realizations = 3", "realizations = 4"))  # auto
+    built, _ = run(spec, 0, folder / "t0", "--coarse-cache", str(cache))
+    assert built.preconditioner.name == "two-level" and not built.preconditioner.timed  # a build is no trial
+    assert built.coarse.source == "built" and built.coarse.written
+
+    two_level, log = run(spec, 1, folder / "t1", "--coarse-cache", str(cache))
+    assert two_level.preconditioner.name == "two-level" and two_level.preconditioner.timed
+    assert two_level.coarse.source == "file" and "trial" in two_level.preconditioner.why
+    assert "solve timed for auto: two-level" in log
+    block, _ = run(spec, 2, folder / "t2", "--coarse-cache", str(cache))
+    assert block.preconditioner.name == "block-diagonal" and block.preconditioner.timed and block.coarse is None
+
+    records = [json.loads(path.read_text()) for path in sorted((folder / "auto.npz.timings").glob("*.json"))]
+    assert sorted(record["preconditioner"] for record in records) == ["block-diagonal", "two-level"]
+    assert {record["preconditioner"]: record["iterations"] for record in records} == {
+        "two-level": two_level.iterations, "block-diagonal": block.iterations}
+    assert two_level.iterations < block.iterations  # what the coarse space buys, before its cost is weighed
+    faster = min(records, key=lambda record: record["seconds"])["preconditioner"]
+
+    verdict, _ = run(spec, 3, folder / "t3", "--coarse-cache", str(cache))
+    assert verdict.preconditioner.name == faster and not verdict.preconditioner.timed
+    assert "faster" in verdict.preconditioner.why and verdict.converged
+    assert len(list((folder / "auto.npz.timings").glob("*.json"))) == 2  # the verdict's run records nothing

@@ -3,7 +3,8 @@
 A masked sky (a 1 h satellite scan seeing part of the nside-16 sphere; 1/f noise, a CMB sky, tol 1e-10),
 solved with the default (``auto`` with no coarse cache: block-diagonal), block-diagonal, two-level (A-DEF2),
 two-level-additive, and ``auto`` with a coarse cache shared by the campaign's realisations: the first run
-builds and writes it (two-level), the second reads it; ``auto`` with a cache for a one-realisation campaign
+builds and writes it (two-level), the second reads it (a timed trial of two-level), the third solves with
+block-diagonal (the other trial) and the fourth with the faster of the two; ``auto`` with a cache for a one-realisation campaign
 builds nothing; and the default and two-level again with the local pixel rows numbered in visit order (the
 fast path's order for local maps beyond the caches, forced here on this small map). Rank 0 compares each
 gathered map with the default's (1e-7 of the largest |value|, per Stokes component over the solved pixels:
@@ -46,6 +47,8 @@ def main() -> None:
         "auto-one-realisation": run_realization(make_spec(CHANGES, realizations=1), 0, comm, coarse_cache=cache),
         "auto-builds": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
         "auto-reads": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
+        "auto-times-block-diagonal": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
+        "auto-keeps-the-faster": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
     }
     local_data.VISIT_ORDER_MIN_LOCAL_PIXELS = 0  # every rank's rows in visit order from here on
     row_orders = []  # what each of these solves' pointing caches used: the check compares nothing otherwise
@@ -64,9 +67,16 @@ def main() -> None:
     solved_with = {name: run.stats.preconditioner for name, run in runs.items()}
     expected = {"default": "block-diagonal", "block-diagonal": "block-diagonal", "two-level": "two-level",
                 "two-level-additive": "two-level-additive", "auto-one-realisation": "block-diagonal",
-                "auto-builds": "two-level", "auto-reads": "two-level", "visit-order": "block-diagonal",
+                "auto-builds": "two-level", "auto-reads": "two-level",
+                "auto-times-block-diagonal": "block-diagonal",
+                "auto-keeps-the-faster": solved_with["auto-keeps-the-faster"], "visit-order": "block-diagonal",
                 "visit-order-two-level": "two-level"}
     assert solved_with == expected, solved_with
+    timed = {name: runs[name].stats.solve_timed for name in ("auto-builds", "auto-reads", "auto-times-block-diagonal",
+                                                             "auto-keeps-the-faster")}
+    assert timed == {"auto-builds": False, "auto-reads": True, "auto-times-block-diagonal": True,
+                     "auto-keeps-the-faster": False}, timed
+    assert "faster" in runs["auto-keeps-the-faster"].stats.preconditioner_why
     assert runs["auto-one-realisation"].stats.coarse_source is None
     assert runs["auto-builds"].stats.coarse_source == "built" and runs["auto-builds"].stats.coarse_written
     assert runs["auto-reads"].stats.coarse_source == "file"
