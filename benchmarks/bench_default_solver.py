@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --spin-period 60 --ranks 1   # with the example's spin
     .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --spin-period 60 --rate 300 --ranks 2  # 207 M samples
     .venv/bin/python benchmarks/bench_default_solver.py --configs block-diagonal,default-cached,two-level-additive:2
+    .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --spin-period 60 --rate 300 --coarse-nside 1
     .venv/bin/python benchmarks/bench_default_solver.py --spec my-campaign.toml --ranks 4
 
 The problem is the bundled satellite example (``schemas/examples/satellite.toml``: nside 64, 4 detectors,
@@ -55,10 +56,11 @@ CONFIGS = "block-diagonal,default-one-off,default-first,default-cached"
 CAMPAIGN = 16  # realisations of the campaign that shares the coarse cache
 
 
-def problem(nside: int, spec_file: str | None = None, spin_period_s: float | None = None, rate_hz: float = 20.0):
+def problem(nside: int, spec_file: str | None = None, spin_period_s: float | None = None, rate_hz: float = 20.0,
+            coarse_nside: int | None = None):
     """``spec_file`` or the satellite example at nside 64, or that scaled to ``nside`` (8 detectors, 24 h,
     ``rate_hz``, a spin of ``spin_period_s``: by default bench_resolution's 600 s), with the default
-    preconditioner and coarse nside, to 1e-6."""
+    preconditioner and coarse nside (or ``coarse_nside``), to 1e-6."""
     if spec_file is not None:
         spec = load_spec(spec_file)
     elif nside == 64:
@@ -69,7 +71,7 @@ def problem(nside: int, spec_file: str | None = None, spin_period_s: float | Non
         spec = bench_spec(nside, rate_hz, 8, 24.0, "cached", 200, spin_period_s or SPIN_PERIOD_S)
     defaults = type(spec.solver)()
     solver = spec.solver.model_copy(update={"tol": 1e-6, "max_iter": 200, "preconditioner": defaults.preconditioner,
-                                            "coarse_nside": defaults.coarse_nside})
+                                            "coarse_nside": coarse_nside or defaults.coarse_nside})
     return spec.model_copy(update={"solver": solver})
 
 
@@ -87,7 +89,7 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
     from mapmaker.solve.timing import Timers
 
     comm = MPI.COMM_WORLD
-    spec = problem(args.nside, args.spec, args.spin_period, args.rate)
+    spec = problem(args.nside, args.spec, args.spin_period, args.rate, args.coarse_nside)
 
     def quiet(message: str) -> None:
         pass
@@ -175,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the scaled satellite's spin period, s (default bench_resolution's 600; 60: the example's)")
     parser.add_argument("--rate", type=float, default=20.0,
                         help="the scaled satellite's sample rate, Hz: the samples per pixel (default 20)")
+    parser.add_argument("--coarse-nside", type=int, default=None,
+                        help="solver.coarse_nside of the default configurations (default: the spec's default, 4)")
     parser.add_argument("--spec", default=None, help="a campaign spec file instead (its nside; --nside ignored)")
     parser.add_argument("--configs", default=CONFIGS, help=f"configurations (default {CONFIGS})")
     parser.add_argument("--rounds", type=int, default=3, help="solves per configuration; the median is reported")
@@ -191,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         command += ["--spec", args.spec] if args.spec else []
         command += ["--spin-period", str(args.spin_period)] if args.spin_period else []
         command += ["--rate", str(args.rate)]
+        command += ["--coarse-nside", str(args.coarse_nside)] if args.coarse_nside else []
         runs.append(run_ranks_json(ranks, *command))
     if args.json != "-":
         print_table(runs)

@@ -549,7 +549,7 @@ class SolverSpec(StrictModel):
     preconditioner: Preconditioner = Field(
         "auto",
         description="auto: two-level when its coarse operator is shared through realize --coarse-cache (the file "
-        "exists, or the campaign has more than one realisation) and its A Z fits 512 MiB per rank, else "
+        "exists, or the campaign has more than one realisation) and its A Z fits 2 GiB per rank, else "
         "block-diagonal (no set-up to pay back); once the file exists, one realisation solves with each and the "
         "rest with the faster (timings beside the file); block-diagonal: the 3x3 white-noise blocks; two-level: those plus a coarse-space "
         "correction on coarse_nside pixels, A-DEF2 (fewest iterations; holds A Z, 12 bytes per pixel and coarse "

@@ -276,10 +276,12 @@ class TwoLevelPreconditioner:
         return self._prolong_add(y, smoothed)
 
 
-# The most A Z (bytes per rank) that preconditioner "auto" holds and reads every iteration: the satellite
-# example's 576 columns (coarse nside 4) at nside 64 take 329 MB on one rank; at nside 512 a coarse space of
-# any use is gigabytes (module doc), and the block-diagonal preconditioner is chosen instead.
-AUTO_COARSE_BYTES = 512 * 2**20
+# The most A Z (bytes per rank) that preconditioner "auto" holds: a memory limit only, since the trials
+# (choose_by_timing) decide whether reading it every iteration pays. 2 GiB leaves a rank of this machine
+# (2 x 11.7 GiB) or of a cluster's 4 GiB a core room for its samples. The satellite example's 576 columns
+# (coarse nside 4) at nside 64 take 329 MB on one rank; at nside 512 coarse nside 1 takes 1.2 GB on one
+# rank and 0.6 GB on each of 2, and the default coarse nside 4 about 20 GB (block-diagonal is chosen).
+AUTO_COARSE_BYTES = 2 * 2**30
 
 
 # What auto compares once the coarse operator is cached, in the order the trials run.
