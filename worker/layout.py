@@ -9,6 +9,7 @@
                                        settings: written by the first realisation, read by the others
         coarse/<coarse key[:32]>.npz   the two-level preconditioner's coarse operator of a scan pattern, noise
                                        model and rank count: written by the first realisation, read by the others
+        coarse/<...>.npz.timings/      preconditioner auto's timed solves with and without it, one JSON each
         campaigns/<id>/realizations/<n>/attempt-<k>/   products of attempt k (map-maker --out)
         work/<task id>/                spec, runner files, stdout/stderr of one task
         parsl/<worker name>/           Parsl's run folder (logs, submit scripts) and the local node file
