@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import uuid
 import zipfile
 import zlib
@@ -170,9 +171,12 @@ def read_solve_timings(path: str | Path, *, key: str, tol: float) -> list[SolveT
     timings = []
     for record_path in sorted(folder.glob("*.json"))[:TIMINGS_READ_MAX]:
         try:
-            if record_path.is_symlink() or record_path.stat().st_size > TIMING_RECORD_MAX_BYTES:
+            # O_NOFOLLOW: a link is refused by the open itself (ELOOP), with no window to swap one in after a check
+            with os.fdopen(os.open(record_path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
+                data = handle.read(TIMING_RECORD_MAX_BYTES + 1)
+            if len(data) > TIMING_RECORD_MAX_BYTES:
                 continue
-            record = json.loads(record_path.read_text())
+            record = json.loads(data)
             timing = SolveTiming(preconditioner=str(record["preconditioner"]), seconds=float(record["seconds"]),
                                  iterations=int(record["iterations"]))
             if record["key"] != key or record["tol"] != tol:
