@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --spin-period 60 --rate 300 --ranks 2  # 207 M samples
     .venv/bin/python benchmarks/bench_default_solver.py --configs block-diagonal,default-cached,two-level-additive:2
     .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --spin-period 60 --rate 300 --coarse-nside 1
+    .venv/bin/python benchmarks/bench_default_solver.py --nside 512 --spin-period 60 --configs block-diagonal,two-level:2:I
     .venv/bin/python benchmarks/bench_default_solver.py --spec my-campaign.toml --ranks 4
 
 The problem is the bundled satellite example (``schemas/examples/satellite.toml``: nside 64, 4 detectors,
@@ -25,6 +26,7 @@ alike), and each configuration's median over the rounds is reported:
                      block-diagonal, each timed beside the file; their seconds are the row's ``trials``), and
                      each round then solves with the one they found faster
 ``P:N``              ``solver.preconditioner = P`` at coarse nside N, no coarse cache (the set-up built)
+``P:N:I``            the same with ``solver.coarse_stokes = "I"``: the coarse space's I columns alone
 
 Per configuration: the preconditioner solved with (``auto`` resolved), PCG iterations, the spectrum of
 ``M^-1 A`` as PCG saw it (its smallest Ritz value and the condition estimate kappa, which set the
@@ -107,8 +109,9 @@ def run_ranks_here(args: argparse.Namespace) -> dict:
         if name.startswith("default-"):
             realizations = 1 if name == "default-one-off" else CAMPAIGN
             return spec.model_copy(update={"realizations": realizations}), cache, name != "default-cached"
-        preconditioner, coarse_nside = name.split(":")
-        solver = spec.solver.model_copy(update={"preconditioner": preconditioner, "coarse_nside": int(coarse_nside)})
+        preconditioner, coarse_nside, *stokes = name.split(":")
+        solver = spec.solver.model_copy(update={"preconditioner": preconditioner, "coarse_nside": int(coarse_nside),
+                                                "coarse_stokes": stokes[0] if stokes else "IQU"})
         return spec.model_copy(update={"solver": solver}), None, False
 
     names = args.configs.split(",")

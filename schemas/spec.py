@@ -561,6 +561,11 @@ class SolverSpec(StrictModel):
         4, ge=1, le=64, description="HEALPix resolution of the two-level preconditioner's coarse space, a power of two "
         "(capped at the map's nside): 3 x 12 coarse_nside^2 columns; higher costs more set-up for fewer iterations"
     )
+    coarse_stokes: Literal["IQU", "I"] = Field(
+        "IQU", description="Stokes parameters of the coarse space's columns: IQU (3 per coarse pixel) or I (1: the "
+        "temperature pattern of the 1/f stripes; a third of the columns, A Z and set-up, and at nside 512 as few "
+        "iterations; the satellite example at nside 64 needs IQU's polarised modes for its fewest)"
+    )
     noise_filter: NoiseFilter = Field(
         "exact", description="N^-1 per stationary interval: exact (full Fourier transform) or finite (a kernel of "
         "finite correlation length by overlap-save, within noise_filter_tolerance)"
@@ -762,6 +767,7 @@ FIELDS_ADDED_LATER: dict[tuple[str, str], Any] = {
     ("sky", "power_law"): None,
     ("products", "map_precision"): "float64",
     ("solver", "pointing"): "cached",
+    ("solver", "coarse_stokes"): "IQU",
 }
 
 
@@ -814,7 +820,7 @@ def coarse_key(spec: CampaignSpec) -> str:
     ``E = Z^T A Z`` and ``A Z`` (:mod:`mapmaker.solve.coarse`) are made of the pointing (the scan key),
     the rcond cut (``solver.rcond_min``), the noise model that weights the solve (whether noise is
     simulated, the noise section and every detector's noise overrides: the PSDs), the N^-1 filter
-    (``solver.noise_filter`` and its tolerance), ``solver.coarse_nside`` and the rank count (which rank
+    (``solver.noise_filter`` and its tolerance), ``solver.coarse_nside`` and ``coarse_stokes``, and the rank count (which rank
     holds which rows, and the order of the sums). Never of the seed, the sky or the realisation: every
     realisation of a campaign, and every campaign of that scan and noise, share one coarse file at a site.
     """
@@ -840,5 +846,7 @@ def coarse_key(spec: CampaignSpec) -> str:
             "noise_filter_tolerance": solver.noise_filter_tolerance,
             "coarse_nside": solver.coarse_nside,
             "preconditioner": solver.preconditioner,  # A-DEF2's file holds A Z, the additive form's E only
+            # Named only when not the default, so the keys of IQU coarse files (and the files) stay as they were.
+            **({"coarse_stokes": solver.coarse_stokes} if solver.coarse_stokes != "IQU" else {}),
         }
     )

@@ -21,6 +21,14 @@ columns) and 11 at nside 4 (480 observed), so that is the coarse space
 here (default coarse nside 4: the set-up grows with the columns): column
 ``(c, s)`` is 1 in Stokes ``s`` of every solved fine pixel inside coarse
 pixel ``c`` (NESTED parents of the RING fine pixels).
+``solver.coarse_stokes = "I"`` keeps the I columns alone (``stokes=1``):
+a third of the columns, of ``A Z`` and of the set-up. The 1/f stripes
+are total-power offsets, so at nside 512 the I columns hold what deflation
+removes (60 Hz, 2 ranks, coarse nside 1: 13 iterations either way, set-up
+6.5 s against 19 s; at 20 Hz coarse nside 2 reaches 10 iterations with I
+alone, docs/results/solvers-nside512.md), while the satellite example at
+nside 64 keeps 14 iterations with I alone against 10 with IQU at coarse
+nside 4: its polarised slow modes need the Q and U columns.
 Being an aggregation, ``Z^T v`` is one bincount and ``Z y`` one gather.
 
 The preconditioner is A-DEF2 (Tang, Nabben, Vuik & Erlangga, J. Sci.
@@ -144,7 +152,8 @@ class TwoLevelPreconditioner:
     samples visit. ``operator``: a :class:`CoarseOperator` made before (a
     file's); None builds it (:attr:`built` says which happened).
     ``additive``: the additive coarse correction ``M = M_BD + Z E^-1 Z^T``
-    (module doc) instead of A-DEF2; it keeps no ``A Z``.
+    (module doc) instead of A-DEF2; it keeps no ``A Z``. ``stokes``: the
+    columns per coarse pixel, 3 (I, Q, U) or 1 (I alone).
     """
 
     def __init__(
@@ -160,6 +169,7 @@ class TwoLevelPreconditioner:
         apply_operator: Operator,
         operator: CoarseOperator | None = None,
         additive: bool = False,
+        stokes: int = 3,
     ):
         self.pixels = pixels
         self.comm = pixels.comm
@@ -178,11 +188,16 @@ class TwoLevelPreconditioner:
         seen[np.unique(self.parent[solved])] = 1
         self.comm.Allreduce(MPI.IN_PLACE, seen, op=MPI.MAX)
         self.active = np.flatnonzero(seen)
-        # Column of each (pixel, Stokes): 3 * (rank of its parent among the observed coarse pixels) + s; K when cut.
-        self.n_columns = 3 * len(self.active)
+        if stokes not in (1, 3):
+            raise ValueError(f"stokes must be 3 (IQU columns) or 1 (I), got {stokes}")
+        self.stokes = stokes
+        # Column of each (pixel, Stokes): stokes * (rank of its parent among the observed coarse pixels) + s; K when
+        # cut or when s is not among the coarse space's Stokes parameters (Q and U of an I-only space).
+        self.n_columns = stokes * len(self.active)
         rank_of = np.full(n_coarse, -1, dtype=np.int64)
         rank_of[self.active] = np.arange(len(self.active))
-        column = 3 * rank_of[self.parent][:, None] + np.arange(3)[None, :]
+        column = stokes * rank_of[self.parent][:, None] + np.arange(3)[None, :]
+        column[:, stokes:] = self.n_columns
         column[~solved] = self.n_columns
         self.column = column.reshape(-1)  # [3 n_local]
         held = np.zeros((n_local, 3))
@@ -211,7 +226,7 @@ class TwoLevelPreconditioner:
         flat_product = product.reshape(-1)
         for k in range(self.n_columns):
             flat_unit[:] = self.column == k
-            self.apply_operator(unit, product, self.active[k // 3])
+            self.apply_operator(unit, product, self.active[k // self.stokes])
             self.reduction.reduce(product)
             # E[:, k] = Z^T (A z_k) over held rows (summed over ranks below); A z_k kept at held rows.
             coarse[:, k] = np.bincount(self.column, weights=flat_product * self.held, minlength=self.n_columns + 1)[:-1]

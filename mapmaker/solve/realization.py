@@ -461,13 +461,18 @@ def solve_realization(
 
 
 def coarse_columns(setup: RealizationSetUp, coarse_nside: int) -> int:
-    """Collective: the coarse space's column count K, 3 x the coarse pixels (NESTED at ``coarse_nside``)
-    holding a solved pixel on some rank; known before any operator work."""
+    """Collective: the coarse space's column count K, 3 (or 1: ``solver.coarse_stokes = "I"``) x the coarse
+    pixels (NESTED at ``coarse_nside``) holding a solved pixel on some rank; known before any operator work."""
     parents = coarse_parents(setup.pixels.local_pixels, setup.spec.pixelization.nside, coarse_nside)
     seen = np.zeros(12 * coarse_nside**2, dtype=np.int64)
     seen[np.unique(parents[~setup.cut])] = 1
     setup.pixels.comm.Allreduce(MPI.IN_PLACE, seen, op=MPI.MAX)
-    return 3 * int(seen.sum())
+    return coarse_stokes(setup.spec) * int(seen.sum())
+
+
+def coarse_stokes(spec: CampaignSpec) -> int:
+    """Columns per coarse pixel: 3 (I, Q, U) or 1 (I alone), as ``solver.coarse_stokes`` says."""
+    return len(spec.solver.coarse_stokes)
 
 
 def resolve_preconditioner(setup: RealizationSetUp, coarse_cache: str | Path | None) -> Choice:
@@ -526,7 +531,7 @@ def build_two_level(
         return TwoLevelPreconditioner(
             pixels=setup.pixels, reduction=setup.reduction, nside=nside, coarse_nside=coarse_nside, cut=setup.cut,
             inverse_blocks=setup.inverse_blocks, apply_blocks=setup.kernels.blocks.apply,
-            apply_operator=apply_operator, operator=operator, additive=additive,
+            apply_operator=apply_operator, operator=operator, additive=additive, stokes=coarse_stokes(spec),
         )
 
     if coarse_cache is None:

@@ -2,7 +2,7 @@
 
 A masked sky (a 1 h satellite scan seeing part of the nside-16 sphere; 1/f noise, a CMB sky, tol 1e-10),
 solved with the default (``auto`` with no coarse cache: block-diagonal), block-diagonal, two-level (A-DEF2),
-two-level-additive, and ``auto`` with a coarse cache shared by the campaign's realisations: the first run
+two-level with the coarse space's I columns alone, two-level-additive, and ``auto`` with a coarse cache shared by the campaign's realisations: the first run
 builds and writes it (two-level), the second reads it (a timed trial of two-level), the third solves with
 block-diagonal (the other trial) and the fourth with the faster of the two; ``auto`` with a cache for a one-realisation campaign
 builds nothing; and the default and two-level again with the local pixel rows numbered in visit order (the
@@ -44,6 +44,9 @@ def main() -> None:
         "two-level-additive": run_realization(
             make_spec({**CHANGES, "solver.preconditioner": "two-level-additive"}), 0, comm
         ),
+        "two-level-I": run_realization(
+            make_spec({**CHANGES, "solver.preconditioner": "two-level", "solver.coarse_stokes": "I"}), 0, comm
+        ),
         "auto-one-realisation": run_realization(make_spec(CHANGES, realizations=1), 0, comm, coarse_cache=cache),
         "auto-builds": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
         "auto-reads": run_realization(make_spec(CHANGES), 0, comm, coarse_cache=cache),
@@ -66,7 +69,8 @@ def main() -> None:
     assert runs["visit-order-two-level"].pcg.iterations == runs["two-level"].pcg.iterations
     solved_with = {name: run.stats.preconditioner for name, run in runs.items()}
     expected = {"default": "block-diagonal", "block-diagonal": "block-diagonal", "two-level": "two-level",
-                "two-level-additive": "two-level-additive", "auto-one-realisation": "block-diagonal",
+                "two-level-additive": "two-level-additive", "two-level-I": "two-level",
+                "auto-one-realisation": "block-diagonal",
                 "auto-builds": "two-level", "auto-reads": "two-level",
                 "auto-times-block-diagonal": "block-diagonal",
                 "auto-keeps-the-faster": solved_with["auto-keeps-the-faster"], "visit-order": "block-diagonal",
@@ -77,6 +81,7 @@ def main() -> None:
     assert timed == {"auto-builds": False, "auto-reads": True, "auto-times-block-diagonal": True,
                      "auto-keeps-the-faster": False}, timed
     assert "faster" in runs["auto-keeps-the-faster"].stats.preconditioner_why
+    assert runs["two-level-I"].stats.coarse_columns * 3 == runs["two-level"].stats.coarse_columns
     assert runs["auto-one-realisation"].stats.coarse_source is None
     assert runs["auto-builds"].stats.coarse_source == "built" and runs["auto-builds"].stats.coarse_written
     assert runs["auto-reads"].stats.coarse_source == "file"
