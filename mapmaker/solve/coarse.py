@@ -25,10 +25,11 @@ pixel ``c`` (NESTED parents of the RING fine pixels).
 a third of the columns, of ``A Z`` and of the set-up. The 1/f stripes
 are total-power offsets, so at nside 512 the I columns hold what deflation
 removes (60 Hz, 2 ranks, coarse nside 1: 13 iterations either way, set-up
-6.5 s against 19 s; at 20 Hz coarse nside 2 reaches 10 iterations with I
-alone, docs/results/solvers-nside512.md), while the satellite example at
-nside 64 keeps 14 iterations with I alone against 10 with IQU at coarse
-nside 4: its polarised slow modes need the Q and U columns.
+5.9 s against 16.7 s, and the solve 7.1 s against IQU's 7.5 and
+block-diagonal's 7.8; docs/results/solvers-nside512.md), while the
+satellite example at nside 64 keeps 14 iterations with I alone against 10
+with IQU at coarse nside 4: its polarised slow modes need the Q and U
+columns.
 Being an aggregation, ``Z^T v`` is one bincount and ``Z y`` one gather.
 
 The preconditioner is A-DEF2 (Tang, Nabben, Vuik & Erlangga, J. Sci.
