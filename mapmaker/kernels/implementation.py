@@ -37,6 +37,7 @@ DEFAULT = "fast"
 #   blocks      3x3 blocks: accumulate_blocks, rcond, invert, apply (the preconditioner)
 #   noise       N^-1 per stationary interval: inverse_noise_filters, apply_inverse_noise, apply_inverse_white
 #   operator    the PCG operator P^T N^-1 P: apply_inverse_noise_operator, apply_white_operator
+#   coarse      the two-level preconditioner's coarse space: restrict, restrict_and_gather, prolong_add
 FAMILIES: dict[str, dict[str, str]] = {
     "boresight": {"numpy": "boresight", "fast": "pointing_fast"},
     "pointing": {"numpy": "pointing", "fast": "pointing_fast"},
@@ -44,6 +45,7 @@ FAMILIES: dict[str, dict[str, str]] = {
     "blocks": {"numpy": "preconditioner", "fast": "preconditioner_fast"},
     "noise": {"numpy": "noise", "fast": "noise_fast"},
     "operator": {"numpy": "operator", "fast": "operator_fast"},
+    "coarse": {"numpy": "coarse_space", "fast": "coarse_space_fast"},
 }
 COMPILED = {"numpy": False, "fast": True}
 
@@ -60,6 +62,7 @@ class Kernels:
     blocks: ModuleType
     noise: ModuleType
     operator: ModuleType
+    coarse: ModuleType
 
 
 def get(name: str = DEFAULT) -> Kernels:
@@ -111,6 +114,10 @@ def warm_up(name: str = DEFAULT) -> float:
         kernels.operator.apply_white_operator(local_map, index, sample_weights, starts, lengths, np.ones(1))
     kernels.blocks.rcond(np.ones((12, 12))[:, :6])  # the set-up's geometric half of its [n, 12] blocks
     kernels.blocks.apply(np.ones((12, 3, 3)), local_map)
+    rows = np.arange(36, dtype=np.int32)  # the coarse space's flat rows and columns (int32 below 2^31 rows)
+    kernels.coarse.restrict_and_gather(local_map, local_map, rows, rows % 4, 3, np.empty(36, dtype=np.float32))
+    kernels.coarse.restrict(local_map, rows, rows % 4, 3)
+    kernels.coarse.prolong_add(np.ones(3), rows % 4, local_map)
     kernels.noise.apply_inverse_noise(np.ones(5), starts, lengths + 1, np.ones(1, dtype=np.int64), filters)
     return time.perf_counter() - started
 

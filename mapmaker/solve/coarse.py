@@ -30,7 +30,8 @@ block-diagonal's 7.8; docs/results/solvers-nside512.md), while the
 satellite example at nside 64 keeps 14 iterations with I alone against 10
 with IQU at coarse nside 4: its polarised slow modes need the Q and U
 columns.
-Being an aggregation, ``Z^T v`` is one bincount and ``Z y`` one gather.
+Being an aggregation, ``Z^T v`` is a sum of rows into K bins and ``Z y`` a gather
+(:mod:`mapmaker.kernels.coarse_space`).
 
 The preconditioner is A-DEF2 (Tang, Nabben, Vuik & Erlangga, J. Sci.
 Comput. 39, 340, 2009), started from ``x0 = Z E^-1 Z^T b``:
@@ -112,6 +113,7 @@ import numpy as np
 import scipy.linalg
 from mpi4py import MPI
 
+from mapmaker.kernels.implementation import Kernels
 from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.reduction import PixelReduction
 
@@ -144,8 +146,9 @@ class TwoLevelPreconditioner:
     Collective construction. ``local_pixels`` [n_local] int64 sorted RING
     ids of the map at ``nside``; ``cut`` [n_local] bool (pixels out of the
     solve: no coarse column touches them); ``inverse_blocks`` [n_local, 3, 3]
-    (K^2) and ``apply_blocks(inverse_blocks, r, out)`` the block-diagonal
-    preconditioner; ``apply_operator(x, out, visiting)`` this rank's share
+    (K^2), applied by ``kernels.blocks.apply``: the block-diagonal
+    preconditioner (``kernels.coarse``: the coarse space's sums and gathers);
+    ``apply_operator(x, out, visiting)`` this rank's share
     of ``P^T N^-1 P x`` (K^-1) before the reduction, which ``reduction`` then
     sums, over the stationary intervals that visit the coarse pixels
     ``visiting`` (None: all intervals), and ``visited()`` [n_coarse_pixels]
@@ -166,7 +169,7 @@ class TwoLevelPreconditioner:
         coarse_nside: int,
         cut: np.ndarray,
         inverse_blocks: np.ndarray,
-        apply_blocks: Callable[..., np.ndarray],
+        kernels: Kernels,
         apply_operator: Operator,
         operator: CoarseOperator | None = None,
         additive: bool = False,
@@ -176,7 +179,8 @@ class TwoLevelPreconditioner:
         self.comm = pixels.comm
         self.reduction = reduction
         self.inverse_blocks = inverse_blocks
-        self.apply_blocks = apply_blocks
+        self.apply_blocks = kernels.blocks.apply
+        self.space = kernels.coarse
         self.apply_operator = apply_operator
         self.additive = bool(additive)
         self.nside = int(nside)
@@ -200,11 +204,15 @@ class TwoLevelPreconditioner:
         column = stokes * rank_of[self.parent][:, None] + np.arange(3)[None, :]
         column[:, stokes:] = self.n_columns
         column[~solved] = self.n_columns
-        self.column = column.reshape(-1)  # [3 n_local]
-        held = np.zeros((n_local, 3))
-        held[pixels.spread_owned] = 1.0
-        self.held = held.reshape(-1)  # each shared pixel counted once in the global sums, on the rank holding it
-        self._held_rows = np.flatnonzero(self.held)
+        # 4-byte indices while they fit: the iteration's passes read them.
+        index_type = np.int32 if 3 * n_local < 2**31 else np.int64
+        self.column = column.reshape(-1).astype(index_type)  # [3 n_local]
+        held = np.zeros((n_local, 3), dtype=bool)
+        held[pixels.spread_owned] = True
+        # The flat rows whose sums this rank contributes: each shared pixel counted once, on the rank holding it.
+        self._held_rows = np.flatnonzero(held.reshape(-1)).astype(index_type)
+        self._held_columns = self.column[self._held_rows]
+        self._gathered = np.empty(len(self._held_rows), dtype=np.float32)  # M_BD r at the held rows, for (A Z)^T
         self.built = operator is None
         self.operator = self._build() if operator is None else operator
         if self.operator.columns.shape != (self.n_columns, self.rows_held) or self.operator.n_columns != self.n_columns:
@@ -230,7 +238,7 @@ class TwoLevelPreconditioner:
             self.apply_operator(unit, product, self.active[k // self.stokes])
             self.reduction.reduce(product)
             # E[:, k] = Z^T (A z_k) over held rows (summed over ranks below); A z_k kept at held rows.
-            coarse[:, k] = np.bincount(self.column, weights=flat_product * self.held, minlength=self.n_columns + 1)[:-1]
+            coarse[:, k] = self._restrict(product)
             if not self.additive:
                 columns[k] = flat_product[self._held_rows]
         self.comm.Allreduce(MPI.IN_PLACE, coarse, op=MPI.SUM)
@@ -253,13 +261,11 @@ class TwoLevelPreconditioner:
 
     def _restrict(self, v: np.ndarray) -> np.ndarray:
         """This rank's share of ``Z^T v`` [K] (held rows) for v [n_local, 3]."""
-        return np.bincount(self.column, weights=v.reshape(-1) * self.held, minlength=self.n_columns + 1)[:-1]
+        return self.space.restrict(v, self._held_rows, self._held_columns, self.n_columns)
 
     def _prolong_add(self, y: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out += Z y`` for y [K]; out [n_local, 3]."""
-        flat = out.reshape(-1)
-        flat += np.append(y, 0.0)[self.column]
-        return out
+        return self.space.prolong_add(y, self.column, out)
 
     def start(self, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Collective: the coarse solution ``x0 = Z E^-1 Z^T b`` [n_local, 3] and its residual ``b - A x0``
@@ -285,8 +291,9 @@ class TwoLevelPreconditioner:
             self.comm.Allreduce(MPI.IN_PLACE, restricted, op=MPI.SUM)
             return self._prolong_add(scipy.linalg.cho_solve(self.factor, restricted), smoothed)
         k = self.n_columns
-        self._both[:k] = self._restrict(residual)
-        self._both[k:] = self.operator.columns @ smoothed.reshape(-1)[self._held_rows].astype(np.float32)
+        self._both[:k] = self.space.restrict_and_gather(residual, smoothed, self._held_rows, self._held_columns, k,
+                                                        self._gathered)
+        self._both[k:] = self.operator.columns @ self._gathered
         self.comm.Allreduce(MPI.IN_PLACE, self._both, op=MPI.SUM)
         y = scipy.linalg.cho_solve(self.factor, self._both[:k] - self._both[k:])
         return self._prolong_add(y, smoothed)

@@ -530,7 +530,7 @@ def build_two_level(
     def make(operator: CoarseOperator | None) -> TwoLevelPreconditioner:
         return TwoLevelPreconditioner(
             pixels=setup.pixels, reduction=setup.reduction, nside=nside, coarse_nside=coarse_nside, cut=setup.cut,
-            inverse_blocks=setup.inverse_blocks, apply_blocks=setup.kernels.blocks.apply,
+            inverse_blocks=setup.inverse_blocks, kernels=setup.kernels,
             apply_operator=apply_operator, operator=operator, additive=additive, stokes=coarse_stokes(spec),
         )
 

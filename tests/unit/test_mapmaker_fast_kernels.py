@@ -425,6 +425,38 @@ def test_permute_rows_is_a_gather_of_whole_rows(impl, order_type):
     assert not both[:, :6].any()
 
 
+@pytest.mark.parametrize("index_type", [np.int32, np.int64])
+@pytest.mark.parametrize("stokes", [3, 1])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_coarse_space_sums_and_gathers_match_a_dense_z(impl, stokes, index_type):
+    """``Z^T v`` over held rows, the float32 gather and ``out + Z y`` against a dense Z [3 n, K] built from the
+    columns, with cut pixels and (I-only) Q and U rows in no column; the compiled twin gives the reference's bits."""
+    coarse_space = implementation.get(impl).coarse
+    rng = np.random.default_rng(11)
+    n_local, n_coarse = 2_000, 7
+    n_columns = stokes * n_coarse
+    column = stokes * rng.integers(0, n_coarse, n_local)[:, None] + np.arange(3)[None, :]
+    column[:, stokes:] = n_columns
+    column[rng.random(n_local) < 0.1] = n_columns  # cut pixels
+    column = column.reshape(-1).astype(index_type)
+    held_rows = np.flatnonzero(np.repeat(rng.random(n_local) < 0.7, 3)).astype(index_type)
+    dense = np.zeros((3 * n_local, n_columns))
+    dense[np.flatnonzero(column < n_columns), column[column < n_columns]] = 1.0
+    residual, smoothed = rng.standard_normal((n_local, 3)), rng.standard_normal((n_local, 3))
+    gathered = np.empty(len(held_rows), dtype=np.float32)
+    restricted = coarse_space.restrict_and_gather(residual, smoothed, held_rows, column[held_rows], n_columns, gathered)
+    assert_close(restricted, dense[held_rows].T @ residual.reshape(-1)[held_rows])
+    np.testing.assert_array_equal(gathered, smoothed.reshape(-1)[held_rows].astype(np.float32))
+    np.testing.assert_array_equal(coarse_space.restrict(residual, held_rows, column[held_rows], n_columns), restricted)
+    y = rng.standard_normal(n_columns)
+    out = smoothed.copy()
+    assert coarse_space.prolong_add(y, column, out) is out
+    assert_close(out.reshape(-1), smoothed.reshape(-1) + dense @ y)
+    reference = implementation.get("numpy").coarse
+    np.testing.assert_array_equal(restricted, reference.restrict(residual, held_rows, column[held_rows], n_columns))
+    np.testing.assert_array_equal(out, reference.prolong_add(y, column, smoothed.copy()))
+
+
 # What each family of the registry offers, in both implementations alike.
 FAMILY_FUNCTIONS = {
     "boresight": ["satellite", "ground"],
@@ -433,6 +465,7 @@ FAMILY_FUNCTIONS = {
     "blocks": ["accumulate_blocks", "rcond", "invert", "apply"],
     "noise": ["inverse_noise_filters", "apply_inverse_noise", "apply_inverse_white"],
     "operator": ["apply_inverse_noise_operator", "apply_white_operator"],
+    "coarse": ["restrict", "restrict_and_gather", "prolong_add"],
 }
 
 
