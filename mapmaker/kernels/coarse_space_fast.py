@@ -3,9 +3,9 @@
 The numpy reference makes three map-sized passes an A-DEF2 iteration besides ``(A Z)^T u``, each with a
 temporary: the held rows' residual, a bincount, the gather and its float32 copy, then the prolongation's
 gather. Here the restriction and the gather share one pass over the held rows and the prolongation is a
-second, with no temporary: at nside 512 (1.57 M local pixels, I-only coarse nside 2), 12 ms against the
-numpy passes' 40 ms on the project's 2-core machine. One thread: the restriction sums into K bins in row
-order, and the passes are a few per cent of the iteration's P and P^T.
+second, with no temporary: a few per cent of an iteration at nside 512 instead of about a sixth
+(docs/results/solvers-nside512.md). One thread: the restriction sums into K bins in row order, and the
+passes are small beside the iteration's P and P^T.
 """
 from __future__ import annotations
 
