@@ -8,7 +8,9 @@ bins of ``--bin-width`` up to lmax = 3 nside - 1 (:mod:`mapmaker.model.bandpower
 per nside: the analysis mask, and the coupling with and without B purification (with the size of
 its npz). Timed over ``--realisations`` white-noise IQU maps (the cost does not depend on the
 content): the monopole/dipole fit and the decoupled bandpowers with either coupling; printed and
-stored as the median and range. Wall clock, ``--threads`` OpenMP and ducc0 threads (pspy's and
+stored as the median and range. ``--harmonic-iterations 3,1,0`` also times the pure bandpowers with each
+other count of Jacobi iterations (``products.harmonic_iterations``) and gives the largest relative change
+of their TT, EE and BB over the reliable bins (ending at or below 2 nside) against the default's. Wall clock, ``--threads`` OpenMP and ducc0 threads (pspy's and
 healpy's OpenMP threads spin-wait, so on a busy machine more threads than free cores is slower).
 """
 
@@ -47,8 +49,10 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def bench_nside(nside: int, bin_width: int, apodisation_deg: float, realisations: int) -> dict:
-    """One nside's timings (seconds) and sizes (bytes)."""
+def bench_nside(
+    nside: int, bin_width: int, apodisation_deg: float, realisations: int, iteration_counts: tuple[int, ...] = ()
+) -> dict:
+    """One nside's timings (seconds) and sizes (bytes); ``iteration_counts`` as ``--harmonic-iterations``."""
     npix = hp.nside2npix(nside)
     hits = np.zeros(npix)
     hits[hp.query_disc(nside, hp.ang2vec(0.0, 30.0, lonlat=True), math.radians(CAP_RADIUS_DEG))] = 1
@@ -75,6 +79,20 @@ def bench_nside(nside: int, bin_width: int, apodisation_deg: float, realisations
             per_realisation[name].append(
                 seconds_of(lambda iqu=iqu, c=couplings[name]: bp.decoupled_bandpowers(iqu, c))[0]
             )
+    iterations = []
+    for count in (n for n in iteration_counts if n != bp.HARMONIC_ITERATIONS):
+        seconds, change = [], dict.fromkeys(("TT", "EE", "BB"), 0.0)
+        for iqu in maps:
+            elapsed, fewer = seconds_of(
+                lambda iqu=iqu, count=count: bp.decoupled_bandpowers(iqu, couplings["pure"], count)
+            )
+            seconds.append(elapsed)
+            default = bp.decoupled_bandpowers(iqu, couplings["pure"]).cb[:, binning.reliable_bins]
+            for name, largest in change.items():
+                row = bp.SPECTRA.index(name)
+                relative = np.abs(fewer.cb[row, binning.reliable_bins] - default[row]) / np.abs(default[row])
+                change[name] = max(largest, float(relative.max()))
+        iterations.append({"iterations": count, "pure_seconds": summary(seconds), "largest_change": change})
     return {
         "nside": nside,
         "lmax": binning.lmax,
@@ -84,6 +102,7 @@ def bench_nside(nside: int, bin_width: int, apodisation_deg: float, realisations
         "coupling_seconds": coupling_seconds,
         "coupling_npz_bytes": npz_bytes,
         "realisation_seconds": {name: summary(values) for name, values in per_realisation.items()},
+        "fewer_iterations": iterations,
     }
 
 
@@ -94,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apodisation-deg", type=float, default=10.0, help="apodisation scale of the mask (degrees)")
     parser.add_argument("--realisations", type=int, default=5, help="maps timed per nside")
     parser.add_argument("--threads", type=int, default=1, help="OpenMP and ducc0 threads")
+    parser.add_argument("--harmonic-iterations", default=str(bp.HARMONIC_ITERATIONS),
+                        help="comma-separated Jacobi iteration counts to time the pure bandpowers with (module doc)")
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE as JSON")
     args = parser.parse_args(argv)
     try:
@@ -105,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--nsides: powers of 2 of at least 4, got {bad}")
     if args.realisations < 1 or args.threads < 1 or args.bin_width < 1:
         parser.error("--realisations, --threads and --bin-width must be at least 1")
+    try:
+        args.iteration_counts = tuple(int(text) for text in args.harmonic_iterations.split(",") if text.strip())
+    except ValueError:
+        parser.error(f"--harmonic-iterations: comma-separated integers, got {args.harmonic_iterations!r}")
+    if any(count < 0 for count in args.iteration_counts):
+        parser.error(f"--harmonic-iterations: counts of at least 0, got {args.harmonic_iterations!r}")
 
     ducc_threads = ducc0.misc.thread_pool_size()
     ducc0.misc.resize_thread_pool(args.threads)
@@ -143,7 +170,7 @@ def run_and_print(nsides: list[int], args: argparse.Namespace) -> list[dict]:
     )
     results = []
     for nside in nsides:
-        result = bench_nside(nside, args.bin_width, args.apodisation_deg, args.realisations)
+        result = bench_nside(nside, args.bin_width, args.apodisation_deg, args.realisations, args.iteration_counts)
         results.append(result)
         coupling, per_map = result["coupling_seconds"], result["realisation_seconds"]
         print(
@@ -154,6 +181,11 @@ def run_and_print(nsides: list[int], args: argparse.Namespace) -> list[dict]:
             f" {per_map['monopole_dipole']['median']:>14.4f}",
             flush=True,
         )
+        for fewer in result["fewer_iterations"]:
+            change = ", ".join(f"{name} {value:.1e}" for name, value in fewer["largest_change"].items())
+            print(f"{'':>6} {fewer['iterations']} Jacobi iteration(s): {fewer['pure_seconds']['median']:.3f} s a map "
+                  f"(pure); largest relative change of the reliable bins against {bp.HARMONIC_ITERATIONS}: {change}",
+                  flush=True)
     return results
 
 

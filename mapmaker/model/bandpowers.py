@@ -70,7 +70,9 @@ from campaignlib.montecarlo import (  # noqa: F401
 SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")  # rows of every [6, ...] array here (healpy's order)
 FIELD_OF_SPECTRUM = {"TT": (0, 0), "EE": (1, 1), "BB": (2, 2), "TE": (0, 1), "EB": (1, 2), "TB": (0, 2)}  # T E B
 PSPY_SPECTRA = ["TT", "TE", "TB", "ET", "BT", "EE", "EB", "BE", "BB"]  # pspy's names for one spin-0 + spin-2 field
-HARMONIC_ITERATIONS = 3  # Jacobi iterations of every map2alm (healpy's default): the window's a_lm and the map's
+# Jacobi iterations of every map2alm (healpy's and pspy's default): the window's a_lm (the coupling's) always, a
+# realisation's a_lm unless products.harmonic_iterations says otherwise
+HARMONIC_ITERATIONS = 3
 APODISATION_TYPE = "C2"  # pspy's C2 = x - sin(2 pi x) / (2 pi): zero slope and curvature at the edge (pure B needs it)
 COUPLING_FORMAT = 2  # version of the npz layout written by Coupling.write_npz (2 adds the spin windows)
 READABLE_COUPLING_FORMATS = (1, 2)  # a format-1 file lacks the spin windows: they are computed when needed
@@ -453,14 +455,17 @@ class Bandpowers:
     windows: np.ndarray  # [6, n_bins, 6, lmax + 2]
 
 
-def masked_alms(iqu: np.ndarray, coupling: Coupling) -> tuple[np.ndarray, np.ndarray]:
+def masked_alms(
+    iqu: np.ndarray, coupling: Coupling, iterations: int = HARMONIC_ITERATIONS
+) -> tuple[np.ndarray, np.ndarray]:
     """The a_lm of ``iqu [3, npix]`` (K) on the coupling's mask, to ``lmax``: ``(alms, plain)``, each [3, n_alm] complex128.
 
     ``alms`` (T, E, B) are what the bandpowers decouple: pure E and B when ``coupling.purify_b``
     (pspy's ``sph_tools.get_pure_alms``, term for term), else the plain ones (its ``get_alms``). ``plain`` are the a_lm of
     the mask times the map, whose spectra are the pseudo-spectra (healpy's ``anafast`` of it with the
     same iterations, to round-off). The pure estimator computes them on its way (its T and its spin-2
-    term), so a realisation's pseudo-spectra cost no transform of their own.
+    term), so a realisation's pseudo-spectra cost no transform of their own. ``iterations``: the Jacobi
+    iterations of every analysis (:func:`iterated_map2alm`).
     """
     iqu = np.asarray(iqu, dtype=np.float64)
     mask = coupling.mask
@@ -471,14 +476,15 @@ def masked_alms(iqu: np.ndarray, coupling: Coupling) -> tuple[np.ndarray, np.nda
     if not coupling.purify_b:  # pspy's get_alms: the T and spin-2 analyses of the mask times the map
         weighted = observed * mask
         plain = np.concatenate(
-            [iterated_map2alm(weighted[:1], spin=0, lmax=lmax), iterated_map2alm(weighted[1:], spin=2, lmax=lmax)]
+            [iterated_map2alm(weighted[:1], spin=0, lmax=lmax, iterations=iterations),
+             iterated_map2alm(weighted[1:], spin=2, lmax=lmax, iterations=iterations)]
         )
         return plain, plain
-    return _pure_and_plain_alms(observed, mask, coupling.spin_windows, lmax)
+    return _pure_and_plain_alms(observed, mask, coupling.spin_windows, lmax, iterations)
 
 
 def _pure_and_plain_alms(
-    observed: np.ndarray, mask: np.ndarray, spin_windows: np.ndarray, lmax: int
+    observed: np.ndarray, mask: np.ndarray, spin_windows: np.ndarray, lmax: int, iterations: int = HARMONIC_ITERATIONS
 ) -> tuple[np.ndarray, np.ndarray]:
     """pspy's ``get_pure_alms`` for a HEALPix map (Smith 2006 pure E and B: the spin-2, spin-1 and spin-0
     terms of the map times the window's spin derivatives), returning its plain T and spin-2 a_lm as well.
@@ -495,9 +501,10 @@ def _pure_and_plain_alms(
     p2 = np.array([mask * q, mask * u])
     p1 = np.array([w1_plus * q + w1_minus * u, w1_plus * u - w1_minus * q])
     p0 = np.array([w2_plus * q + w2_minus * u, w2_plus * u - w2_minus * q])
-    scalar = iterated_map2alm(np.array([observed[0] * mask, p0[0], p0[1]]), spin=0, lmax=lmax)  # T, spin-0 terms
-    spin2 = iterated_map2alm(p2, spin=2, lmax=lmax)
-    spin1 = iterated_map2alm(p1, spin=1, lmax=lmax)
+    # T and the spin-0 terms
+    scalar = iterated_map2alm(np.array([observed[0] * mask, p0[0], p0[1]]), spin=0, lmax=lmax, iterations=iterations)
+    spin2 = iterated_map2alm(p2, spin=2, lmax=lmax, iterations=iterations)
+    spin1 = iterated_map2alm(p1, spin=1, lmax=lmax, iterations=iterations)
     spin0 = scalar[1:]
     ell = np.arange(lmax + 1)
     filter_1, filter_2 = np.zeros(lmax + 1), np.zeros(lmax + 1)
@@ -530,24 +537,25 @@ def spinned_windows(mask: np.ndarray, lmax: int) -> np.ndarray:
     return windows
 
 
-def iterated_map2alm(maps: np.ndarray, *, spin: int, lmax: int) -> np.ndarray:
+def iterated_map2alm(maps: np.ndarray, *, spin: int, lmax: int, iterations: int = HARMONIC_ITERATIONS) -> np.ndarray:
     """a_lm ``[k, n_alm]`` complex128 to ``lmax`` of HEALPix RING maps ``maps [k, npix]`` of one ``spin``.
 
-    Spin 0: each map on its own (healpy's ``map2alm(iter=HARMONIC_ITERATIONS)``, to round-off); spin 1
+    Spin 0: each map on its own (healpy's ``map2alm(iter=iterations)``, to round-off); spin 1
     or 2: ``k = 2``, the (+, -) pair's E and B (pixell's sign convention, pspy's). Quadrature weights
-    ``4 pi / npix`` with :data:`HARMONIC_ITERATIONS` Jacobi iterations (pixell's ``niter``), ducc0's
-    transforms on ``OMP_NUM_THREADS`` threads (all cores when unset; :mod:`mapmaker.parallel.rootwork`).
+    ``4 pi / npix`` with ``iterations`` Jacobi iterations (pixell's ``niter``; each adds a synthesis and an
+    analysis to the first analysis), ducc0's transforms on ``OMP_NUM_THREADS`` threads (all cores when unset;
+    :mod:`mapmaker.parallel.rootwork`).
     """
-    return curvedsky.map2alm_healpix(np.asarray(maps, dtype=np.float64), spin=spin, lmax=lmax, niter=HARMONIC_ITERATIONS)
+    return curvedsky.map2alm_healpix(np.asarray(maps, dtype=np.float64), spin=spin, lmax=lmax, niter=iterations)
 
 
-def decoupled_bandpowers(iqu: np.ndarray, coupling: Coupling) -> Bandpowers:
+def decoupled_bandpowers(iqu: np.ndarray, coupling: Coupling, iterations: int = HARMONIC_ITERATIONS) -> Bandpowers:
     """TT EE BB TE EB TB bandpowers of ``iqu [3, npix]`` (K) on the coupling's mask, decoupled.
 
-    The masked maps' a_lm (pure E and B a_lm when ``coupling.purify_b``; :func:`masked_alms`) to
-    ``lmax``, then :func:`bandpowers_of_alms`. The beam and pixel window stay in (module doc).
+    The masked maps' a_lm (pure E and B a_lm when ``coupling.purify_b``; :func:`masked_alms` with
+    ``iterations``) to ``lmax``, then :func:`bandpowers_of_alms`. The beam and pixel window stay in (module doc).
     """
-    return bandpowers_of_alms(masked_alms(iqu, coupling)[0], coupling)
+    return bandpowers_of_alms(masked_alms(iqu, coupling, iterations)[0], coupling)
 
 
 def bandpowers_of_alms(alms: np.ndarray, coupling: Coupling) -> Bandpowers:
