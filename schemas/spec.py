@@ -629,15 +629,6 @@ class ProductSpec(StrictModel):
             "digits (far below a map's noise); the service's mean and variance maps still accumulate in float64"
         ),
     )
-    harmonic_iterations: Integer = Field(
-        3, ge=0, le=10,
-        description=(
-            "Jacobi iterations of each realisation's map-to-a_lm analyses (healpy's and pspy's iter; 3 is their "
-            "default): each adds a synthesis and an analysis to the first. 0 or 1 cut the products' transforms "
-            "to a seventh or three sevenths, for quadrature errors of about 1e-3 of the bandpowers below 2 nside "
-            "(docs/how-to/tune.md)"
-        ),
-    )
 
 
 CampaignKind = Literal["signal+noise", "noise-only", "signal-only"]
@@ -777,7 +768,6 @@ FIELDS_ADDED_LATER: dict[tuple[str, str], Any] = {
     ("products", "map_precision"): "float64",
     ("solver", "pointing"): "cached",
     ("solver", "coarse_stokes"): "IQU",
-    ("products", "harmonic_iterations"): 3,
 }
 
 

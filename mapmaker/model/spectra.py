@@ -60,6 +60,7 @@ from schemas.spec import CampaignSpec, CmbSky, MapSky
 
 SPECTRA = bandpowers.SPECTRA  # TT EE BB TE EB TB: healpy.anafast order for (I, Q, U)
 FIRST_ELL = 2  # monopole and dipole are left out of every bin
+ANAFAST_ITERATIONS = bandpowers.HARMONIC_ITERATIONS  # the same as the bandpowers', whose plain a_lm give the pseudo-spectra
 
 
 # --------------------------------------------------------------------------- mask
@@ -95,19 +96,16 @@ def mask_moments(mask: np.ndarray) -> tuple[float, float]:
 # --------------------------------------------------------------------------- spectra and bins
 
 
-def pseudo_spectra(
-    iqu: np.ndarray, mask: np.ndarray, lmax: int, iterations: int = bandpowers.HARMONIC_ITERATIONS
-) -> np.ndarray:
+def pseudo_spectra(iqu: np.ndarray, mask: np.ndarray, lmax: int) -> np.ndarray:
     """Pseudo-spectra [6, lmax + 1] (K^2; TT, EE, BB, TE, EB, TB) of ``iqu [3, npix]`` (K) times ``mask [npix]``.
 
     Pixels where the mask is 0 may hold anything (UNSEEN): they are zeroed
-    first. a_lm up to ``max(3 nside - 1, lmax)`` (see the module doc), with ``iterations`` Jacobi
-    iterations (the bandpowers', whose plain a_lm give the pseudo-spectra when the band limits agree).
+    first. a_lm up to ``max(3 nside - 1, lmax)`` (see the module doc).
     """
     iqu = np.asarray(iqu, dtype=np.float64)
     mask = np.asarray(mask, dtype=np.float64)
     weighted = np.where(mask > 0, iqu, 0.0) * mask
-    cl = hp.anafast(weighted, lmax=pseudo_alm_lmax(mask.size, lmax), pol=True, iter=iterations)
+    cl = hp.anafast(weighted, lmax=pseudo_alm_lmax(mask.size, lmax), pol=True, iter=ANAFAST_ITERATIONS)
     return np.asarray(cl)[:, : lmax + 1]
 
 
@@ -198,7 +196,6 @@ def realization_spectra(
     lmax: int,
     ell_bin_width: int,
     sky_model: SkyModel | None = None,
-    harmonic_iterations: int = bandpowers.HARMONIC_ITERATIONS,
 ) -> RealizationSpectra:
     """Pseudo-spectra and decoupled bandpowers of one map ``iqu [3, npix]`` (K, UNSEEN where not solved).
 
@@ -206,7 +203,6 @@ def realization_spectra(
     are removed first. The pseudo-spectra are those of the bandpowers' plain a_lm
     (:func:`mapmaker.model.bandpowers.masked_alms`: :func:`pseudo_spectra` to round-off) when both run
     to the same band limit, else :func:`pseudo_spectra`. ``sky_model`` gives the binned model and the model bandpowers; None skips them.
-    ``harmonic_iterations``: the Jacobi iterations of every analysis of the map (``products.harmonic_iterations``).
     """
     iqu = np.asarray(iqu, dtype=np.float64)
     mask = coupling.mask
@@ -214,13 +210,13 @@ def realization_spectra(
     cleaned = iqu.copy()
     cleaned[0], monopole, dipole = bandpowers.remove_monopole_dipole(iqu[0], mask)
     started = time.perf_counter()
-    alms, plain = bandpowers.masked_alms(cleaned, coupling, harmonic_iterations)
+    alms, plain = bandpowers.masked_alms(cleaned, coupling)
     measured_bandpowers = bandpowers.bandpowers_of_alms(alms, coupling)
     bandpowers_s = time.perf_counter() - started
     if pseudo_alm_lmax(mask.size, lmax) == coupling.binning.lmax:  # the bandpowers' plain a_lm are anafast's
         cl = np.asarray(hp.alm2cl(plain))[:, : lmax + 1]
     else:
-        cl = pseudo_spectra(cleaned, mask, lmax, harmonic_iterations)
+        cl = pseudo_spectra(cleaned, mask, lmax)
     ell_min, ell_max = ell_bins(lmax, ell_bin_width)
     model = model_binned = model_cb = None
     if sky_model is not None:
@@ -277,7 +273,6 @@ def for_campaign(spec: CampaignSpec, iqu: np.ndarray, coupling: bandpowers.Coupl
         lmax=products.lmax or 2 * spec.pixelization.nside,
         ell_bin_width=products.ell_bin_width,
         sky_model=campaign_sky_model(spec),
-        harmonic_iterations=products.harmonic_iterations,
     )
 
 

@@ -212,28 +212,3 @@ def test_record_carries_the_bandpowers_their_model_and_the_coupling_source():
     expected_model = bandpowers.model_bandpowers(coupling, load_fiducial_cls()[: 3 * nside].T, beam_fwhm_arcmin=60.0)
     np.testing.assert_allclose(measured.model_bandpowers, expected_model, rtol=1e-12)
     assert record.bandpowers.ell_hi[-1] == 3 * nside - 2 and npix == mask.size
-
-
-# None: the pseudo-spectra come from the bandpowers' plain a_lm; 60, beyond their 3 nside - 1: from anafast
-@pytest.mark.parametrize("lmax", [None, 60])
-def test_products_harmonic_iterations_reach_every_analysis_of_the_map(lmax):
-    """``products.harmonic_iterations`` sets the Jacobi iterations of the bandpowers' and the pseudo-spectra's analyses:
-    each equals the library call with that count, and 0 differs from the default 3 (so the setting is not ignored)."""
-    nside = 16
-    hits = np.where(polar_cap_mask(nside, 60.0), 10, 0)
-    sky = synthesize_cmb(load_fiducial_cls(), nside, 3 * nside - 1, math.radians(1.0), np.random.default_rng(4))
-    measured = {}
-    for iterations in (0, 3):
-        spec = ground_spec(nside=nside, apodization_deg=15.0, ell_bin_width=8, harmonic_iterations=iterations, lmax=lmax)
-        mask = spectra.campaign_mask(spec, sky, hits)
-        coupling = bandpowers.build_coupling(mask, spectra.campaign_binning(spec), purify_b=True)
-        measured[iterations] = spectra.for_campaign(spec, sky, coupling)
-        cleaned = sky.copy()
-        cleaned[0] = bandpowers.remove_monopole_dipole(sky[0], mask)[0]
-        np.testing.assert_allclose(measured[iterations].bandpowers.cb,
-                                   bandpowers.decoupled_bandpowers(cleaned, coupling, iterations).cb, rtol=1e-12)
-        pseudo_lmax = lmax or 2 * nside
-        np.testing.assert_allclose(measured[iterations].cl,
-                                   spectra.pseudo_spectra(cleaned, mask, pseudo_lmax, iterations), rtol=1e-8, atol=1e-30)
-    assert not np.allclose(measured[0].bandpowers.cb, measured[3].bandpowers.cb, rtol=1e-6, atol=0)
-    assert not np.allclose(measured[0].cl, measured[3].cl, rtol=1e-6, atol=0)
