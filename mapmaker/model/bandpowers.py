@@ -71,8 +71,9 @@ SPECTRA = ("TT", "EE", "BB", "TE", "EB", "TB")  # rows of every [6, ...] array h
 FIELD_OF_SPECTRUM = {"TT": (0, 0), "EE": (1, 1), "BB": (2, 2), "TE": (0, 1), "EB": (1, 2), "TB": (0, 2)}  # T E B
 PSPY_SPECTRA = ["TT", "TE", "TB", "ET", "BT", "EE", "EB", "BE", "BB"]  # pspy's names for one spin-0 + spin-2 field
 # Jacobi iterations of every map2alm (healpy's and pspy's default): the window's a_lm and the map's. Fewer would
-# cut a realisation's transforms (35 to 15 or 5) but move its pure EE and BB below ell 20 by a few per cent of the
-# noise level (benchmarks/bench_bandpowers.py --harmonic-iterations 3,1,0), so the products keep 3.
+# cut a realisation's transforms from 35 to 15 or 5, but at nside 512 they move its pure EE and BB in the first bin
+# by up to 13% (1) and 27% (0) of their noise level (benchmarks/bench_bandpowers.py --harmonic-iterations 3,1,0,
+# results page bandpowers; docs/explanation/scale.md), so the products keep 3.
 HARMONIC_ITERATIONS = 3
 APODISATION_TYPE = "C2"  # pspy's C2 = x - sin(2 pi x) / (2 pi): zero slope and curvature at the edge (pure B needs it)
 COUPLING_FORMAT = 2  # version of the npz layout written by Coupling.write_npz (2 adds the spin windows)
