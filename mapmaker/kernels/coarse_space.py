@@ -32,6 +32,8 @@ def restrict_and_gather(
 
 def prolong_add(y: np.ndarray, column: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out += Z y``: y [K] float64, column [3 n_local] int32/int64, out [n_local, 3] float64 (C-contiguous)."""
+    if not out.flags.c_contiguous:  # reshape would add into a copy
+        raise ValueError("out must be C-contiguous (the sums go into it in place)")
     flat = out.reshape(-1)
     flat += np.append(y, 0.0)[column]
     return out

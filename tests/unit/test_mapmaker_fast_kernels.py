@@ -451,6 +451,8 @@ def test_coarse_space_sums_and_gathers_match_a_dense_z(impl, stokes, index_type)
     y = rng.standard_normal(n_columns)
     out = smoothed.copy()
     assert coarse_space.prolong_add(y, column, out) is out
+    with pytest.raises(ValueError, match="C-contiguous"):  # a strided view would take the sums in a copy
+        coarse_space.prolong_add(y, column[: 3 * (n_local // 2)], np.zeros((n_local, 3))[::2])
     assert_close(out.reshape(-1), smoothed.reshape(-1) + dense @ y)
     reference = implementation.get("numpy").coarse
     np.testing.assert_array_equal(restricted, reference.restrict(residual, held_rows, column[held_rows], n_columns))
