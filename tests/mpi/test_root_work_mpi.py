@@ -59,8 +59,10 @@ def single_process():
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
-def test_root_work_with_node_cores_gives_one_process_answer(ranks, tmp_path, single_process):
+def test_root_work_with_node_cores_gives_one_process_answer(ranks, tmp_path, single_process, monkeypatch):
     out = tmp_path / "root.npz"
+    # as the worker launches a run of one thread per rank: ducc0 sizes its pool from this on import
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     completed = run_ranks(ranks, str(DRIVERS / "check_root_work.py"), str(out), timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert f"root work checks passed on {ranks} ranks" in completed.stdout
@@ -69,6 +71,8 @@ def test_root_work_with_node_cores_gives_one_process_answer(ranks, tmp_path, sin
         cores = min(ranks, os.cpu_count() or 1)  # one thread per rank, every rank on this node
         assert int(got["threads"]) == cores
         assert str(got["omp_num_threads"]) == str(cores)
+        assert int(got["ducc0_threads"]) == cores  # pixell's transforms are not held to the pool fixed on import
+        assert int(got["ducc0_threads_after"]) == 1  # and the pool is given back
         close_rows(got["iqu"], iqu, 1e-12)
         close_rows(got["mask"], mask, 1e-12)
         assert np.any(mask == 0) and np.any((mask > 0) & (mask < 1))  # a masked, apodised sky

@@ -3,14 +3,15 @@
 Every rank calls :func:`mapmaker.parallel.rootwork.on_root_with_node_cores` for each step, as a
 realisation does: the CMB sky of a signal-only spec (nside 32), the analysis mask of a band of
 hits (10 deg C2 apodisation), its pure-B coupling (bins of 8) and the spectra and bandpowers of the
-sky on that mask. Root saves them with the OpenMP thread count and ``OMP_NUM_THREADS`` it saw inside
-the work to argv[1] (npz); the test compares them with one process's computation. Exits non-zero
+sky on that mask. Root saves them with the OpenMP thread count, ``OMP_NUM_THREADS`` and ducc0's
+thread pool it saw inside the work to argv[1] (npz); the test compares them with one process's computation. Exits non-zero
 (aborting all ranks) on a failed check.
 """
 import os
 import sys
 from pathlib import Path
 
+import ducc0
 import healpy as hp
 import numpy as np
 from mpi4py import MPI
@@ -59,6 +60,7 @@ def main() -> None:
 
     def measure() -> spectra.RealizationSpectra:
         assert iqu is not None and coupling is not None
+        seen["ducc0_threads"] = ducc0.misc.thread_pool_size()  # what caps pixell's transforms
         observed = np.where(coupling.mask > 0, iqu, hp.UNSEEN)
         return spectra.realization_spectra(observed, coupling, lmax=2 * NSIDE, ell_bin_width=8)
 
@@ -73,6 +75,7 @@ def main() -> None:
         windows=measured.bandpowers.windows,
         **{f"mcm_inv_{pair}": matrix for pair, matrix in coupling.mode_coupling_inv.items()},
         threads=np.int64(seen["threads"]), omp_num_threads=np.str_(seen["omp_num_threads"]),
+        ducc0_threads=np.int64(seen["ducc0_threads"]), ducc0_threads_after=np.int64(ducc0.misc.thread_pool_size()),
     )
     print(f"root work checks passed on {comm.Get_size()} ranks, openmp threads {seen['threads']}")
 
