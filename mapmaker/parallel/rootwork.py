@@ -10,8 +10,9 @@ process may run on), so root's work sets it for its duration (the worker exports
 for the whole run). ducc0 caps that request at its pool's size, which it fixes when it is imported
 from the same variable: a rank started with ``OMP_NUM_THREADS=1`` (every worker-launched run with one
 thread per rank) would run root's transforms on one thread whatever pixell asks. So root's work also
-resizes ducc0's pool to its cores (``ducc0.misc.resize_thread_pool``) and gives it back after: at
-nside 512 a three-iteration analysis took 2.2 s instead of 1.1 s on two cores without it. So these steps are threaded,
+resizes ducc0's pool to its cores (``ducc0.misc.resize_thread_pool``) and gives it back after: through
+``mapcampaign up`` at nside 1024 the products took 98-107 s of a realisation on two cores without it, 62-66 s
+with it (docs/results/campaign-up.md). So these steps are threaded,
 not distributed: one rank runs them with the node's cores, and the result is the same computation as on
 one process, changed only by the order of the threads' sums (round-off).
 
