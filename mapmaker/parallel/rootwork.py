@@ -34,6 +34,7 @@ launch without binding each rank to one core (``srun --cpu-bind=none``, or bind 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -82,17 +83,20 @@ def on_root_with_node_cores(comm: MPI.Comm, work: Callable[[], T], *, threads: i
     if comm.Get_rank() != 0:
         wait_quietly(comm.Ibarrier())
         return None
-    import ducc0  # deferred: pixell loads it anyway for root's transforms; a rank that never does root's work need not
-
+    # ducc0 loaded already has the pool it was imported with (module doc); loaded by the work, it takes the
+    # OMP_NUM_THREADS set here. Not imported here: the numpy kernels' path runs without it.
+    ducc0 = sys.modules.get("ducc0")
+    ducc0_pool = ducc0.misc.thread_pool_size() if ducc0 is not None else None
     exported = os.environ.get(OMP_VARIABLE)
-    ducc0_pool = ducc0.misc.thread_pool_size()
     os.environ[OMP_VARIABLE] = str(cores)  # pixell's ducc0 transforms under pspy (module doc)
-    ducc0.misc.resize_thread_pool(cores)  # else pixell's request is capped at the pool fixed on import (module doc)
+    if ducc0 is not None:
+        ducc0.misc.resize_thread_pool(cores)
     try:
         with threadpool_limits(limits={"openmp": cores, "blas": cores}):
             return work()
     finally:
-        ducc0.misc.resize_thread_pool(ducc0_pool)
+        if ducc0 is not None and ducc0_pool is not None:
+            ducc0.misc.resize_thread_pool(ducc0_pool)
         if exported is None:
             del os.environ[OMP_VARIABLE]
         else:
