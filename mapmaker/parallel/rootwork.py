@@ -11,8 +11,8 @@ for the whole run). ducc0 caps that request at its pool's size, which it fixes w
 from the same variable: a rank started with ``OMP_NUM_THREADS=1`` (every worker-launched run with one
 thread per rank) would run root's transforms on one thread whatever pixell asks. So root's work also
 resizes ducc0's pool to its cores (``ducc0.misc.resize_thread_pool``) and gives it back after: through
-``mapcampaign up`` at nside 1024 the products took 98-107 s of a realisation on two cores without it, 62-66 s
-with it (docs/results/campaign-up.md). So these steps are threaded,
+``mapcampaign up`` the products of a realisation on two cores took 14.6-15.4 s at nside 512 without it and
+10.6-10.9 s with it, 98-107 s and 62-66 s at nside 1024 (docs/results/campaign-up.md). So these steps are threaded,
 not distributed: one rank runs them with the node's cores, and the result is the same computation as on
 one process, changed only by the order of the threads' sums (round-off).
 
