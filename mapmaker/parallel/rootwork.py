@@ -86,7 +86,7 @@ def on_root_with_node_cores(comm: MPI.Comm, work: Callable[[], T], *, threads: i
     # ducc0 loaded already has the pool it was imported with (module doc); loaded by the work, it takes the
     # OMP_NUM_THREADS set here. Not imported here: the numpy kernels' path runs without it.
     ducc0 = sys.modules.get("ducc0")
-    ducc0_pool = ducc0.misc.thread_pool_size() if ducc0 is not None else None
+    ducc0_pool = ducc0.misc.thread_pool_size() if ducc0 is not None else 0
     exported = os.environ.get(OMP_VARIABLE)
     os.environ[OMP_VARIABLE] = str(cores)  # pixell's ducc0 transforms under pspy (module doc)
     if ducc0 is not None:
@@ -95,7 +95,7 @@ def on_root_with_node_cores(comm: MPI.Comm, work: Callable[[], T], *, threads: i
         with threadpool_limits(limits={"openmp": cores, "blas": cores}):
             return work()
     finally:
-        if ducc0 is not None and ducc0_pool is not None:
+        if ducc0 is not None:
             ducc0.misc.resize_thread_pool(ducc0_pool)
         if exported is None:
             del os.environ[OMP_VARIABLE]
