@@ -11,7 +11,12 @@ service and the worker do (the overlap plan, the coupling built once, the aggreg
 ``mapcampaign up`` starts in a fresh data folder (SQLite, the local site); the campaign is submitted with
 the Python client and followed until it ends (each realisation within ``--walltime-s``). Printed and written (``--json``): the
 wall time from submit to done, the plan's and the coupling's build times, and per realisation its
-samples, iterations, peak memory per rank, stage seconds (max over ranks) and the bytes of its products.
+samples, iterations, peak memory per rank, stage seconds (max over ranks) and the bytes of its products,
+and from its attempt's timestamps where the rest of the campaign's time goes: ``outside_s``, from the
+runner's start to the accepted result less the map-maker's own ``total_s`` (the MPI launch, the imports
+before the map-maker's clock starts, the upload and the service's checks); ``idle_before_s``, from the
+previous realisation's accepted result to this one's claim (the service's hooks on that result, the
+aggregates among them, which the worker's report waits for, then the claim).
 """
 
 from __future__ import annotations
@@ -89,7 +94,23 @@ def wait_healthy(url: str, process: subprocess.Popen, log_path: Path, timeout_s:
         time.sleep(0.5)
 
 
-def realization_row(index: int, result: dict[str, Any]) -> dict[str, Any]:
+def attempt_timeline(attempts: list[Any]) -> dict[int, dict[str, float | None]]:
+    """Per realisation index: ``started_to_ended_s`` of its last attempt and ``idle_before_s`` (module doc).
+
+    ``attempts`` are ``(index, claimed_at, started_at, ended_at)`` of each realisation's last attempt.
+    """
+    timeline: dict[int, dict[str, float | None]] = {}
+    previous_end = None
+    for index, claimed, started, ended in sorted(attempts, key=lambda row: row[1]):
+        timeline[index] = {
+            "started_to_ended_s": (ended - started).total_seconds() if started and ended else None,
+            "idle_before_s": (claimed - previous_end).total_seconds() if previous_end is not None else None,
+        }
+        previous_end = ended or previous_end
+    return timeline
+
+
+def realization_row(index: int, result: dict[str, Any], timeline: dict[str, float | None]) -> dict[str, Any]:
     stages = result.get("stages") or {}
     bandpowers = (result.get("spectra") or {}).get("bandpowers") or {}
     return {
@@ -103,6 +124,11 @@ def realization_row(index: int, result: dict[str, Any]) -> dict[str, Any]:
         "coupling": bandpowers.get("coupling_source"),
         "coupling_build_s": bandpowers.get("coupling_build_s"),
         "product_mib": sum(p["size_bytes"] for p in result.get("products") or []) / 2**20,
+        "outside_s": (
+            timeline["started_to_ended_s"] - result["timing"]["total"]
+            if timeline.get("started_to_ended_s") is not None else None
+        ),
+        "idle_before_s": timeline.get("idle_before_s"),
     }
 
 
@@ -142,11 +168,12 @@ def main() -> None:
                 except KeyboardInterrupt:
                     raise SystemExit(f"interrupted; campaign {campaign.id} left in {data_dir}") from None
                 wall_s = time.monotonic() - submitted
-                rows = []
-                for index in range(spec.realizations):
-                    realization = client.realization(campaign.id, index)
-                    if realization.result:
-                        rows.append(realization_row(index, realization.result))
+                realizations = [client.realization(campaign.id, index) for index in range(spec.realizations)]
+                timeline = attempt_timeline([
+                    (r.index, a.claimed_at, a.started_at, a.ended_at)
+                    for r in realizations if r.attempt_history for a in r.attempt_history[-1:]
+                ])  # fmt: skip
+                rows = [realization_row(r.index, r.result, timeline.get(r.index, {})) for r in realizations if r.result]
                 plans = [
                     {"ranks": plan.ranks, "build_time_s": plan.build_time_s, "size_bytes": plan.size_bytes}
                     for plan in client.plans()
@@ -175,10 +202,10 @@ def main() -> None:
     for coupling in couplings:
         print(f"  coupling: built in {coupling['build_time_s']} s, {coupling['size_bytes'] / 2**20:.0f} MiB")
     columns = ["realization", "samples", "iterations", "total_s", "peak_mib_max",
-               *[f"{s}_s" for s in STAGES], "product_mib"]  # fmt: skip
+               *[f"{s}_s" for s in STAGES], "product_mib", "outside_s", "idle_before_s"]  # fmt: skip
     print("  " + " ".join(f"{c:>12}" for c in columns))
     for row in rows:
-        print("  " + " ".join(f"{row.get(c, float('nan')):>12.4g}" for c in columns))
+        print("  " + " ".join(f"{float('nan') if row.get(c) is None else row[c]:>12.4g}" for c in columns))
     write_json(args.json, figures)
 
 
