@@ -224,3 +224,115 @@ def test_a_lost_answer_for_a_task_being_reported_leaves_it_alone(tmp_path, caplo
     assert "realize-1" not in caplog.text
     # A task stopped before its runner wrote a status (detached) may still have processes: they are ended.
     assert running.stop_reason is CancelReason.LOST and (running.placement.workdir / "cancel").is_file()
+
+
+class HeldReports(EndlessQueue):
+    """An endless queue whose ending reports wait for :attr:`release`, as behind a slow upload and the hooks."""
+
+    def __init__(self, prototype, *, empty_until_a_report: bool = False):
+        super().__init__(prototype)
+        self.release = threading.Event()
+        self.empty_until_a_report = empty_until_a_report
+        self.landed = 0  # reports answered
+
+    def claims(self) -> int:
+        return sum(1 for call in self.calls if call[0] == "claim")
+
+    def reports(self) -> list[str]:
+        return [call[1] for call in self.calls if call[0] in ("succeeded", "failed")]
+
+    def claim(self, worker_id, max_tasks):
+        if self.empty_until_a_report and self.claims() > 0 and not self.landed:
+            self.calls.append(("claim", max_tasks))  # what a realisation waiting for its plan's report sees
+            return ClaimAnswer(tasks=[], lease_s=300.0)
+        return super().claim(worker_id, max_tasks)
+
+    def _call(self, *call):
+        super()._call(*call)
+        if call[0] in ("succeeded", "failed"):
+            assert self.release.wait(120), "the test never released the reports"
+            self.landed += 1
+
+
+def agent_with_runs_the_test_ends(tmp_path, monkeypatch, client_class, **client_options):
+    """A one-slot agent on ``client_class``; each task submitted is the test's to end (``runs``, in claim
+    order), and the long poll interval means any claim the test sees was not the poll's doing."""
+    prototype_run = make_run(tmp_path / "proto", RecordingClient())
+    client = client_class(prototype_run.task, **client_options)
+    clock = FakeClock()
+    agent = Agent(
+        WorkerSettings(data_dir=tmp_path / "worker", poll_s=3600), prototype_run.context.site, "token", clock=clock
+    )
+    agent.client = client
+    agent.context = dataclasses.replace(prototype_run.context, client=client, clock=clock)
+    agent.worker_id = 1
+    runs: list[TaskRun] = []
+
+    def submitted(run, app):
+        run.future = concurrent.futures.Future()
+        runs.append(run)
+        return run.future
+
+    monkeypatch.setattr(TaskRun, "submit", submitted)
+    return agent, client, clock, runs
+
+
+def end(run: TaskRun) -> None:
+    """The runner exits 1 (a realisation that failed: reported at once) and Parsl's future completes."""
+    (run.placement.workdir / STATUS_FILE).write_text(runner_status("exited", 1).model_dump_json())
+    run.future.set_result(None)
+
+
+def stop_loop(agent, client, clock, loop) -> None:
+    client.release.set()
+    agent.drain_deadline = clock.monotonic()
+    agent.wake.set()
+    loop.join(30)
+    assert not loop.is_alive()
+
+
+def test_the_next_task_starts_while_the_last_ones_report_is_in_flight(tmp_path, monkeypatch):
+    """A task's upload and report (the service's hooks run before it answers: seconds at nside 1024) went
+    before the next claim, leaving the slot idle for a sixth of each realisation's cycle at nside 512."""
+    agent, client, clock, runs = agent_with_runs_the_test_ends(tmp_path, monkeypatch, HeldReports)
+    loop = threading.Thread(target=agent._loop, name="loop", daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: len(runs) == 1, 30, "the first task to be submitted")
+        end(runs[0])  # its runner ended; its report now waits on the service
+        wait_for(lambda: len(client.reports()) == 1, 30, "the first task's report to be sent")
+        wait_for(lambda: len(runs) == 2, 30, "the next task to be claimed and submitted while it waits")
+        assert client.reports() == ["realize-100"] and client.landed == 0 and client.claims() == 2
+        # One slot: at most one report in flight beside the running task, so the second one ending while the
+        # first report still waits is not followed by a claim.
+        end(runs[1])
+        wait_for(lambda: len(client.reports()) == 2, 30, "the second task's report to be sent")
+        for _ in range(3):
+            step(clock, "loop", PASS_WAIT_S)
+        assert client.claims() == 2 and len(runs) == 2
+        client.release.set()  # both reports land: the slot and the report it held are free again
+        wait_for(lambda: len(runs) == 3, 30, "a claim once the reports landed")
+        assert client.claims() == 3
+    finally:
+        stop_loop(agent, client, clock, loop)
+
+
+def test_a_landed_report_is_followed_by_a_claim_at_once_not_after_the_poll_interval(tmp_path, monkeypatch):
+    """A plan's report makes the realisations waiting for it claimable: the claim sent when its runner ended
+    came back empty, and the next one must follow the report, not the poll interval (an hour here)."""
+    agent, client, clock, runs = agent_with_runs_the_test_ends(
+        tmp_path, monkeypatch, HeldReports, empty_until_a_report=True
+    )
+    loop = threading.Thread(target=agent._loop, name="loop", daemon=True)
+    loop.start()
+    try:
+        wait_for(lambda: len(runs) == 1, 30, "the first task to be submitted")
+        end(runs[0])
+        wait_for(lambda: len(client.reports()) == 1, 30, "its report to be sent")
+        wait_for(lambda: client.claims() == 2, 30, "the claim sent while the report is in flight")
+        assert len(runs) == 1 and client.landed == 0  # that claim found nothing
+        client.release.set()
+        wait_for(lambda: len(runs) == 2, 30, "a claim as soon as the report landed")
+        assert client.claims() == 3
+    finally:
+        stop_loop(agent, client, clock, loop)

@@ -17,8 +17,12 @@ Each pass of the loop:
 4. the answers of the heartbeats (sent every lease/3 by their own thread
    while tasks are held): ``cancel`` -> stop and report cancelled; ``lost``
    -> stop and report nothing;
-5. claim ``max_tasks - held`` tasks, unless draining; an empty answer waits
-   ``MAPCAMPAIGN_WORKER_POLL_S`` before the next claim. After
+5. claim ``max_tasks - running`` tasks, unless draining: a task being
+   reported no longer counts, so the next realisation starts while the last
+   one's products are uploaded and the service runs its hooks (nothing is
+   claimed while more than ``max_tasks`` reports are in flight). An empty answer waits
+   ``MAPCAMPAIGN_WORKER_POLL_S`` before the next claim, unless a report lands
+   first (a plan's report makes its realisations claimable). After
    ``LAUNCH_FAILURES_BEFORE_PAUSE`` tasks in a row that this worker could not
    even hand to Parsl (its work folder cannot be written: disk full, quota,
    permissions; Parsl refusing), it stops claiming for 30 s, doubling to 10

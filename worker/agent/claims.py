@@ -2,7 +2,8 @@
 
 Each pass (:meth:`ClaimLoop._pass_loop`): tasks whose report is done leave; the heartbeats' answers are
 applied; running tasks report ``started``, ended ones go to the reporting pool; a drain stops what it must;
-then ``max_tasks - held`` tasks are claimed, unless draining, paused, or the last claim found nothing.
+then as many tasks as there are free slots (:meth:`ClaimLoop._free_slots`) are claimed, unless draining,
+paused, or the last claim found nothing and no report has landed since.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ class ClaimLoop(Heartbeats, Shutdown):
         while True:
             self.wake.clear()
             now = self.clock.monotonic()
-            self._collect_finished()
+            if self._collect_finished():
+                # A report landed: it may have made work claimable (a plan's report, the realisations
+                # waiting for it), so claim now rather than after the poll interval of an empty claim.
+                next_claim = now
             self._apply_heartbeat_answers()
             self._watch_runs(now)
             drain_deadline = self.drain_deadline  # once per pass: a signal may set it at any moment
@@ -69,8 +73,18 @@ class ClaimLoop(Heartbeats, Shutdown):
             self.clock.wait(self.wake, PASS_WAIT_S)
 
     def _free_slots(self) -> int:
+        """Tasks to claim: ``max_tasks`` less the tasks still running and the Parsl slots detached tasks hold.
+
+        A task being reported holds no slot: its runner has ended, and its upload and report (the service
+        runs its hooks, the aggregates' update among them, before it answers) go on beside the next task
+        rather than before it. Once more than ``max_tasks`` reports are in flight, nothing is claimed until one
+        lands, so a worker does not run ahead of a service that answers slowly.
+        """
         self.detached = [run for run in self.detached if run.future is not None and not run.future.done()]
-        return self.site.max_tasks - len(self.runs) - len(self.detached)
+        reporting = sum(1 for run in self.runs.values() if run.finishing is not None)
+        if reporting > self.site.max_tasks:
+            return 0
+        return self.site.max_tasks - (len(self.runs) - reporting) - len(self.detached)
 
     def _claim(self, free: int) -> int:
         assert self.worker_id is not None
@@ -152,16 +166,20 @@ class ClaimLoop(Heartbeats, Shutdown):
         run.finishing = self.reporters.submit(run.finish)
         run.finishing.add_done_callback(lambda _future: self.wake.set())
 
-    def _collect_finished(self) -> None:
+    def _collect_finished(self) -> int:
+        """Let the tasks whose report is done leave the worker; return how many left."""
+        collected = 0
         for run in list(self.runs.values()):
             if run.finishing is None or not run.finishing.done():
                 continue
+            collected += 1
             with self.lock:
                 self.runs.pop(run.task_id, None)
             error = run.finishing.exception()
             if error is not None:
                 log.error("%s: reporting failed: %s: %s", run.task_id, type(error).__name__, error)
             self._send_sums_after(run)
+        return collected
 
     def _poll_fetches(self) -> None:
         """At the claims' pace: the kept files the service was asked for, each sent by a reporting thread."""
