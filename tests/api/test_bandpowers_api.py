@@ -31,6 +31,7 @@ from mapmaker.model.sky import load_fiducial_cls, synthesize_cmb
 from schemas.api import API_PREFIX
 from schemas.result import SPECTRA
 from tests.api.conftest import Api
+from tests.support.databases import on_database
 from tests.support.live_service import mapcampaign_command
 from tests.support.mapped_campaign import deliver, deliver_all
 from tests.support.service_helpers import auth
@@ -440,6 +441,8 @@ def run_spectrum_cli(service, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+# The command is under test: the in-process tests above run its requests on both databases.
+@on_database("sqlite")
 def test_cli_spectrum_prints_the_bandpowers_and_refuses_a_wrong_combination(live_service, skies, tmp_path):
     """Small campaigns (2 realisations each) on a live service: the command's --json is the API's answer, its
     table prints D_b; a noise-only campaign given as --transfer exits 2 naming the option's field."""

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import httpx
-import pytest
 
+from tests.support.databases import on_database
 from tests.support.live_service import REPO, start_live_service
 from tests.support.service_helpers import spec_data
 from tests.support.worker_helpers import wait_for
@@ -149,7 +149,7 @@ def test_concurrent_claims_hand_out_each_realisation_once(live_service, tmp_path
     assert counts["claimed"] == total and counts["queued"] == 0
 
 
-@pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
+@on_database("sqlite")
 def test_behind_a_tls_proxy_the_dashboard_believes_forwarded_headers_only_when_told(make_live_service):
     """The browser's Origin is the proxy's https:// address; the API sees plain HTTP from the proxy. Only with
     MAPCAMPAIGN_FORWARDED_ALLOW_IPS does it take the scheme from X-Forwarded-Proto, so the login is same-origin."""

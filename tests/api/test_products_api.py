@@ -31,6 +31,7 @@ from service.campaigns.hooks import on_result_accepted, remove_result_hook
 from service.config import Settings
 from service.products.reconcile import update_after_result
 from tests.api.conftest import Api
+from tests.support.databases import on_database
 from tests.support.live_service import mapcampaign_command
 from tests.support.mapped_campaign import deliver, map_realizations, read_result, spec_json, write_spec
 from tests.support.service_helpers import auth
@@ -325,6 +326,8 @@ def run_products_cli(service, *args: str, token: str | None = None) -> subproces
     )
 
 
+# The command is under test: the in-process tests above run its requests on both databases.
+@on_database("postgresql")
 def test_cli_downloads_the_products(live_service, mapped, tmp_path):
     import httpx
 

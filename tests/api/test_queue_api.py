@@ -11,7 +11,7 @@ from service.campaigns.hooks import on_result_accepted, remove_result_hook
 from service.campaigns.models import Campaign
 from service.db import utcnow
 from service.events.models import Event
-from tests.support.databases import statements_sent
+from tests.support.databases import on_database, statements_sent
 from tests.support.service_helpers import product, result_for, sha256, spec_data
 
 
@@ -507,7 +507,7 @@ def test_an_upload_that_outlives_its_attempt_discards_what_it_staged(api, monkey
     assert _nothing_staged(api, campaign["id"])
 
 
-@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)  # SQLite serialises the two writers
+@on_database("postgresql")  # SQLite serialises the two writers
 def test_a_report_racing_its_campaigns_deletion_is_a_404(api, monkeypatch):
     """The campaign is deleted after the report has read its attempt but before it locks the rows."""
     from sqlalchemy.orm import Session
@@ -657,7 +657,7 @@ def test_a_claim_reads_the_sites_plans_in_one_query_whatever_the_number_of_scan_
     assert sum("preprocessing_plans" in statement for statement in statements) == 1
 
 
-@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+@on_database("postgresql")
 def test_a_claim_on_postgresql_is_four_statements_on_one_connection_whatever_it_hands_out(api):
     """The claim rate is bound by round trips: the token with the worker's row and heartbeat, the campaigns
     with their plans, the realisations with their attempts, the events under their lock; then the commit."""

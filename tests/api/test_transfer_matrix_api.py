@@ -30,6 +30,7 @@ from schemas.result import SPECTRA
 from schemas.spec import CmbSky
 from tests.api.test_bandpowers_api import problem, refolder, run_campaign, run_spectrum_cli, spectrum
 from tests.api.test_products_api import login
+from tests.support.databases import on_database
 from tests.support.mapped_campaign import deliver_all
 
 NSIDE = 32
@@ -240,6 +241,8 @@ def test_a_wrong_pair_is_refused_naming_the_field(api, skies, tmp_path):
     assert field == "query.pure_b" and "mask sha256" in message and "coupling key" in message
 
 
+# The command is under test: the in-process tests above run its requests on both databases.
+@on_database("sqlite")
 def test_cli_spectrum_with_a_transfer_matrix_pair(live_service, skies, tmp_path):
     """``mapcampaign spectrum --transfer-e ID --transfer-b ID`` on a live service (2 realisations each): its --json
     is the API's matrix-corrected answer, its table marks the matrix's error; a pair with --transfer, or half a

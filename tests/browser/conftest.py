@@ -4,11 +4,13 @@ Chromium is ``/usr/bin/chromium`` (``scripts/install-system-deps`` installs it;
 never ``playwright install``), headless, with the flags that keep it off the
 network. Playwright gives every launch a fresh temporary profile.
 
-``dash`` is a live service (the ``live_service`` fixture: SQLite and PostgreSQL)
-with helpers to log in, create campaigns and play a worker. ``page`` is a new
-browser context per test that fails the test on a JavaScript error, a Content
-Security Policy violation, or any request to another origin (the dashboard must
-work offline). Screenshots go to ``artifacts/screenshots/`` (gitignored).
+``dash`` is a live service (the ``live_service`` fixture) with helpers to log
+in, create campaigns and play a worker. ``page`` is a new browser context per
+test that fails the test on a JavaScript error, a Content Security Policy
+violation, or any request to another origin (the dashboard must work offline). Screenshots go to ``artifacts/screenshots/`` (gitignored).
+
+Each file runs on one database (``on_database`` in its ``pytestmark``), half of them on each: the
+in-process dashboard tests of tests/api run every page's queries on both.
 """
 
 from __future__ import annotations

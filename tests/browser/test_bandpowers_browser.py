@@ -16,9 +16,10 @@ from threadpoolctl import threadpool_limits
 
 from tests.api.test_bandpowers_api import Skies, campaign_spec, refolder
 from tests.browser.conftest import Dashboard
+from tests.support.databases import on_database
 from tests.support.mapped_campaign import deliver
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, on_database("sqlite")]
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ import statistics
 import pytest
 
 from tests.browser.conftest import Dashboard, new_page, texts
+from tests.support.databases import on_database
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, on_database("postgresql")]
 
 GRID_RENDERED = "() => document.getElementById('grid') && document.getElementById('grid').dataset.rendered === 'true'"
 

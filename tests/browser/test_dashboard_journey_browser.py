@@ -12,9 +12,10 @@ from matplotlib.image import imread
 from schemas.io import load_example_spec
 from service.dashboard import quicklook
 from tests.browser.conftest import Dashboard, new_page
+from tests.support.databases import on_database
 from tests.support.mapped_campaign import deliver, map_realizations, spec_json, write_spec
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, on_database("sqlite")]
 
 GRID_RENDERED = "() => document.getElementById('grid') && document.getElementById('grid').dataset.rendered === 'true'"
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.browser.conftest import Dashboard, texts
+from tests.support.databases import on_database
 from tests.support.live_service import LiveService
 from tests.support.service_helpers import spec_data
 from tests.support.toast_files import hexagon_focal_plane, write_ground_schedule, write_satellite_schedule
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, on_database("sqlite")]
 
 START = datetime(2026, 6, 1, 3, tzinfo=UTC)
 SCANS = [

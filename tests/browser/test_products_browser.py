@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 
 from tests.browser.conftest import Dashboard
+from tests.support.databases import on_database
 from tests.support.mapped_campaign import deliver, map_realizations, spec_json, write_spec
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, on_database("postgresql")]
 
 
 @pytest.fixture(scope="module")

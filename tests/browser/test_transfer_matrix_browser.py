@@ -16,9 +16,10 @@ from threadpoolctl import threadpool_limits
 from tests.api.test_bandpowers_api import refolder
 from tests.api.test_transfer_matrix_api import PureSkies, campaign_spec
 from tests.browser.conftest import Dashboard
+from tests.support.databases import on_database
 from tests.support.mapped_campaign import deliver_all
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, on_database("postgresql")]
 
 ELEMENTS = ("E→E", "B→B", "E→B", "B→E", "E→EB", "B→EB")
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.campaign_checks import assert_campaign_sound
+from tests.support.databases import on_database
 from tests.support.figures import record
 from tests.support.processes import task_processes, wait_for_no_task_processes
 from tests.support.worker_helpers import (
@@ -35,11 +36,6 @@ from tests.support.worker_helpers import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.mpi, pytest.mark.timeout(420)]
-
-
-def on_database(kind: str) -> pytest.MarkDecorator:
-    """Run a test on one database only: each scenario runs once, and both databases see worker traffic."""
-    return pytest.mark.parametrize("database_kind", [kind], indirect=True)
 
 
 FAST = {"MAPCAMPAIGN_LEASE_S": "10", "MAPCAMPAIGN_REAPER_INTERVAL_S": "0.5"}

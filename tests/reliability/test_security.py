@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from tests.reliability.conftest import row_counts
+from tests.support.databases import on_database
 from tests.support.fake_worker import FakeWorker
 from tests.support.figures import record
 from tests.support.live_service import REPO, free_port, mapcampaign_command, service_env
@@ -193,7 +194,7 @@ HOSTILE_NAMES = [
 
 
 @pytest.mark.browser
-@pytest.mark.parametrize("database_kind", ["postgresql"], indirect=True)
+@on_database("postgresql")
 def test_dashboard_renders_hostile_names_as_text(dash, page):
     campaigns = [dash.create_campaign(name=name, realizations=1) for name in HOSTILE_NAMES]
     dash.login(page)

@@ -27,6 +27,7 @@ import healpy as hp
 import numpy as np
 import pytest
 
+from tests.support.databases import on_database
 from tests.support.local_slurm import (
     LocalSlurm,
     fail_node,
@@ -39,7 +40,14 @@ from tests.support.local_slurm import (
 )
 from tests.support.worker_helpers import Api, long_spec, start_worker, tiny_spec, wait_for, wait_running_with_job
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.mpi, pytest.mark.timeout(600)]
+# The worker's protocol runs on both databases in tests/integration; here the scheduler is under test.
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.integration,
+    pytest.mark.mpi,
+    pytest.mark.timeout(600),
+    on_database("sqlite"),
+]
 
 FAST = {"MAPCAMPAIGN_LEASE_S": "30", "MAPCAMPAIGN_REAPER_INTERVAL_S": "0.5"}
 VENV_BIN = Path(sys.executable).parent
@@ -56,11 +64,6 @@ def cluster(local_slurm: LocalSlurm) -> LocalSlurm:
             pytest.fail(why, pytrace=False)
         pytest.skip(why)
     return local_slurm
-
-
-def on_sqlite() -> pytest.MarkDecorator:
-    # The worker's protocol runs on both databases in tests/integration; here the scheduler is under test.
-    return pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
 
 
 def job_nodes(job_id: str) -> list[str]:
@@ -99,7 +102,6 @@ def assert_one_success(api: Api, campaign_id: int) -> dict:
     return realization
 
 
-@on_sqlite()
 def test_a_realisation_spans_two_nodes_and_gives_the_single_node_map(
     cluster, make_live_service, tmp_path
 ):
@@ -147,7 +149,6 @@ def test_a_realisation_spans_two_nodes_and_gives_the_single_node_map(
         np.testing.assert_allclose(across[stokes, solved], reference[stokes, solved], rtol=0, atol=1e-10 * scale)
 
 
-@on_sqlite()
 def test_slurm_requeueing_the_block_retries_the_realisation(cluster, make_live_service, tmp_path):
     service = make_live_service(env=FAST)
     api = Api(service)
@@ -197,7 +198,6 @@ def write_sleeping_python(path: Path) -> Path:
     return path
 
 
-@on_sqlite()
 def test_the_block_time_limit_ends_every_rank_on_both_nodes_as_walltime(cluster, make_live_service, tmp_path):
     service = make_live_service(env=FAST)
     api = Api(service)
@@ -241,7 +241,6 @@ def test_the_block_time_limit_ends_every_rank_on_both_nodes_as_walltime(cluster,
         api.close()
 
 
-@on_sqlite()
 def test_a_node_that_dies_mid_solve_fails_the_attempt_as_node_failure(cluster, make_live_service, tmp_path):
     service = make_live_service(env=FAST)
     api = Api(service)

@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.databases import on_database
 from tests.support.local_slurm import scancel, scontrol_job, write_slurm_site
 from tests.support.worker_helpers import Api, long_spec, start_worker, wait_running_with_job
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration, pytest.mark.mpi, pytest.mark.timeout(600)]
+# The worker's protocol runs on both databases in tests/integration; here the scheduler is under test.
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.integration,
+    pytest.mark.mpi,
+    pytest.mark.timeout(600),
+    on_database("sqlite"),
+]
 
 FAST = {"MAPCAMPAIGN_LEASE_S": "30", "MAPCAMPAIGN_REAPER_INTERVAL_S": "0.5"}
 
 
-def on_sqlite() -> pytest.MarkDecorator:
-    # The worker's protocol runs on both databases in tests/integration; here the scheduler is under test.
-    return pytest.mark.parametrize("database_kind", ["sqlite"], indirect=True)
-
-
-@on_sqlite()
 def test_scancel_of_the_block_requeues_the_realisation_as_lost_worker(local_slurm, make_live_service, tmp_path):
     service = make_live_service(env=FAST)
     api = Api(service)

@@ -32,6 +32,11 @@ TABLES = (
 )
 
 
+def on_database(kind: str) -> pytest.MarkDecorator:
+    """Run a test (or, in ``pytestmark``, a module) on one database only: ``"sqlite"`` or ``"postgresql"``."""
+    return pytest.mark.parametrize("database_kind", [kind], indirect=True)
+
+
 def create_pg_database(prefix: str = "mapcampaign_test") -> str:
     """:func:`benchmarks._support.create_pg_database`; an unreachable PostgreSQL fails the test."""
     try:
