@@ -131,8 +131,9 @@ def test_campaign_runs_end_to_end(make_live_service, tmp_path):
 def test_preprocessing_runs_once_and_plans_are_shared_by_scan_and_ranks(make_live_service, tmp_path):
     service = make_live_service(env=FAST)
     api = Api(service)
-    one_rank = {"resources.ranks": 1}  # one process per realisation: the 20 of them stay cheap on two cores
-    twenty = api.create(tiny_spec("twenty", realizations=20, **one_rank))
+    one_rank = {"resources.ranks": 1}  # one process per realisation: they stay cheap on two cores
+    # Six realisations on two slots: claims go on while the plan is built and each slot is reused.
+    several = api.create(tiny_spec("several", realizations=6, **one_rank))
     # Same scan pattern and ranks, different noise, sky and seeds: the same plan.
     sibling = api.create(
         tiny_spec(
@@ -147,21 +148,21 @@ def test_preprocessing_runs_once_and_plans_are_shared_by_scan_and_ranks(make_liv
         tiny_spec("nside 16", realizations=1, **one_rank, **{"pixelization.nside": 16})
     )  # other scan key
     two_ranks = api.create(tiny_spec("two ranks", realizations=1))  # another rank count
-    assert twenty["scan_key"] == sibling["scan_key"] == two_ranks["scan_key"] != finer["scan_key"]
+    assert several["scan_key"] == sibling["scan_key"] == two_ranks["scan_key"] != finer["scan_key"]
     worker = start_worker(service, write_site(tmp_path / "site.toml", max_tasks=2), "w-plans")
     try:
-        for campaign in (twenty, sibling, finer, two_ranks):
+        for campaign in (several, sibling, finer, two_ranks):
             assert api.wait_state(campaign["id"], {"succeeded", "failed"}, 400, worker)["state"] == "succeeded"
     finally:
         assert worker.stop(timeout=60) == 0
     plans = {(plan["scan_key"], plan["ranks"]): plan for plan in api.plans()}
-    assert set(plans) == {(twenty["scan_key"], 1), (finer["scan_key"], 1), (twenty["scan_key"], 2)}
+    assert set(plans) == {(several["scan_key"], 1), (finer["scan_key"], 1), (several["scan_key"], 2)}
     assert all(plan["state"] == "ready" and plan["build_attempts"] == 1 for plan in plans.values())
-    assert plans[(twenty["scan_key"], 1)]["uses"] == 22
-    assert plans[(finer["scan_key"], 1)]["uses"] == 1 and plans[(twenty["scan_key"], 2)]["uses"] == 1
+    assert plans[(several["scan_key"], 1)]["uses"] == 8
+    assert plans[(finer["scan_key"], 1)]["uses"] == 1 and plans[(several["scan_key"], 2)]["uses"] == 1
     builds = [e for e in api.events() if e["kind"] == "plan" and e["state"] == "building"]
     assert len(builds) == 3  # one build per (scan key, ranks): never a second one
-    checksums = {r["result"]["plan_checksum"] for c in (twenty, sibling) for r in api.realizations(c["id"])}
+    checksums = {r["result"]["plan_checksum"] for c in (several, sibling) for r in api.realizations(c["id"])}
     assert len(checksums) == 1
     assert len(list((worker.site_data / "plans").glob("*.plan"))) == 3
     # One coupling per (scan key, ranks, products settings), whatever the noise or seeds.
