@@ -15,8 +15,8 @@ samples, iterations, peak memory per rank, stage seconds (max over ranks) and th
 and from its attempt's timestamps where the rest of the campaign's time goes: ``outside_s``, from the
 runner's start to the accepted result less the map-maker's own ``total_s`` (the MPI launch, the imports
 before the map-maker's clock starts, the upload and the service's checks); ``idle_before_s``, from the
-previous realisation's accepted result to this one's claim (the service's hooks on that result, the
-aggregates among them, which the worker's report waits for, then the claim).
+previous realisation's accepted result to this one's claim: negative when the worker claimed while that
+result was still being uploaded and checked (it frees a slot when the runner ends: worker/agent/claims.py).
 """
 
 from __future__ import annotations
