@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import itertools
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 from schemas.api import ClaimAnswer, HeartbeatAnswer
@@ -28,6 +30,21 @@ def step(clock: FakeClock, thread_name: str, seconds: float) -> None:
     waits = clock.waits_in(thread_name)
     clock.advance(seconds)
     wait_for(lambda: clock.waits_in(thread_name) > waits, 30, f"the {thread_name} thread to come round")
+
+
+@contextlib.contextmanager
+def loop_running(agent: Agent, clock: FakeClock, *, before_stop: Callable[[], object] = lambda: None) -> Iterator[None]:
+    """The agent's loop in a thread named ``loop``; at the end ``before_stop()``, then a drain that must end it."""
+    loop = threading.Thread(target=agent._loop, name="loop", daemon=True)
+    loop.start()
+    try:
+        yield
+    finally:
+        before_stop()
+        agent.drain_deadline = clock.monotonic()
+        agent.wake.set()
+        loop.join(30)
+    assert not loop.is_alive()
 
 
 class EndlessQueue(RecordingClient):
@@ -71,9 +88,7 @@ def test_a_site_that_cannot_launch_anything_stops_claiming_instead_of_failing_th
         return [call for call in client.calls if call[0] == kind]
 
     monkeypatch.setattr(TaskRun, "prepare", disk_full)
-    loop = threading.Thread(target=agent._loop, name="loop", daemon=True)
-    with caplog.at_level(logging.ERROR, logger="mapcampaign.worker"):
-        loop.start()
+    with caplog.at_level(logging.ERROR, logger="mapcampaign.worker"), loop_running(agent, clock):
         wait_for(lambda: len(calls("failed")) >= LAUNCH_FAILURES_BEFORE_PAUSE, 30, "three tasks reported failed")
         wait_for(lambda: not agent.runs, 30, "the failed tasks to leave the worker")  # a free slot from here on
         assert agent.claims_paused_until == clock.monotonic() + FIRST_LAUNCH_PAUSE_S
@@ -88,10 +103,6 @@ def test_a_site_that_cannot_launch_anything_stops_claiming_instead_of_failing_th
         wait_for(lambda: len(calls("failed")) > LAUNCH_FAILURES_BEFORE_PAUSE, 30, "a claim after the pause")
         wait_for(lambda: not agent.runs, 30, "the failed task to leave the worker")
         assert agent.claims_paused_until == clock.monotonic() + 2 * FIRST_LAUNCH_PAUSE_S
-        agent.drain_deadline = clock.monotonic()
-        agent.wake.set()
-        loop.join(30)
-    assert not loop.is_alive()
     failed = calls("failed")
     assert len(failed) == LAUNCH_FAILURES_BEFORE_PAUSE + 1  # max_tasks 1: one task per claim
     assert {call[2] for call in failed} == {"site_error"} and "No space left on device" in failed[0][4]
@@ -176,9 +187,7 @@ def test_heartbeats_go_on_while_a_claim_waits_for_its_answer(tmp_path, monkeypat
         return run.future
 
     monkeypatch.setattr(TaskRun, "submit", queued_in_parsl)
-    loop = threading.Thread(target=agent._loop, name="loop", daemon=True)
-    loop.start()
-    try:
+    with loop_running(agent, clock, before_stop=client.release_claim.set):
         wait_for(lambda: clock.waits_in("loop") > 0, 30, "the loop to wait after its first claim")
         clock.advance(PASS_WAIT_S)  # a free slot: the next pass claims again (poll_s is shorter than a pass's wait)
         assert client.claim_waiting.wait(30)
@@ -195,12 +204,6 @@ def test_heartbeats_go_on_while_a_claim_waits_for_its_answer(tmp_path, monkeypat
         client.release_claim.set()
         wait_for(lambda: run.stop_reason is not None, 30, "the cancel to stop the task")
         assert run.stop_reason is CancelReason.CANCELLED
-    finally:
-        client.release_claim.set()
-        agent.drain_deadline = clock.monotonic()
-        agent.wake.set()
-        loop.join(30)
-    assert not loop.is_alive()
 
 
 def test_a_lost_answer_for_a_task_being_reported_leaves_it_alone(tmp_path, caplog):
@@ -283,21 +286,11 @@ def end(run: TaskRun) -> None:
     run.future.set_result(None)
 
 
-def stop_loop(agent, client, clock, loop) -> None:
-    client.release.set()
-    agent.drain_deadline = clock.monotonic()
-    agent.wake.set()
-    loop.join(30)
-    assert not loop.is_alive()
-
-
 def test_the_next_task_starts_while_the_last_ones_report_is_in_flight(tmp_path, monkeypatch):
     """A task's upload and report (the service's hooks run before it answers: seconds at nside 1024) went
     before the next claim, leaving the slot idle for a sixth of each realisation's cycle at nside 512."""
     agent, client, clock, runs = agent_with_runs_the_test_ends(tmp_path, monkeypatch, HeldReports)
-    loop = threading.Thread(target=agent._loop, name="loop", daemon=True)
-    loop.start()
-    try:
+    with loop_running(agent, clock, before_stop=client.release.set):
         wait_for(lambda: len(runs) == 1, 30, "the first task to be submitted")
         end(runs[0])  # its runner ended; its report now waits on the service
         wait_for(lambda: len(client.reports()) == 1, 30, "the first task's report to be sent")
@@ -313,8 +306,7 @@ def test_the_next_task_starts_while_the_last_ones_report_is_in_flight(tmp_path, 
         client.release.set()  # both reports land: the slot and the report it held are free again
         wait_for(lambda: len(runs) == 3, 30, "a claim once the reports landed")
         assert client.claims() == 3
-    finally:
-        stop_loop(agent, client, clock, loop)
+
 
 
 def test_a_landed_report_is_followed_by_a_claim_at_once_not_after_the_poll_interval(tmp_path, monkeypatch):
@@ -323,9 +315,7 @@ def test_a_landed_report_is_followed_by_a_claim_at_once_not_after_the_poll_inter
     agent, client, clock, runs = agent_with_runs_the_test_ends(
         tmp_path, monkeypatch, HeldReports, empty_until_a_report=True
     )
-    loop = threading.Thread(target=agent._loop, name="loop", daemon=True)
-    loop.start()
-    try:
+    with loop_running(agent, clock, before_stop=client.release.set):
         wait_for(lambda: len(runs) == 1, 30, "the first task to be submitted")
         end(runs[0])
         wait_for(lambda: len(client.reports()) == 1, 30, "its report to be sent")
@@ -334,5 +324,3 @@ def test_a_landed_report_is_followed_by_a_claim_at_once_not_after_the_poll_inter
         client.release.set()
         wait_for(lambda: len(runs) == 2, 30, "a claim as soon as the report landed")
         assert client.claims() == 3
-    finally:
-        stop_loop(agent, client, clock, loop)
