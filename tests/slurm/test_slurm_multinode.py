@@ -27,8 +27,8 @@ import healpy as hp
 import numpy as np
 import pytest
 
-from tests.support.databases import on_database
 from tests.support.local_slurm import (
+    SLURM_WORKER_MARKS,
     LocalSlurm,
     fail_node,
     node_processes,
@@ -40,14 +40,7 @@ from tests.support.local_slurm import (
 )
 from tests.support.worker_helpers import Api, long_spec, start_worker, tiny_spec, wait_for, wait_running_with_job
 
-# The worker's protocol runs on both databases in tests/integration; here the scheduler is under test.
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.integration,
-    pytest.mark.mpi,
-    pytest.mark.timeout(600),
-    on_database("sqlite"),
-]
+pytestmark = SLURM_WORKER_MARKS
 
 FAST = {"MAPCAMPAIGN_LEASE_S": "30", "MAPCAMPAIGN_REAPER_INTERVAL_S": "0.5"}
 VENV_BIN = Path(sys.executable).parent

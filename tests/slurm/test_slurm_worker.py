@@ -10,20 +10,10 @@ are in test_slurm_multinode.py.
 
 from __future__ import annotations
 
-import pytest
-
-from tests.support.databases import on_database
-from tests.support.local_slurm import scancel, scontrol_job, write_slurm_site
+from tests.support.local_slurm import SLURM_WORKER_MARKS, scancel, scontrol_job, write_slurm_site
 from tests.support.worker_helpers import Api, long_spec, start_worker, wait_running_with_job
 
-# The worker's protocol runs on both databases in tests/integration; here the scheduler is under test.
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.integration,
-    pytest.mark.mpi,
-    pytest.mark.timeout(600),
-    on_database("sqlite"),
-]
+pytestmark = SLURM_WORKER_MARKS
 
 FAST = {"MAPCAMPAIGN_LEASE_S": "30", "MAPCAMPAIGN_REAPER_INTERVAL_S": "0.5"}
 

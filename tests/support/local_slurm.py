@@ -20,6 +20,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+from tests.support.databases import on_database
+
 REPO = Path(__file__).resolve().parents[2]
 START = REPO / "deploy" / "slurm" / "start-local-slurm"
 STOP = REPO / "deploy" / "slurm" / "stop-local-slurm"
@@ -28,6 +32,15 @@ CLUSTER_NODES = 3
 NAMESPACE_PREFIX = "mcslurm-"  # the nodes' network namespaces: mcslurm-node1 ...
 PARTITION = os.environ.get("MAPCAMPAIGN_SLURM_PARTITION", "debug")
 SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+# The marks of every test that runs the worker on this Slurm: on SQLite only, as the worker's protocol runs
+# on both databases in tests/integration and here the scheduler is under test.
+SLURM_WORKER_MARKS = [
+    pytest.mark.slurm,
+    pytest.mark.integration,
+    pytest.mark.mpi,
+    pytest.mark.timeout(600),
+    on_database("sqlite"),
+]
 
 
 class SlurmUnavailable(RuntimeError):
