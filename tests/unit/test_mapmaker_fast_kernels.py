@@ -194,18 +194,24 @@ def hit_blocks(angles: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.stack([used.sum(1), c.sum(1), s.sum(1), (c * c).sum(1), (c * s).sum(1), (s * s).sum(1)], axis=1) * 1.0
 
 
+def every_kind_of_block(rng) -> np.ndarray:
+    """Packed blocks [20_706, 6]: 20,000 of 0 to 9 hits at random angles, 500 of 4 hits 0.02 rad apart (rcond
+    ~1e-7), 3 of uniform angles, 3 diagonal (the last empty) and 200 of 3 hits a million times over."""
+    random = hit_blocks(rng.uniform(0, np.pi, (20_000, 9)), rng.integers(0, 10, 20_000))
+    close = hit_blocks(0.3 + 0.02 * np.arange(4) + 1e-3 * rng.standard_normal((500, 4)), np.full(500, 4))
+    uniform = hit_blocks(np.tile(np.arange(8) * np.pi / 8, (3, 1)), np.array([4, 8, 8]))
+    diagonal = np.array([[4.0, 0, 0, 2.0, 0, 2.0], [3.0, 0, 0, 0.5, 0, 1.5], [0.0] * 6])
+    many = hit_blocks(rng.uniform(0, np.pi, (200, 3)), np.full(200, 3)) * 1e6
+    return np.concatenate([random, close, uniform, diagonal, many])
+
+
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_rcond_matches_lapack_on_every_kind_of_block(impl, rng):
     """Jacobi (fast) against LAPACK's eigvalsh: 0 to 9 hits at random angles (empty, singular, ill-conditioned,
     well-crossed), angles 0.02 rad apart (rcond ~1e-7), uniform angles (Q and U eigenvalues equal), diagonal
     blocks (nothing to rotate) and hit counts of 10^6: within 1e-14 (rcond is in [0, 1])."""
     kernels = implementation.get(impl)
-    random = hit_blocks(rng.uniform(0, np.pi, (20_000, 9)), rng.integers(0, 10, 20_000))
-    close = hit_blocks(0.3 + 0.02 * np.arange(4) + 1e-3 * rng.standard_normal((500, 4)), np.full(500, 4))
-    uniform = hit_blocks(np.tile(np.arange(8) * np.pi / 8, (3, 1)), np.array([4, 8, 8]))
-    diagonal = np.array([[4.0, 0, 0, 2.0, 0, 2.0], [3.0, 0, 0, 0.5, 0, 1.5], [0.0] * 6])
-    many = hit_blocks(rng.uniform(0, np.pi, (200, 3)), np.full(200, 3)) * 1e6
-    blocks = np.concatenate([random, close, uniform, diagonal, many])
+    blocks = every_kind_of_block(rng)
     expected = preconditioner.rcond(blocks)
     actual = kernels.blocks.rcond(blocks)
     assert actual.shape == expected.shape and np.all((actual >= 0) & (actual <= 1))
@@ -217,6 +223,27 @@ def test_rcond_matches_lapack_on_every_kind_of_block(impl, rng):
     # Angles 0.02 rad apart: rcond ~1e-7, nearly singular blocks, where relative agreement is the hard part.
     assert np.all((expected[20_000:20_500] > 1e-10) & (expected[20_000:20_500] < 1e-6))
     np.testing.assert_allclose(actual[20_000:20_500], expected[20_000:20_500], rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("rcond_min", [1e-2, 1e-12])  # the default cut; the least any solve keeps (SINGULAR_RCOND)
+def test_the_block_inverse_matches_lapack_within_its_condition(impl, rcond_min, rng):
+    """The kept blocks' inverses against LAPACK's: the two differ by the rounding unit over rcond (each is
+    backward stable), zero where a block is not kept; a strided half of the set-up's [n, 12] as it is."""
+    kernels = implementation.get(impl)
+    blocks = every_kind_of_block(rng) * rng.uniform(0.5, 2.0, (1, 1))  # weighted: not integer hit counts
+    rcond = preconditioner.rcond(blocks)
+    keep = rcond >= rcond_min
+    assert 0 < keep.sum() < len(keep) and (rcond_min > 1e-3 or np.any(keep & (rcond < 1e-6)))
+    expected = preconditioner.invert(blocks, keep)
+    side_by_side = np.concatenate([np.zeros_like(blocks), blocks], axis=1)
+    actual = kernels.blocks.invert(side_by_side[:, 6:], keep)
+    assert actual.shape == (len(blocks), 3, 3) and np.all(actual[~keep] == 0)
+    scale = np.abs(expected[keep]).max(axis=(1, 2))
+    difference = np.abs(actual[keep] - expected[keep]).max(axis=(1, 2))
+    assert np.all(difference <= 1e-14 * scale / rcond[keep])
+    if kernels.compiled:  # from the Cholesky factor: exactly symmetric, as the blocks (LAPACK's LU is not)
+        np.testing.assert_array_equal(actual, np.swapaxes(actual, 1, 2))
 
 
 # ----------------------------------------------------------------------------- N^-1 and the fused operator
