@@ -38,6 +38,7 @@ DEFAULT = "fast"
 #   noise       N^-1 per stationary interval: inverse_noise_filters, apply_inverse_noise, apply_inverse_white
 #   operator    the PCG operator P^T N^-1 P: apply_inverse_noise_operator, apply_white_operator
 #   coarse      the two-level preconditioner's coarse space: restrict, restrict_and_gather, prolong_add
+#   exchange    a pixel reduction's shared rows: gather_rows (packed to send), add_rows (received, added)
 FAMILIES: dict[str, dict[str, str]] = {
     "boresight": {"numpy": "boresight", "fast": "pointing_fast"},
     "pointing": {"numpy": "pointing", "fast": "pointing_fast"},
@@ -46,6 +47,7 @@ FAMILIES: dict[str, dict[str, str]] = {
     "noise": {"numpy": "noise", "fast": "noise_fast"},
     "operator": {"numpy": "operator", "fast": "operator_fast"},
     "coarse": {"numpy": "coarse_space", "fast": "coarse_space_fast"},
+    "exchange": {"numpy": "exchange", "fast": "exchange_fast"},
 }
 COMPILED = {"numpy": False, "fast": True}
 
@@ -63,6 +65,7 @@ class Kernels:
     noise: ModuleType
     operator: ModuleType
     coarse: ModuleType
+    exchange: ModuleType
 
 
 def get(name: str = DEFAULT) -> Kernels:
@@ -118,6 +121,8 @@ def warm_up(name: str = DEFAULT) -> float:
     kernels.coarse.restrict_and_gather(local_map, local_map, rows, rows % 4, 3, np.empty(36, dtype=np.float32))
     kernels.coarse.restrict(local_map, rows, rows % 4, 3)
     kernels.coarse.prolong_add(np.ones(3), rows % 4, local_map)
+    shared = np.arange(12, dtype=np.int64)  # a reduction's shared rows (int64), of the maps and of the [n, 12] blocks
+    kernels.exchange.add_rows(local_map, shared, kernels.exchange.gather_rows(local_map, shared, np.empty((12, 3))))
     kernels.noise.apply_inverse_noise(np.ones(5), starts, lengths + 1, np.ones(1, dtype=np.int64), filters)
     return time.perf_counter() - started
 

@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from types import ModuleType
 from typing import ClassVar, Protocol, cast
 
 import numpy as np
 from mpi4py import MPI
 
+from mapmaker.kernels import exchange as numpy_exchange
 from mapmaker.parallel import commodel
 from mapmaker.parallel.overlap import OverlapPlan, butterfly_schedule
 from schemas.spec import STRATEGY_NAMES
@@ -194,7 +196,9 @@ class AlltoallvReduction(PixelReduction):
     For each neighbour j (ascending), the values of the pixels shared with j
     (ascending) are packed into one block; the same pixels come back from j
     in the same order and are added to the values as they were before the
-    exchange. ``exchanged`` [n_local] bool restricts the exchange to some
+    exchange, block after block (``exchange``: the kernels that pack and add
+    the rows, :mod:`mapmaker.kernels.exchange` or its compiled twin, the run's
+    ``Kernels.exchange``). ``exchanged`` [n_local] bool restricts the exchange to some
     pixels (the light ones of ``hybrid``): multiplicity is a property of the
     pixel, so both ends of a pair agree. When a block would exceed
     ``max_elements`` doubles (32-bit counts and displacements) the exchange
@@ -208,8 +212,9 @@ class AlltoallvReduction(PixelReduction):
     )
 
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, exchanged: np.ndarray | None = None,
-                 max_elements: int = MAX_ELEMENTS):
+                 max_elements: int = MAX_ELEMENTS, exchange: ModuleType | None = None):
         super().__init__(comm, local_pixels)
+        self.exchange = exchange or numpy_exchange
         size = comm.Get_size()
         # 1. each neighbour's rows, in rank order: the send (and receive) layout.
         rows, counts = [], np.zeros(size, dtype=np.int64)
@@ -222,10 +227,7 @@ class AlltoallvReduction(PixelReduction):
         self.index = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
         self.counts = counts
         self.offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        # 2. unpack-and-add: each received row goes to a slot of its local pixel; slots summed by bincount.
-        self._targets, self._slot = np.unique(self.index, return_inverse=True)
-        self._flat = FlatCache()
-        # 3. rounds: every rank must call Alltoallv the same number of times.
+        # 2. rounds: every rank must call Alltoallv the same number of times.
         self.max_elements = int(max_elements)
         peers = int(np.count_nonzero(counts))
         self._max_peers = int(comm.allreduce(peers, op=MPI.MAX))
@@ -251,8 +253,7 @@ class AlltoallvReduction(PixelReduction):
         (blocks above ``max_elements`` doubles) run blocking here.
         """
         k = local_values.shape[1]
-        values = local_values.reshape(-1)
-        packed = np.take(values, self._flat(k, "index", self.index)).reshape(-1, k)
+        packed = self.exchange.gather_rows(local_values, self.index, np.empty((len(self.index), k)))
         received = np.empty_like(packed)
         rows_per_round, rounds = self._rounds(k)
         if rounds == 1:
@@ -283,13 +284,9 @@ class AlltoallvReduction(PixelReduction):
         """Complete what :meth:`_post` started (nothing for the blocking collective)."""
 
     def _add(self, local_values: np.ndarray, received: np.ndarray) -> None:
-        """Add every received row to its local pixel (slots summed by bincount, in a fixed order)."""
+        """Add every received row to its local pixel, in the order received (neighbour by neighbour)."""
         if len(received):
-            k = local_values.shape[1]
-            sums = np.bincount(
-                self._flat(k, "slot", self._slot), weights=received.reshape(-1), minlength=len(self._targets) * k
-            )
-            local_values.reshape(-1)[self._flat(k, "targets", self._targets)] += sums
+            self.exchange.add_rows(local_values, self.index, received)
 
 
 class NeighborReduction(AlltoallvReduction):
@@ -315,8 +312,8 @@ class NeighborReduction(AlltoallvReduction):
     )
 
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, max_elements: int = MAX_ELEMENTS,
-                 persistent: bool = True):
-        super().__init__(comm, local_pixels, plan, max_elements=max_elements)
+                 persistent: bool = True, exchange: ModuleType | None = None):
+        super().__init__(comm, local_pixels, plan, max_elements=max_elements, exchange=exchange)
         self.neighbours = plan.neighbours.astype(np.int64)
         listed = self.neighbours.tolist()
         # a graph topology is built on an intracommunicator (COMM_WORLD or a split of it): Comm's stub lacks it
@@ -362,7 +359,7 @@ class NeighborReduction(AlltoallvReduction):
             )
             self._persistent[k] = (request, packed, received)
         request, packed, received = self._persistent[k]
-        np.take(local_values.reshape(-1), self._flat(k, "index", self.index), out=packed.reshape(-1))
+        self.exchange.gather_rows(local_values, self.index, packed)
         request.Start()
         self._request = request
         return packed, received, int(np.count_nonzero(self.counts))
@@ -607,11 +604,12 @@ class HybridReduction(PixelReduction):
     )
 
     def __init__(self, comm: MPI.Comm, local_pixels: np.ndarray, plan: OverlapPlan, *, threshold: int, buffer_pixels: int,
-                 max_elements: int = MAX_ELEMENTS):
+                 max_elements: int = MAX_ELEMENTS, exchange: ModuleType | None = None):
         super().__init__(comm, local_pixels)
         self.threshold = int(threshold)
         heavy = plan.multiplicity >= self.threshold
-        self.light = AlltoallvReduction(comm, local_pixels, plan, exchanged=~heavy, max_elements=max_elements)
+        self.light = AlltoallvReduction(comm, local_pixels, plan, exchanged=~heavy, max_elements=max_elements,
+                                        exchange=exchange)
         owned_heavy = np.ascontiguousarray(self.local_pixels[heavy & (plan.owner == comm.Get_rank())])
         counts = np.array(comm.allgather(len(owned_heavy)), dtype=np.int64)
         everyone = np.empty(int(counts.sum()), dtype=np.int64)
@@ -690,6 +688,7 @@ def make_reduction(
     workload: commodel.Workload | None = None,
     max_elements: int = MAX_ELEMENTS,
     hybrid_threshold: int | None = None,
+    exchange: ModuleType | None = None,
 ) -> PixelReduction:
     """Build the reduction ``name`` for this rank's pixels (collective).
 
@@ -699,7 +698,9 @@ def make_reduction(
     ``machine`` (:class:`mapmaker.parallel.commodel.Machine`, default the paper's
     Franklin figures) and ``workload`` (:class:`mapmaker.parallel.commodel.Workload`)
     drive ``auto`` and the threshold of ``hybrid`` (``hybrid_threshold``
-    forces one). ``max_elements`` caps the doubles per MPI message.
+    forces one). ``max_elements`` caps the doubles per MPI message. ``exchange``: the kernels that pack
+    and add the shared rows of the plan-driven strategies (the run's ``Kernels.exchange``; default the
+    numpy reference, :mod:`mapmaker.kernels.exchange`).
     """
     reduction: PixelReduction
     requested = resolve_strategy(name)
@@ -738,20 +739,21 @@ def make_reduction(
     if strategy == "allreduce":
         reduction = AllreduceReduction(comm, local_pixels, npix, buffer_pixels)
     elif strategy == "alltoallv":
-        reduction = AlltoallvReduction(comm, local_pixels, plan, max_elements=max_elements)
+        reduction = AlltoallvReduction(comm, local_pixels, plan, max_elements=max_elements, exchange=exchange)
     elif strategy == "butterfly":
         reduction = ButterflyReduction(comm, local_pixels, plan, max_elements=max_elements)
     elif strategy in ("neighbor", "pairwise", "alltoallv-overlap", "neighbor-overlap"):
         # these four are AlltoallvReduction's subclasses, built from the plan alone
         reduction = cast(type[AlltoallvReduction], STRATEGIES[strategy])(
-            comm, local_pixels, plan, max_elements=max_elements
+            comm, local_pixels, plan, max_elements=max_elements, exchange=exchange
         )
     else:
         # hybrid, requested or chosen by the model: either way the selection was made above
         assert selection is not None
         threshold = hybrid_threshold or int(selection.modeled["hybrid"]["threshold"])
         reduction = HybridReduction(
-            comm, local_pixels, plan, threshold=threshold, buffer_pixels=buffer_pixels, max_elements=max_elements
+            comm, local_pixels, plan, threshold=threshold, buffer_pixels=buffer_pixels, max_elements=max_elements,
+            exchange=exchange,
         )
     reduction.selection = selection
     return reduction

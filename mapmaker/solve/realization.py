@@ -273,7 +273,7 @@ def set_up_realization(
             )
             reduction = make_reduction(
                 requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan,
-                machine=machine, workload=Workload.of_spec(spec),
+                machine=machine, workload=Workload.of_spec(spec), exchange=kernels.exchange,
             )
 
         # 4. hit matrices, rcond cut, preconditioner.

@@ -486,6 +486,26 @@ def test_coarse_space_sums_and_gathers_match_a_dense_z(impl, stokes, index_type)
     np.testing.assert_array_equal(out, reference.prolong_add(y, column, smoothed.copy()))
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("width", [3, 12])  # the PCG's maps; the set-up's [n, 12] blocks
+def test_exchange_packs_and_adds_the_shared_rows(impl, width, rng):
+    """A reduction's shared rows: packed by row, and the received rows added in order where a row repeats (a
+    pixel shared with several neighbours): numpy's ``np.add.at`` bits, and against explicit sums."""
+    kernels = implementation.get(impl)
+    values = rng.standard_normal((1_000, width))
+    rows = np.concatenate([np.sort(rng.choice(1_000, 600, replace=False)), rng.choice(1_000, 300)])  # repeats
+    packed = np.full((len(rows), width), np.nan)
+    assert kernels.exchange.gather_rows(values, rows, packed) is packed
+    np.testing.assert_array_equal(packed, values[rows])
+    received = rng.standard_normal((len(rows), width))
+    expected = values.copy()
+    for row, addend in zip(rows, received, strict=True):  # one after the other, in the order received
+        expected[row] += addend
+    added = values.copy()
+    assert kernels.exchange.add_rows(added, rows, received) is added
+    np.testing.assert_array_equal(added, expected)
+
+
 # What each family of the registry offers, in both implementations alike.
 FAMILY_FUNCTIONS = {
     "boresight": ["satellite", "ground"],
@@ -495,6 +515,7 @@ FAMILY_FUNCTIONS = {
     "noise": ["inverse_noise_filters", "apply_inverse_noise", "apply_inverse_white"],
     "operator": ["apply_inverse_noise_operator", "apply_white_operator"],
     "coarse": ["restrict", "restrict_and_gather", "prolong_add"],
+    "exchange": ["gather_rows", "add_rows"],
 }
 
 
