@@ -129,6 +129,7 @@ def test_aggregates_of_cut_sky_maps_equal_those_of_old_full_sky_files(tmp_path):
         (np.array([-1, 2, 3], dtype=np.int32), "outside"),
         (np.array([1, 2, 12 * NSIDE**2], dtype=np.int32), "outside"),
         (np.array([1, 2, 2], dtype=np.int32), "twice"),
+        (np.array([7, 1, 5, 1], dtype=np.int32), "twice"),  # apart, and not in order
     ],
 )
 def test_a_cut_sky_file_whose_pixels_do_not_fit_is_refused(tmp_path, pixels, words):
