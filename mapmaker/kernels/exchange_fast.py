@@ -1,8 +1,7 @@
 """Compiled twins of :mod:`.exchange` (numba): the same rows, and the same sums in the same order, so the same bits.
 
-numpy's ``take`` and ``add.at`` over rows of 3 doubles run at 25-70 ns a row when two ranks share the
-machine's memory; these loops copy and add a row in a few. One thread: the added rows may repeat (a pixel
-shared with several neighbours), and each is a small fraction of an iteration.
+On 1.0 M rows of 3 doubles in one process, ``np.take`` took 8 ns a row and ``np.add.at`` 40, these loops
+3.5 and 4.5. One thread: the added rows may repeat (a pixel shared with several neighbours).
 """
 from __future__ import annotations
 
