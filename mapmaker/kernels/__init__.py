@@ -18,6 +18,7 @@ module (fast twin)        operations
 ``noise``                 PSD, Fourier-space synthesis, N^-1 per stationary interval (``noise_fast``)
 ``operator``              the PCG operator P^T N^-1 P (``operator_fast``: fused, no TOD array)
 ``pixels``                sorted unique pixels of a rank and each sample's row among them
+``vectors``               PCG's dot products (owned-weighted), map and residual step, direction (``vectors_fast``)
 ``threads``               threads per rank: numba, the FFT/operator pool, BLAS
 ``prefetch``              software prefetch of map rows inside numba loops (fast kernels only)
 ``rows``                  one IQU row of P and P^T as 2-lane vector operations (fast kernels only)

@@ -39,6 +39,7 @@ DEFAULT = "fast"
 #   operator    the PCG operator P^T N^-1 P: apply_inverse_noise_operator, apply_white_operator
 #   coarse      the two-level preconditioner's coarse space: restrict, restrict_and_gather, prolong_add
 #   exchange    a pixel reduction's shared rows: gather_rows (packed to send), add_rows (received, added)
+#   vectors     PCG's map-sized passes: dot, dot_and_norm (owned-weighted), step (x and r), conjugate (p)
 FAMILIES: dict[str, dict[str, str]] = {
     "boresight": {"numpy": "boresight", "fast": "pointing_fast"},
     "pointing": {"numpy": "pointing", "fast": "pointing_fast"},
@@ -48,6 +49,7 @@ FAMILIES: dict[str, dict[str, str]] = {
     "operator": {"numpy": "operator", "fast": "operator_fast"},
     "coarse": {"numpy": "coarse_space", "fast": "coarse_space_fast"},
     "exchange": {"numpy": "exchange", "fast": "exchange_fast"},
+    "vectors": {"numpy": "vectors", "fast": "vectors_fast"},
 }
 COMPILED = {"numpy": False, "fast": True}
 
@@ -66,6 +68,7 @@ class Kernels:
     operator: ModuleType
     coarse: ModuleType
     exchange: ModuleType
+    vectors: ModuleType
 
 
 def get(name: str = DEFAULT) -> Kernels:
@@ -123,6 +126,11 @@ def warm_up(name: str = DEFAULT) -> float:
     kernels.coarse.prolong_add(np.ones(3), rows % 4, local_map)
     shared = np.arange(12, dtype=np.int64)  # a reduction's shared rows (int64), of the maps and of the [n, 12] blocks
     kernels.exchange.add_rows(local_map, shared, kernels.exchange.gather_rows(local_map, shared, np.empty((12, 3))))
+    for weight in (None, np.ones(12)):  # owned-weighted on several ranks, not on one
+        kernels.vectors.dot(local_map, local_map, weight)
+        kernels.vectors.dot_and_norm(local_map, local_map, weight)
+    kernels.vectors.step(local_map, local_map.copy(), local_map.copy(), local_map.copy(), 0.5, np.empty((12, 3)))
+    kernels.vectors.conjugate(local_map, local_map.copy(), 0.5)
     kernels.noise.apply_inverse_noise(np.ones(5), starts, lengths + 1, np.ones(1, dtype=np.int64), filters)
     return time.perf_counter() - started
 

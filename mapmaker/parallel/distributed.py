@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
+from types import ModuleType
 
 import numpy as np
 from mpi4py import MPI
+
+from mapmaker.kernels import vectors as numpy_vectors
 
 _GATHER_TAG = 77  # point-to-point messages of gather_owned_rows
 
@@ -42,7 +45,9 @@ class DistributedPixels:
     unique; npix: pixels of the full map; buffer_pixels: piece size of the
     whole-map collectives used at set-up and for broadcasts (bounds memory);
     owner [n_local] int: the lowest rank observing each local pixel, when
-    known (from the overlap plan); computed here otherwise.
+    known (from the overlap plan); computed here otherwise. ``vectors``: the
+    kernels of the dot products (the run's ``Kernels.vectors``; default the
+    numpy reference, :mod:`mapmaker.kernels.vectors`).
     """
 
     def __init__(
@@ -52,8 +57,10 @@ class DistributedPixels:
         npix: int,
         buffer_pixels: int = 1 << 16,
         owner: np.ndarray | None = None,
+        vectors: ModuleType | None = None,
     ):
         self.comm = comm
+        self.vectors = vectors or numpy_vectors
         self.rank = comm.Get_rank()
         self.local_pixels = np.asarray(local_pixels, dtype=np.int64)
         if np.any(np.diff(self.local_pixels) <= 0):
@@ -120,9 +127,13 @@ class DistributedPixels:
         return np.searchsorted(self.local_pixels, pixels).astype(np.int64, copy=False)
 
     def _global_sum(self, local_value: float) -> float:
-        total = np.array([local_value], dtype=np.float64)
+        return self._global_sums(local_value)[0]
+
+    def _global_sums(self, *local_values: float) -> tuple[float, ...]:
+        """Sums over all ranks of a few numbers: one ``Allreduce``."""
+        total = np.array(local_values, dtype=np.float64)
         self.comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
-        return float(total[0])
+        return tuple(float(value) for value in total)
 
     def sum_owned(self, values: np.ndarray) -> float:
         """Sum over all ranks of ``values`` [n_local, ...] restricted to owned pixels."""
@@ -130,13 +141,12 @@ class DistributedPixels:
 
     def dot(self, a: np.ndarray, b: np.ndarray) -> float:
         """Global dot product of two consistent pixel vectors [n_local, k], each pixel counted once."""
-        # einsum, not np.dot/vdot: BLAS would wake its thread pool, whose spinning workers
-        # then compete with the ranks for the cores (measured 15 ms per call on 2 loaded cores).
-        if a.ndim == 1:
-            a, b = a[:, None], b[:, None]
-        if self._owned_weight is None:
-            return self._global_sum(np.einsum("ij,ij->", a, b))
-        return self._global_sum(np.einsum("i,ij,ij->", self._owned_weight, a, b))
+        return self._global_sum(self.vectors.dot(a, b, self._owned_weight))
+
+    def dot_and_norm(self, r: np.ndarray, z: np.ndarray) -> tuple[float, float]:
+        """``(dot(r, z), dot(r, r))`` with one pass over ``r`` and one ``Allreduce`` (PCG's two per iteration)."""
+        along, norm = self._global_sums(*self.vectors.dot_and_norm(r, z, self._owned_weight))
+        return along, norm
 
     def gather_owned_rows(
         self,

@@ -255,7 +255,8 @@ class PCGBlock:
     def __init__(self, comm, kernel_set, spec, local, tod, threads: int):
         npix = spec.pixelization.npix
         self.comm, self.kernel_set, self.local, self.threads = comm, kernel_set, local, threads
-        self.pixels = DistributedPixels(comm, local.local_pixels, npix, spec.solver.allreduce_buffer_pixels)
+        self.pixels = DistributedPixels(comm, local.local_pixels, npix, spec.solver.allreduce_buffer_pixels,
+                                        vectors=kernel_set.vectors)
         self.reduction = make_reduction(
             "allreduce", comm, local.local_pixels, npix=npix, buffer_pixels=spec.solver.allreduce_buffer_pixels
         )
@@ -290,7 +291,8 @@ class PCGBlock:
 
         def iterations() -> None:
             pcg(apply_matrix, precondition, lambda u, v: timed("comm", lambda: self.pixels.dot(u, v)), self.b,
-                tol=1e-300, max_iter=PCG_ITERATIONS)
+                tol=1e-300, max_iter=PCG_ITERATIONS, vectors=self.kernel_set.vectors,
+                dot_and_norm=lambda r, z: timed("comm", lambda: self.pixels.dot_and_norm(r, z)))
 
         elapsed = _best_of(self.comm, 1, iterations)
         return elapsed / PCG_ITERATIONS, {

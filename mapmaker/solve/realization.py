@@ -269,7 +269,8 @@ def set_up_realization(
                 plan_source, plan_build_s = "memory", MPI.Wtime() - started
         with timers("comm"):
             pixels = DistributedPixels(
-                comm, local.local_pixels, npix, buffer_pixels, owner=None if plan is None else plan.owner
+                comm, local.local_pixels, npix, buffer_pixels, owner=None if plan is None else plan.owner,
+                vectors=kernels.vectors,
             )
             reduction = make_reduction(
                 requested, comm, local.local_pixels, npix=npix, buffer_pixels=buffer_pixels, plan=plan,
@@ -406,6 +407,10 @@ def solve_realization(
         with timers("comm"):
             return setup.pixels.dot(u, v)
 
+    def dot_and_norm(r: np.ndarray, z: np.ndarray) -> tuple[float, float]:
+        with timers("comm"):
+            return setup.pixels.dot_and_norm(r, z)
+
     x0 = initial_residual = None
     started = MPI.Wtime()
     choice = resolve_preconditioner(setup, coarse_cache)
@@ -441,6 +446,8 @@ def solve_realization(
             initial_residual=initial_residual,
             on_iteration=lambda k, residual: say(f"iteration {k:4d}  residual {residual:.3e}"),
             on_estimate=on_estimate,
+            dot_and_norm=dot_and_norm,
+            vectors=setup.kernels.vectors,
         )
     if choice.timed and result.converged and stats.coarse_source != "built":  # a build is not what later runs pay
         assert coarse_cache is not None  # timed choices are made only when the coarse cache exists

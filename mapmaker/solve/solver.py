@@ -6,16 +6,20 @@ preconditioner ``M``. Here ``A = P^T N^-1 P``, ``b = P^T N^-1 d`` and ``M^-1``
 is the block-diagonal white-noise approximation of ``A`` (paper section 3.1).
 
 The solver knows nothing of MPI: the caller passes the matrix, the
-preconditioner and a dot product that already sum over ranks.
+preconditioner and a dot product that already sum over ranks, and may pass
+the kernels of its map-sized vector updates (:mod:`mapmaker.kernels.vectors`).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 import scipy.linalg
+
+from mapmaker.kernels import vectors as numpy_vectors
 
 Operator = Callable[[np.ndarray], np.ndarray]
 
@@ -74,6 +78,8 @@ def pcg(
     initial_residual: np.ndarray | None = None,
     on_iteration: Callable[[int, float], None] | None = None,
     on_estimate: Callable[[int, np.ndarray], None] | None = None,
+    dot_and_norm: Callable[[np.ndarray, np.ndarray], tuple[float, float]] | None = None,
+    vectors: ModuleType | None = None,
 ) -> PCGResult:
     """Solve ``A x = b`` until ``||r|| / ||b|| < tol`` or ``max_iter`` iterations.
 
@@ -89,10 +95,20 @@ def pcg(
     the solver updates it in place). ``initial_residual``, with ``x0``, is
     ``b - A x0`` when the caller has it already (a two-level
     preconditioner's start, whose ``A x0`` it holds), saving one operator.
+    ``dot_and_norm(r, z)`` -> ``(dot(r, z), dot(r, r))``, when given, makes
+    the two inner products of each iteration's residual one call (one pass
+    and one global sum for a distributed caller). ``vectors``: the kernels of
+    the step and the new direction (default the numpy reference,
+    :mod:`mapmaker.kernels.vectors`; its compiled twin gives the same bits).
     The result keeps every iteration's alpha_j and beta_j: :meth:`PCGResult.ritz_values`.
     """
     # Saad's names: x = map, r = residual (b - A x), z = preconditioned residual (M^-1 r),
     # p = search direction, alpha = step length, beta = conjugation coefficient.
+    vectors = vectors or numpy_vectors
+    if dot_and_norm is None:
+        def dot_and_norm(r: np.ndarray, z: np.ndarray) -> tuple[float, float]:
+            return dot(r, z), dot(r, r)
+
     norm_b = math.sqrt(dot(b, b))
     map_estimate = np.zeros_like(b) if x0 is None else x0.copy()
     if norm_b == 0.0:
@@ -103,8 +119,8 @@ def pcg(
         residual = b - apply_matrix(map_estimate) if x0 is not None else b.copy()
     preconditioned_residual = apply_preconditioner(residual)
     search_direction = preconditioned_residual.copy()
-    residual_dot_z = dot(residual, preconditioned_residual)
-    history = [math.sqrt(dot(residual, residual)) / norm_b]
+    residual_dot_z, residual_norm_squared = dot_and_norm(residual, preconditioned_residual)
+    history = [math.sqrt(residual_norm_squared) / norm_b]
     step_lengths: list[float] = []
     conjugations: list[float] = []
     scratch = np.empty_like(b)
@@ -112,18 +128,17 @@ def pcg(
     while history[-1] >= tol and iterations < max_iter:
         matrix_times_direction = apply_matrix(search_direction)
         step_length = residual_dot_z / dot(matrix_times_direction, search_direction)  # alpha_j
-        map_estimate += np.multiply(step_length, search_direction, out=scratch)  # x_{j+1} = x_j + alpha_j p_j
-        residual -= np.multiply(step_length, matrix_times_direction, out=scratch)  # r_{j+1} = r_j - alpha_j A p_j
+        # x_{j+1} = x_j + alpha_j p_j, r_{j+1} = r_j - alpha_j A p_j
+        vectors.step(map_estimate, residual, search_direction, matrix_times_direction, step_length, scratch)
         preconditioned_residual = apply_preconditioner(residual)  # z_{j+1} = M^-1 r_{j+1}
-        next_residual_dot_z = dot(residual, preconditioned_residual)
+        next_residual_dot_z, residual_norm_squared = dot_and_norm(residual, preconditioned_residual)
         conjugation = next_residual_dot_z / residual_dot_z  # beta_j = (r_{j+1}, z_{j+1}) / (r_j, z_j)
-        search_direction *= conjugation
-        search_direction += preconditioned_residual  # p_{j+1} = z_{j+1} + beta_j p_j
+        vectors.conjugate(search_direction, preconditioned_residual, conjugation)  # p_{j+1} = z_{j+1} + beta_j p_j
         residual_dot_z = next_residual_dot_z
         step_lengths.append(step_length)
         conjugations.append(conjugation)
         iterations += 1
-        history.append(math.sqrt(dot(residual, residual)) / norm_b)
+        history.append(math.sqrt(residual_norm_squared) / norm_b)
         if on_iteration is not None:
             on_iteration(iterations, history[-1])
         if on_estimate is not None:

@@ -506,6 +506,34 @@ def test_exchange_packs_and_adds_the_shared_rows(impl, width, rng):
     np.testing.assert_array_equal(added, expected)
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("width", [1, 3])  # a 1-D vector counts as one column
+def test_pcg_vector_kernels_match_explicit_sums(impl, width, rng, thread_count):
+    """PCG's dot products against row-by-row sums in extended precision (owned-weighted: 0/1 weights, and
+    unweighted); the step and the new direction with numpy's roundings, hence its bits."""
+    kernels = implementation.get(impl)
+    n = 5_001  # not a multiple of the threads' blocks
+    shape = (n,) if width == 1 else (n, width)
+    a, b, p, q = (rng.standard_normal(shape) for _ in range(4))
+    weight = (rng.random(n) < 0.6).astype(np.float64)
+    a_rows, b_rows = a.reshape(n, -1).astype(np.longdouble), b.reshape(n, -1).astype(np.longdouble)
+    for w in (None, weight):
+        w_rows = np.ones(n, dtype=np.longdouble) if w is None else w.astype(np.longdouble)
+        along = float((w_rows * (a_rows * b_rows).sum(axis=1)).sum())
+        norm = float((w_rows * (a_rows * a_rows).sum(axis=1)).sum())
+        assert kernels.vectors.dot(a, b, w) == pytest.approx(along, rel=1e-12, abs=1e-12 * n)
+        got_along, got_norm = kernels.vectors.dot_and_norm(a, b, w)
+        assert got_along == pytest.approx(along, rel=1e-12, abs=1e-12 * n)
+        assert got_norm == pytest.approx(norm, rel=1e-13)
+    x, r = a.copy(), b.copy()
+    kernels.vectors.step(x, r, p, q, 0.37, np.empty_like(x))
+    np.testing.assert_array_equal(x, a + 0.37 * p)
+    np.testing.assert_array_equal(r, b - 0.37 * q)
+    direction = p.copy()
+    kernels.vectors.conjugate(direction, q, -1.9)
+    np.testing.assert_array_equal(direction, q + -1.9 * p)
+
+
 # What each family of the registry offers, in both implementations alike.
 FAMILY_FUNCTIONS = {
     "boresight": ["satellite", "ground"],
@@ -516,6 +544,7 @@ FAMILY_FUNCTIONS = {
     "operator": ["apply_inverse_noise_operator", "apply_white_operator"],
     "coarse": ["restrict", "restrict_and_gather", "prolong_add"],
     "exchange": ["gather_rows", "add_rows"],
+    "vectors": ["dot", "dot_and_norm", "step", "conjugate"],
 }
 
 
