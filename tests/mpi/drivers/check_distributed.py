@@ -8,8 +8,10 @@ first failed check.
 import math
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
+from mapmaker.kernels import implementation
 from mapmaker.parallel.distributed import DistributedPixels
 from mapmaker.parallel.reduction import make_reduction
 
@@ -67,6 +69,16 @@ def main() -> None:
             assert pixels.spread_owned.sum() > pixels.owned.sum() or rank == 0, (rank, pixels.spread_owned.sum())
         ones = np.ones((len(mine), 3))
         assert pixels.dot(ones, ones) == 3 * len(union)  # shared pixels count once
+        # PCG's (r, z) and (r, r) in one pass and one Allreduce, with either kernel set: each pixel once.
+        r, z = np.column_stack([mine * 1.0, -mine * 0.5, mine % 7]), np.column_stack([mine % 5, mine * 2.0, -1.0 + 0 * mine])
+        every = union.astype(np.float64)
+        expected = (float(np.sum(every * (every % 5) - every * every - every % 7)),
+                    float(np.sum(every**2 + 0.25 * every**2 + (every % 7) ** 2)))
+        for kernels in ("numpy", "fast"):
+            with_kernels = DistributedPixels(comm, mine, NPIX, buffer_pixels, vectors=implementation.get(kernels).vectors)
+            along, norm = with_kernels.dot_and_norm(r, z)
+            assert along == pytest.approx(expected[0], rel=1e-13) and norm == pytest.approx(expected[1], rel=1e-13)
+            assert (along, norm) == pytest.approx((with_kernels.dot(r, z), with_kernels.dot(r, r)), rel=1e-13)
         assert pixels.sum_owned(np.ones(len(mine))) == len(union)
 
         # Gather: every rank holds the consistent (reduced) value pixel * 2; root sees each
